@@ -1,0 +1,78 @@
+"""GNetDet: a plain stack of chip layers (DESIGN §3) with a YOLOv1-style output grid.
+
+The published GNetDet-448 is 16 3x3 convs (`64,M,64,M,128,128,M,256x3,M,256x3,M,256x3,256,256,10+C`)
+giving a 14x14 grid. The output channel layout per cell is
+``[x, y, w, h, conf] * boxes_per_cell + class scores`` (see mdk.models.yolo_codec).
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+from torch import nn
+
+from mdk.quant.layers import ChipConv
+
+LayerSpec = Sequence[Union[int, str]]
+
+
+def quantize_input(images: torch.Tensor) -> torch.Tensor:
+    """Chip input: 8-bit pixels become 5-bit integers ``((u8 >> 2) + 1) >> 1`` clipped to 0..31.
+
+    Returned as float values 0..31 (the activation domain with c_0 = 31, so fusion needs no
+    special first layer). Float images are taken as 0..255 values and truncated to uint8 first.
+    """
+    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
+    q = ((u8.to(torch.int16) >> 2) + 1) >> 1
+    return q.clamp_(0, 31).to(torch.float32)
+
+
+class GNetDet(nn.Module):
+    def __init__(self, num_classes: int, channels: LayerSpec, mask_bits: Sequence[int],
+                 image_size: int = 448, boxes_per_cell: int = 2, batch_norm: bool = False) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.boxes_per_cell = boxes_per_cell
+        self.image_size = image_size
+        out_ch = 5 * boxes_per_cell + num_classes
+        convs: list[int] = [c for c in channels if c != "M"]
+        if len(mask_bits) != len(convs) + 1:
+            raise ValueError(f"model.net.mask_bits has {len(mask_bits)} entries but the model has "
+                             f"{len(convs) + 1} conv layers (channels plus the output conv); "
+                             "give one mask bit width per conv layer")
+        layers: list[ChipConv] = []
+        in_ch, i = 3, 0
+        spec = list(channels)
+        for j, c in enumerate(spec):
+            if c == "M":
+                continue
+            pool = j + 1 < len(spec) and spec[j + 1] == "M"
+            layers.append(ChipConv(in_ch, int(c), mask_bits[i], pool=pool, batch_norm=batch_norm))
+            in_ch, i = int(c), i + 1
+        # The output conv is a chip layer too: its activation is 5-bit like every other one.
+        layers.append(ChipConv(in_ch, out_ch, mask_bits[i], pool=False, batch_norm=False))
+        self.layers = nn.ModuleList(layers)
+        n_pool = sum(1 for c in spec if c == "M")
+        if image_size % (2 ** n_pool):
+            raise ValueError(f"model.image_size={image_size} must be divisible by 2^{n_pool} "
+                             f"(the model has {n_pool} 2x2 max-pools)")
+        self.grid = image_size // (2 ** n_pool)
+        # Step4 sets this to c_last / 31 after gain fusion so outputs keep their float scale.
+        self.register_buffer("out_scale", torch.tensor(1.0))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+
+    def chip_layers(self) -> list[ChipConv]:
+        return list(self.layers)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images: [B, 3, H, W] uint8 (or float 0..255) -> [B, 5*boxes+C, grid, grid]."""
+        x = quantize_input(images)
+        for layer in self.layers:
+            x = layer(x)
+        return x * self.out_scale
