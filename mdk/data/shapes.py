@@ -1,0 +1,227 @@
+"""The built-in detection dataset: coloured shapes on noisy, cluttered backgrounds, in VOC layout.
+
+Generated on first use, never downloaded. Image ``i`` is drawn from its own RNG seeded by
+``(seed, i)``, so the output is byte-identical for the same parameters, and growing ``num_val``
+does not change the training images. The first ``num_train`` images form ``train``, the next
+``num_val`` form ``val``.
+
+The whole dataset is written into a temporary sibling folder and renamed into place, so a killed
+run never leaves half a dataset; ``manifest.json`` records the parameters and a change of any of
+them regenerates the folder (only a folder this module made is ever replaced).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from mdk.data.voc import DataError
+
+log = logging.getLogger(__name__)
+
+SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.12, 0.40   # object extent as a fraction of the image side
+MAX_IOU = 0.1                               # limited overlap between objects of one image
+
+
+def _rotate(points: np.ndarray, angle: float) -> np.ndarray:
+    c, s = math.cos(angle), math.sin(angle)
+    return points @ np.array([[c, s], [-s, c]])
+
+
+def _polygon(name: str, rng: np.random.Generator) -> np.ndarray:
+    """Unit-scale polygon (roughly within [-1, 1]^2) for a polygonal class."""
+    if name == "square":
+        aspect = rng.uniform(0.8, 1.25)
+        pts = np.array([[-1, -aspect], [1, -aspect], [1, aspect], [-1, aspect]], float)
+        return _rotate(pts, rng.uniform(-0.25, 0.25))
+    if name == "triangle":
+        pts = np.array([[0, -1], [0.95, 0.8], [-0.95, 0.8]], float)
+        return _rotate(pts, rng.uniform(0, 2 * math.pi))
+    if name == "star":
+        k = np.arange(10)
+        radius = np.where(k % 2 == 0, 1.0, rng.uniform(0.38, 0.5))
+        ang = k * math.pi / 5 + rng.uniform(0, 2 * math.pi)
+        return np.stack([radius * np.cos(ang), radius * np.sin(ang)], 1)
+    if name == "cross":
+        t = rng.uniform(0.25, 0.4)
+        pts = np.array([[-t, -1], [t, -1], [t, -t], [1, -t], [1, t], [t, t], [t, 1], [-t, 1],
+                        [-t, t], [-1, t], [-1, -t], [-t, -t]], float)
+        return _rotate(pts, rng.uniform(-0.4, 0.4))
+    raise ValueError(name)
+
+
+def _background(size: int, rng: np.random.Generator) -> np.ndarray:
+    """Two-colour gradient in a random direction; noise is added after the objects are drawn."""
+    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    ang = rng.uniform(0, 2 * math.pi)
+    axis = np.linspace(-0.5, 0.5, size)
+    t = (math.cos(ang) * axis[None, :] + math.sin(ang) * axis[:, None]) + 0.5
+    return c0 + (c1 - c0) * t[..., None]
+
+
+def _contrasting_colour(bg: np.ndarray, rng: np.random.Generator) -> tuple[int, int, int]:
+    for _ in range(50):
+        colour = rng.integers(0, 256, 3)
+        if np.abs(colour - bg).sum() > 150:
+            break
+    return tuple(int(v) for v in colour)
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union
+
+
+def render_image(index: int, image_size: int, seed: int, class_names: Sequence[str]
+                 ) -> tuple[Image.Image, list[tuple[str, list[int]]]]:
+    """Draw image ``index``: returns the RGB image and ``[(class name, [x1, y1, x2, y2])]``."""
+    rng = np.random.default_rng([seed, index])
+    bg = _background(image_size, rng)
+    img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(0, 4))):   # clutter: thin lines that are not objects
+        pts = rng.uniform(0, image_size, 4)
+        draw.line([float(v) for v in pts], fill=_contrasting_colour(bg.mean((0, 1)), rng),
+                  width=int(rng.integers(1, 3)))
+    objects: list[tuple[str, list[int]]] = []
+    boxes: list[np.ndarray] = []
+    for _ in range(int(rng.integers(1, 5))):
+        for _attempt in range(30):
+            name = class_names[int(rng.integers(len(class_names)))]
+            half = rng.uniform(MIN_SIZE_FRAC, MAX_SIZE_FRAC) * image_size / 2
+            cx, cy = rng.uniform(half, image_size - half, 2)
+            if name == "circle":
+                aspect = rng.uniform(0.8, 1.25)
+                rx, ry = half, half * aspect if aspect <= 1 else half / aspect
+                pts = None
+                box = np.array([cx - rx, cy - ry, cx + rx, cy + ry])
+            else:
+                pts = _polygon(name, rng)
+                pts = pts / np.abs(pts).max() * half + (cx, cy)
+                box = np.concatenate([pts.min(0), pts.max(0)])
+            box = np.clip(np.array([math.floor(box[0]), math.floor(box[1]),
+                                    math.ceil(box[2]), math.ceil(box[3])]), 0, image_size)
+            if all(_iou(box, other) < MAX_IOU for other in boxes):
+                break
+        else:
+            continue   # no free place for another object: fewer objects in this image
+        x0, y0 = int(box[0]), int(box[1])
+        local = bg[min(y0, image_size - 1), min(x0, image_size - 1)]
+        colour = _contrasting_colour(local, rng)
+        if pts is None:
+            draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=colour)
+        else:
+            draw.polygon([(float(x), float(y)) for x, y in pts], fill=colour)
+        boxes.append(box)
+        objects.append((name, [int(v) for v in box]))
+    noisy = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(4, 16),
+                                                           (image_size, image_size, 3))
+    return Image.fromarray(noisy.clip(0, 255).astype(np.uint8)), objects
+
+
+def voc_xml(filename: str, image_size: int, objects: list[tuple[str, list[int]]]) -> bytes:
+    ann = ET.Element("annotation")
+    ET.SubElement(ann, "folder").text = "shapes"
+    ET.SubElement(ann, "filename").text = filename
+    size = ET.SubElement(ann, "size")
+    for tag, value in (("width", image_size), ("height", image_size), ("depth", 3)):
+        ET.SubElement(size, tag).text = str(value)
+    ET.SubElement(ann, "segmented").text = "0"
+    for name, box in objects:
+        obj = ET.SubElement(ann, "object")
+        ET.SubElement(obj, "name").text = name
+        ET.SubElement(obj, "pose").text = "Unspecified"
+        ET.SubElement(obj, "truncated").text = "0"
+        ET.SubElement(obj, "difficult").text = "0"
+        bb = ET.SubElement(obj, "bndbox")
+        for tag, v in zip(("xmin", "ymin", "xmax", "ymax"), box):
+            ET.SubElement(bb, tag).text = str(v)
+    ET.indent(ann)
+    return ET.tostring(ann, encoding="utf-8")
+
+
+def _generate(out: Path, params: dict) -> None:
+    for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    n_train, n_val = params["num_train"], params["num_val"]
+    ids = [f"{i:06d}" for i in range(n_train + n_val)]
+    for i, image_id in enumerate(ids):
+        img, objects = render_image(i, params["image_size"], params["seed"], params["class_names"])
+        img.save(out / "JPEGImages" / f"{image_id}.jpg", quality=92)
+        (out / "Annotations" / f"{image_id}.xml").write_bytes(
+            voc_xml(f"{image_id}.jpg", params["image_size"], objects))
+    (out / "ImageSets/Main/train.txt").write_text("".join(f"{i}\n" for i in ids[:n_train]))
+    (out / "ImageSets/Main/val.txt").write_text("".join(f"{i}\n" for i in ids[n_train:]))
+    (out / MANIFEST).write_text(json.dumps(params, indent=1, sort_keys=True))
+
+
+def _manifest(root: Path) -> dict | None:
+    try:
+        return json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int = 400,
+                          image_size: int = 192, seed: int = 0,
+                          class_names: Sequence[str] = SHAPE_CLASSES) -> Path:
+    """Make sure ``root`` holds the shapes dataset for these parameters; return ``root``.
+
+    Idempotent: a matching ``manifest.json`` means nothing is done. A folder this module made
+    with other parameters is regenerated; any other non-empty folder is refused (we never
+    delete user data).
+    """
+    root = Path(root).expanduser().resolve()
+    unknown = [n for n in class_names if n not in SHAPE_CLASSES]
+    if unknown or not class_names:
+        raise DataError(f"dataset.class_names={list(class_names)}: the shapes generator draws only "
+                        f"{list(SHAPE_CLASSES)}; use a non-empty subset of those")
+    if num_train < 1 or num_val < 1 or image_size < 32:
+        raise DataError(f"shapes dataset: num_train={num_train}, num_val={num_val} must be >= 1 "
+                        f"and image_size={image_size} >= 32")
+    params = {"version": FORMAT_VERSION, "num_train": int(num_train), "num_val": int(num_val),
+              "image_size": int(image_size), "seed": int(seed), "class_names": list(class_names)}
+    old = _manifest(root)
+    if old == params:
+        return root
+    if root.exists() and old is None and any(root.iterdir()):
+        raise DataError(f"dataset.root={str(root)!r} exists, is not empty and is not a generated "
+                        "shapes dataset (no manifest.json); choose an empty or new folder")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    log.info("generating the shapes dataset (%d train + %d val, %dpx) in %s",
+             num_train, num_val, image_size, root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        _generate(tmp, params)
+        if root.exists():
+            if _manifest(root) == params:        # another process finished first
+                return root
+            trash = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
+            os.replace(root, trash / "data")
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(tmp, root)
+        except OSError:
+            if _manifest(root) != params:        # lost a race to a different generation
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("shapes dataset ready in %.1f s", time.perf_counter() - start)
+    return root

@@ -1,0 +1,166 @@
+"""Pascal VOC reading: annotation XML, split lists, image lookup.
+
+Bad-box policy (one place, so the loader and the meta tool agree):
+
+* a box partly outside the image is **clipped** to the image and counted (``VOCRecord.clipped``);
+  VOC itself has boxes touching the border with 1-based ``xmax == width``, so clipping to
+  ``[0, width] x [0, height]`` is the sane fix and losing them would cost recall;
+* a box of zero area (``xmax <= xmin`` or ``ymax <= ymin``, after clipping; this includes a box
+  entirely outside the image) is **dropped** and counted (``VOCRecord.dropped``); it carries no
+  object to learn or evaluate;
+* everything else that is wrong (malformed XML, a missing field, a non-numeric coordinate, a class
+  name not in the class list, a non-positive image size) raises :class:`DataError` naming the file,
+  because guessing would silently train on the wrong labels.
+
+Coordinates are kept as written in the XML (no 1-based shift), as float pixels ``x1, y1, x2, y2``.
+"""
+from __future__ import annotations
+
+import logging
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+class DataError(ValueError):
+    """A dataset file is missing or wrong; the message names the file and what to do."""
+
+
+@dataclass
+class VOCRecord:
+    """One annotation file: boxes ``[N, 4]`` float32 xyxy pixels, labels ``[N]`` int64,
+    difficult ``[N]`` bool, the image size, and how many boxes were clipped / dropped."""
+
+    path: Path
+    width: int
+    height: int
+    boxes: np.ndarray
+    labels: np.ndarray
+    difficult: np.ndarray
+    clipped: int = 0
+    dropped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _text(node: ET.Element, tag: str, path: Path, where: str) -> str:
+    child = node.find(tag)
+    if child is None or child.text is None or not child.text.strip():
+        raise DataError(f"{path}: missing <{tag}> in {where}; every VOC annotation needs it "
+                        "(fix or regenerate the annotation file)")
+    return child.text.strip()
+
+
+def _number(node: ET.Element, tag: str, path: Path, where: str) -> float:
+    raw = _text(node, tag, path, where)
+    try:
+        return float(raw)
+    except ValueError:
+        raise DataError(f"{path}: <{tag}> in {where} is {raw!r}, not a number "
+                        "(fix the annotation file)") from None
+
+
+def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
+    """Parse one VOC annotation file (see the module docstring for the bad-box policy)."""
+    path = Path(path)
+    try:
+        root = ET.parse(path).getroot()
+    except FileNotFoundError:
+        raise DataError(f"{path}: annotation file not found; the split lists an image whose "
+                        "Annotations/<id>.xml is missing (add it or remove the id from the split)"
+                        ) from None
+    except ET.ParseError as exc:
+        raise DataError(f"{path}: malformed XML ({exc}); fix or regenerate the file") from None
+    if root.tag != "annotation":
+        raise DataError(f"{path}: root element is <{root.tag}>, expected <annotation> "
+                        "(is this a Pascal VOC annotation?)")
+    size = root.find("size")
+    if size is None:
+        raise DataError(f"{path}: missing <size> (width/height); add it to the annotation")
+    width = int(_number(size, "width", path, "<size>"))
+    height = int(_number(size, "height", path, "<size>"))
+    if width <= 0 or height <= 0:
+        raise DataError(f"{path}: image size {width}x{height} is not positive; fix <size>")
+    index = {name: i for i, name in enumerate(class_names)}
+    boxes, labels, difficult, notes = [], [], [], []
+    clipped = dropped = 0
+    for k, obj in enumerate(root.findall("object")):
+        where = f"<object> #{k}"
+        name = _text(obj, "name", path, where)
+        if name not in index:
+            raise DataError(f"{path}: {where} has class {name!r}, not in dataset.class_names "
+                            f"{list(class_names)}; add it to the class list or fix the annotation")
+        bb = obj.find("bndbox")
+        if bb is None:
+            raise DataError(f"{path}: {where} ({name}) has no <bndbox>; add one or remove the object")
+        box = [_number(bb, t, path, f"{where} <bndbox>") for t in ("xmin", "ymin", "xmax", "ymax")]
+        diff_node = obj.find("difficult")
+        is_difficult = diff_node is not None and (diff_node.text or "0").strip() not in ("0", "")
+        fixed = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
+                 min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
+        if fixed[2] <= fixed[0] or fixed[3] <= fixed[1]:
+            dropped += 1
+            notes.append(f"{where} ({name}) box {box} has zero area inside {width}x{height}: dropped")
+            continue
+        if fixed != box:
+            clipped += 1
+            notes.append(f"{where} ({name}) box {box} outside {width}x{height}: clipped to {fixed}")
+        boxes.append(fixed)
+        labels.append(index[name])
+        difficult.append(is_difficult)
+    return VOCRecord(
+        path=path, width=width, height=height,
+        boxes=np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
+        labels=np.asarray(labels, dtype=np.int64),
+        difficult=np.asarray(difficult, dtype=bool),
+        clipped=clipped, dropped=dropped, notes=notes)
+
+
+def check_root(root: str | Path) -> Path:
+    """The dataset root must exist and look like a VOC year folder (``.../VOC2007``)."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(f"dataset.root={str(root)!r} does not exist; point dataset.root at a VOC "
+                        "folder holding JPEGImages/, Annotations/ and ImageSets/Main/ "
+                        "(e.g. /path/to/VOCdevkit/VOC2007)")
+    for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
+        if not (root / sub).is_dir():
+            raise DataError(f"dataset.root={str(root)!r} has no {sub}/ folder; it must be a VOC "
+                            "year folder (e.g. VOCdevkit/VOC2007), not its parent")
+    return root
+
+
+def split_file(root: str | Path, split: str) -> Path:
+    return Path(root) / "ImageSets" / "Main" / f"{split}.txt"
+
+
+def read_split(root: str | Path, split: str) -> list[str]:
+    """Image ids of ``ImageSets/Main/<split>.txt`` (first column; VOC class files have two)."""
+    root = check_root(root)
+    path = split_file(root, split)
+    if not path.is_file():
+        have = sorted(p.stem for p in path.parent.glob("*.txt"))[:10]
+        raise DataError(f"{path}: split file not found; set dataset.train_split/val_split to one "
+                        f"of the existing splits (found: {have})")
+    ids = [line.split()[0] for line in path.read_text().splitlines() if line.strip()]
+    if not ids:
+        raise DataError(f"{path}: split {split!r} is empty; list one image id per line")
+    return ids
+
+
+def find_image(root: str | Path, image_id: str, split_path: Path | None = None) -> Path:
+    """``JPEGImages/<id>.jpg`` (or .jpeg/.png); a clear error when none exists."""
+    base = Path(root) / "JPEGImages"
+    for ext in IMAGE_EXTENSIONS:
+        candidate = base / f"{image_id}{ext}"
+        if candidate.is_file():
+            return candidate
+    listed = f" listed in {split_path}" if split_path else ""
+    raise DataError(f"{base / image_id}.jpg: image {image_id!r}{listed} is missing (looked for "
+                    f"{', '.join(IMAGE_EXTENSIONS)}); add the image or remove the id from the split")
