@@ -1,0 +1,21 @@
+"""Warmup LR schedulers (``conf/scheduler/*.yaml`` targets ``mdk.sched.<Class>``).
+
+Composition rule (see :mod:`mdk.sched.base` and docs/schedulers.md):
+``lr(it) = warmup_factor(it) * main_lr(t(it))`` where the main schedule's clock ``t`` runs from
+iteration 0, so warmup iterations count toward step_size / milestones / T_max / T_0.
+"""
+from mdk.sched.base import WarmupScheduler
+from mdk.sched.schedules import (
+    WarmupCosineAnnealingLR,
+    WarmupCosineAnnealingWarmRestarts,
+    WarmupMultiStepLR,
+    WarmupStepLR,
+)
+
+__all__ = [
+    "WarmupScheduler",
+    "WarmupStepLR",
+    "WarmupMultiStepLR",
+    "WarmupCosineAnnealingLR",
+    "WarmupCosineAnnealingWarmRestarts",
+]

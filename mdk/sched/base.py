@@ -1,0 +1,188 @@
+"""Warmup + closed-form main schedule: the base class of :mod:`mdk.sched`.
+
+How warmup and the main schedule compose (the one rule every class here follows)
+--------------------------------------------------------------------------------
+The scheduler counts optimizer steps: ``it = 0, 1, 2, ...`` (``last_epoch`` holds it; the engine
+calls ``step()`` once after every ``optimizer.step()``). The learning rate used by optimizer step
+``it`` is the closed form
+
+    lr(it) = warmup_factor(it) * main_lr(t(it))
+
+* The main schedule's clock starts at iteration 0, *not* after warmup: warmup iterations count
+  toward ``step_size`` / ``milestones`` / ``T_max`` / ``T_0``. Warmup only multiplies
+  (as detectron2's ``WarmupParamScheduler``), so a run with and without warmup has the same
+  decay points.
+* ``t(it) = it // iters_per_epoch`` with ``interval: epoch`` (the default; the lr is constant
+  inside an epoch, exactly what the torch scheduler of that name gives when stepped once per
+  epoch) or ``t(it) = it`` with ``interval: iter`` (the main-schedule parameters then count
+  iterations).
+* ``warmup_factor(it) = 1`` for ``it >= warmup.iters``; before that it is ``start_factor``
+  (``method: constant``) or ``start_factor + (1 - start_factor) * it / warmup.iters``
+  (``method: linear``, so it reaches 1.0 exactly when warmup ends).
+
+Because the lr is a pure function of ``it``, resuming only needs ``it`` (``state_dict``) and is exact.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WarmupScheduler"]
+
+_WARMUP_KEYS = ("iters", "start_factor", "method")
+_METHODS = ("linear", "constant")
+_INTERVALS = ("epoch", "iter")
+
+
+def _fail(key: str, msg: str, value: Any) -> None:
+    raise ValueError(f"scheduler.{key} {msg}, got {value!r}")
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    # bool is an int subclass; `warmup.iters: true` is a typo, not 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(key, f"must be an integer >= {minimum}", value)
+    return int(value)
+
+
+def _float(key: str, value: Any, lo: float, lo_open: bool, hi: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(key, "must be a number", value)
+    v = float(value)
+    bad_lo = v <= lo if lo_open else v < lo
+    if bad_lo or (hi is not None and v > hi) or math.isnan(v):
+        left = "(" if lo_open else "["
+        right = f"{hi:g}]" if hi is not None else "inf)"
+        _fail(key, f"must be in {left}{lo:g}, {right}", value)
+    return v
+
+
+class WarmupScheduler(LRScheduler):
+    """Base class: warmup in iterations multiplying a closed-form main schedule.
+
+    The main schedule's clock runs from iteration 0 (warmup iterations count toward it); see the
+    module docstring for the exact formula. Subclasses implement :meth:`_main_lr`.
+
+    Args:
+        optimizer: the wrapped optimizer; each param group's lr at construction is its base lr.
+        iters_per_epoch: optimizer steps per epoch (converts iterations to epochs).
+        warmup: mapping with keys ``iters`` (int >= 0, 0 = no warmup), ``start_factor``
+            (in (0, 1]) and ``method`` (``linear`` | ``constant``); ``None`` = no warmup.
+        interval: ``epoch`` (main-schedule parameters count epochs) or ``iter`` (they count
+            iterations).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+    ) -> None:
+        self.iters_per_epoch = _int("iters_per_epoch", iters_per_epoch, 1)
+        if interval not in _INTERVALS:
+            _fail("interval", f"must be one of {list(_INTERVALS)}", interval)
+        self.interval = str(interval)
+        warmup = {} if warmup is None else warmup
+        if not isinstance(warmup, Mapping):
+            _fail("warmup", "must be a mapping {iters, start_factor, method}", warmup)
+        unknown = sorted(set(warmup) - set(_WARMUP_KEYS))
+        if unknown:
+            _fail("warmup", f"has unknown keys {unknown} (allowed: {list(_WARMUP_KEYS)})", dict(warmup))
+        self.warmup_iters = _int("warmup.iters", warmup.get("iters", 0), 0)
+        self.warmup_start_factor = _float(
+            "warmup.start_factor", warmup.get("start_factor", 1.0), 0.0, True, 1.0
+        )
+        method = warmup.get("method", "linear")
+        if method not in _METHODS:
+            _fail("warmup.method", f"must be one of {list(_METHODS)}", method)
+        self.warmup_method = str(method)
+        super().__init__(optimizer)
+
+    # --- the closed form -------------------------------------------------------------------
+    def warmup_factor(self, it: int) -> float:
+        """Multiplier applied on top of the main schedule at iteration ``it``."""
+        if it >= self.warmup_iters:
+            return 1.0
+        if self.warmup_method == "constant":
+            return self.warmup_start_factor
+        alpha = it / self.warmup_iters
+        return self.warmup_start_factor + (1.0 - self.warmup_start_factor) * alpha
+
+    def main_clock(self, it: int) -> int:
+        """The main schedule's time at iteration ``it`` (epochs or iterations, from 0)."""
+        return it // self.iters_per_epoch if self.interval == "epoch" else it
+
+    def _main_lr(self, base_lr: float, t: int) -> float:
+        raise NotImplementedError
+
+    def lr_at(self, it: int) -> list[float]:
+        """Learning rate of every param group used by optimizer step ``it`` (0-based)."""
+        if it < 0:
+            raise ValueError(f"iteration must be >= 0, got {it}")
+        w, t = self.warmup_factor(it), self.main_clock(it)
+        return [w * self._main_lr(float(b), t) for b in self.base_lrs]
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        # Closed form of the counter, never the chained "previous lr * x" recurrence: a resumed
+        # or re-created scheduler therefore gives bit-identical values.
+        return self.lr_at(self.last_epoch)
+
+    def _get_closed_form_lr(self) -> list[float]:
+        return self.lr_at(self.last_epoch)
+
+    # --- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-python state: the iteration counter plus the schedule it was computed with."""
+        return {
+            "last_epoch": self.last_epoch,
+            "_step_count": self._step_count,
+            "base_lrs": [float(b) for b in self.base_lrs],
+            "_last_lr": [float(v) for v in self._last_lr],
+            "schedule": self._schedule_params(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the iteration counter and re-apply the closed-form lr to the optimizer.
+
+        The schedule parameters of the *current* config win; a mismatch with the checkpoint is
+        logged (a resumed run with a changed schedule is allowed but is then not a replay).
+        """
+        saved = state_dict.get("schedule")
+        if saved is not None and saved != self._schedule_params():
+            log.warning(
+                "scheduler config differs from the checkpoint's (%s vs %s); using the current one",
+                self._schedule_params(), saved,
+            )
+        self.last_epoch = int(state_dict["last_epoch"])
+        self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
+        self.base_lrs = list(state_dict["base_lrs"])
+        # Writing the lr here makes resume independent of whether the optimizer state is loaded
+        # before or after the scheduler state.
+        lrs = self.lr_at(self.last_epoch)
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        self._last_lr = list(lrs)
+
+    def _schedule_params(self) -> dict[str, Any]:
+        return {
+            "class": type(self).__name__,
+            "iters_per_epoch": self.iters_per_epoch,
+            "interval": self.interval,
+            "warmup": {
+                "iters": self.warmup_iters,
+                "start_factor": self.warmup_start_factor,
+                "method": self.warmup_method,
+            },
+            **self._main_params(),
+        }
+
+    def _main_params(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,140 @@
+"""The four main schedules (torch's names), each with warmup; the composition rule is in
+:mod:`mdk.sched.base`: the main clock runs from iteration 0 and warmup multiplies it."""
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch.optim import Optimizer
+
+from mdk.sched.base import WarmupScheduler, _fail, _float, _int
+
+
+class WarmupStepLR(WarmupScheduler):
+    """StepLR with warmup: ``main_lr(t) = base_lr * gamma ** (t // step_size)``.
+
+    ``t`` is the main clock (epochs by default, iterations with ``interval='iter'``), running from
+    iteration 0: warmup iterations count toward ``step_size``. Warmup multiplies the result.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        step_size: int = 5,
+        gamma: float = 0.1,
+    ) -> None:
+        self.step_size = _int("step_size", step_size, 1)
+        self.gamma = _float("gamma", gamma, 0.0, True)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
+
+    def _main_lr(self, base_lr: float, t: int) -> float:
+        return base_lr * self.gamma ** (t // self.step_size)
+
+    def _main_params(self) -> dict[str, Any]:
+        return {"step_size": self.step_size, "gamma": self.gamma}
+
+
+class WarmupMultiStepLR(WarmupScheduler):
+    """MultiStepLR with warmup: ``main_lr(t) = base_lr * gamma ** #{m in milestones : m <= t}``.
+
+    Milestones are on the main clock, which runs from iteration 0 (warmup counts toward them).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        milestones: Sequence[int] = (8, 11),
+        gamma: float = 0.1,
+    ) -> None:
+        if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence):
+            _fail("milestones", "must be a list of increasing integers", milestones)
+        ms = [_int(f"milestones[{i}]", m, 1) for i, m in enumerate(milestones)]
+        if any(b <= a for a, b in zip(ms, ms[1:])):
+            _fail("milestones", "must be strictly increasing", ms)
+        self.milestones = ms
+        self.gamma = _float("gamma", gamma, 0.0, True)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
+
+    def _main_lr(self, base_lr: float, t: int) -> float:
+        return base_lr * self.gamma ** bisect.bisect_right(self.milestones, t)
+
+    def _main_params(self) -> dict[str, Any]:
+        return {"milestones": list(self.milestones), "gamma": self.gamma}
+
+
+class WarmupCosineAnnealingLR(WarmupScheduler):
+    """CosineAnnealingLR with warmup:
+    ``main_lr(t) = eta_min + (base_lr - eta_min) * (1 + cos(pi * min(t, T_max) / T_max)) / 2``.
+
+    The clock runs from iteration 0 (warmup counts toward ``T_max``). Unlike torch's scheduler,
+    the lr stays at ``eta_min`` after ``T_max`` instead of rising again (torch's cosine is periodic).
+    ``eta_min`` is an absolute lr, as in torch.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        T_max: int = 12,  # noqa: N803 - torch's name, so configs read like the torch docs
+        eta_min: float = 0.0,
+    ) -> None:
+        self.T_max = _int("T_max", T_max, 1)
+        self.eta_min = _float("eta_min", eta_min, 0.0, False)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
+
+    def _main_lr(self, base_lr: float, t: int) -> float:
+        t = min(t, self.T_max)
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
+
+    def _main_params(self) -> dict[str, Any]:
+        return {"T_max": self.T_max, "eta_min": self.eta_min}
+
+
+class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
+    """CosineAnnealingWarmRestarts with warmup (SGDR): cycle ``i`` lasts ``T_0 * T_mult**i``;
+    inside a cycle ``main_lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``.
+
+    The clock runs from iteration 0 (warmup counts toward the first cycle ``T_0``).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        T_0: int = 5,  # noqa: N803 - torch's names
+        T_mult: int = 2,  # noqa: N803
+        eta_min: float = 0.0,
+    ) -> None:
+        self.T_0 = _int("T_0", T_0, 1)
+        self.T_mult = _int("T_mult", T_mult, 1)
+        self.eta_min = _float("eta_min", eta_min, 0.0, False)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
+
+    def cycle(self, t: int) -> tuple[int, int]:
+        """``(T_cur, T_i)`` at main-clock time ``t``; integer arithmetic, so no log() rounding."""
+        if self.T_mult == 1:  # constant cycles: O(1), t can be millions of iterations
+            return t % self.T_0, self.T_0
+        t_i = self.T_0
+        while t >= t_i:  # cycles grow geometrically: O(log t) passes
+            t -= t_i
+            t_i *= self.T_mult
+        return t, t_i
+
+    def _main_lr(self, base_lr: float, t: int) -> float:
+        t_cur, t_i = self.cycle(t)
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+    def _main_params(self) -> dict[str, Any]:
+        return {"T_0": self.T_0, "T_mult": self.T_mult, "eta_min": self.eta_min}
