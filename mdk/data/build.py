@@ -1,0 +1,79 @@
+"""Build the train/val datasets from the ``dataset`` config group (conf/dataset/*.yaml)."""
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from mdk.data.dataset import DetectionDataset
+from mdk.data.shapes import ensure_shapes_dataset
+from mdk.data.voc import DataError, check_root
+
+log = logging.getLogger(__name__)
+
+DATASET_NAMES = ("shapes", "voc")
+
+
+def _plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
+    if isinstance(cfg, DictConfig):
+        if OmegaConf.is_missing(cfg, "root"):
+            raise DataError("dataset.root is not set; pass dataset.root=/path/to/VOCdevkit/VOC2007 "
+                            "(the folder holding JPEGImages/, Annotations/, ImageSets/Main/)")
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg)
+
+
+def validate_dataset_cfg(cfg: Mapping[str, Any] | DictConfig) -> dict:
+    """Check the ``dataset`` node; return it as a plain dict. Errors name the bad key."""
+    d = _plain(cfg)
+    for key in ("name", "root", "class_names", "num_classes", "train_split", "val_split"):
+        if d.get(key) in (None, "???"):
+            raise DataError(f"dataset.{key} is not set; see conf/dataset/{d.get('name', 'shapes')}.yaml")
+    if d["name"] not in DATASET_NAMES:
+        raise DataError(f"dataset.name={d['name']!r} is unknown; choose one of {list(DATASET_NAMES)}")
+    names = d["class_names"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise DataError(f"dataset.class_names={names!r} must be a non-empty list of strings")
+    if len(set(names)) != len(names):
+        raise DataError(f"dataset.class_names={names} has duplicates; each class once")
+    if d["num_classes"] != len(names):
+        raise DataError(f"dataset.num_classes={d['num_classes']} but dataset.class_names lists "
+                        f"{len(names)} classes; make them agree")
+    if int(d.get("num_workers", 0)) < 0:
+        raise DataError(f"dataset.num_workers={d['num_workers']} must be >= 0")
+    return d
+
+
+def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
+    """Meta files live per dataset root, so two roots never overwrite each other's meta files."""
+    if d.get("meta_dir"):
+        return Path(d["meta_dir"]).expanduser()
+    tag = hashlib.sha1(str(Path(d["root"]).expanduser().resolve()).encode()).hexdigest()[:8]
+    return Path(cache_root).expanduser() / "meta" / f"{d['name']}-{tag}"
+
+
+def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
+                   boxes_per_cell: int, seed: int, cache_root: str | Path
+                   ) -> tuple[DetectionDataset, DetectionDataset]:
+    """(train, val) datasets. ``name: shapes`` first generates the built-in data under
+    ``dataset.root`` (a no-op when it is already there). Under DDP call it on rank 0 first and
+    barrier, so one process generates (concurrent calls are still safe: writes are atomic)."""
+    d = validate_dataset_cfg(cfg_dataset)
+    root = Path(d["root"]).expanduser()
+    if d["name"] == "shapes":
+        gen = d.get("generate") or {}
+        ensure_shapes_dataset(root, num_train=int(gen.get("num_train", 1600)),
+                              num_val=int(gen.get("num_val", 400)),
+                              image_size=int(gen.get("image_size", image_size)),
+                              seed=int(gen.get("seed", 0)), class_names=d["class_names"])
+    check_root(root)
+    meta_dir = meta_dir_for(d, cache_root)
+    common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
+                  boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,
+                  cache_images=bool(d.get("cache_images", False)), seed=seed)
+    train = DetectionDataset(split=d["train_split"], augment=bool(d.get("augment", True)), **common)
+    val = DetectionDataset(split=d["val_split"], augment=False, **common)
+    return train, val

@@ -1,0 +1,141 @@
+"""Detection dataset over a VOC-layout folder, read through the xml2txt meta file.
+
+Items are ``(image uint8 [3, H, W], target [S, S, 5B + C], index)`` with ``H = W = image_size``.
+
+Augmentation is *split-invariant*: every random number comes from a generator seeded by
+``(seed, epoch, index)``, never from global RNG, so a sample is augmented the same way whatever
+the batch split, world size or worker count (needed for single- vs multi-process alignment).
+Call :meth:`DetectionDataset.set_epoch` each epoch (as with ``DistributedSampler``).
+
+Objects flagged ``difficult`` are left out of training targets (the VOC convention: they are
+ignored, not counted, in evaluation); :meth:`DetectionDataset.gt` returns them with their flag.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+from mdk.data.voc import DataError
+from mdk.models.yolo_codec import encode_target
+from mdk.tools.xml2txt import ensure_meta, read_meta
+
+log = logging.getLogger(__name__)
+
+# Augmentation strengths; small on purpose (the chip's 5-bit input already removes detail).
+FLIP_P, AFFINE_P = 0.5, 0.5
+SCALE_RANGE, SHIFT_FRAC, JITTER = (0.8, 1.2), 0.1, 0.2
+MIN_VISIBLE = 0.4   # an object less than 40 % inside the image after the affine is dropped
+
+
+def load_image(path: Path, image_size: int) -> torch.Tensor:
+    """Decode an image to RGB uint8 ``[3, image_size, image_size]`` (bilinear resize if needed)."""
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if im.size != (image_size, image_size):
+                im = im.resize((image_size, image_size), Image.BILINEAR)
+            arr = np.asarray(im)
+    except FileNotFoundError:
+        raise DataError(f"{path}: image listed in the meta file is missing; restore it, or remove "
+                        "its id from the split (the meta file is rebuilt automatically)") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot decode image ({exc}); replace the file") from None
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+
+class DetectionDataset(Dataset):
+    def __init__(self, root: str | Path, split: str, class_names: Sequence[str], image_size: int,
+                 grid: int, boxes_per_cell: int, augment: bool, meta_dir: str | Path,
+                 cache_images: bool = False, seed: int = 0) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.split = split
+        self.class_names = list(class_names)
+        self.image_size, self.grid, self.boxes_per_cell = int(image_size), int(grid), int(boxes_per_cell)
+        self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
+        meta = ensure_meta(self.root, split, self.class_names, Path(meta_dir) / f"{split}.txt")
+        header, self.entries = read_meta(meta)
+        if header.get("clipped") or header.get("dropped"):
+            log.warning("%s split %r: %d boxes were clipped to the image and %d zero-area boxes "
+                        "dropped when reading the annotations", self.root, split,
+                        header.get("clipped", 0), header.get("dropped", 0))
+        # Boxes rescaled once to image_size pixels (the frame of every returned image).
+        self._boxes = [torch.from_numpy(e.boxes * np.array(
+            [image_size / e.width, image_size / e.height] * 2, dtype=np.float32)) for e in self.entries]
+        self.images: torch.Tensor | None = None
+        if cache_images:
+            # Decoded once, before any DataLoader worker forks: workers share these pages
+            # (copy-on-write, never written) instead of each filling a private cache.
+            self.images = torch.stack([self._read(i) for i in range(len(self))])
+            log.info("cached %d %s images (%.0f MB)", len(self), split, self.images.numel() / 2**20)
+        log.info("%s split %r: %d images, %d objects", self.root, split, len(self),
+                 sum(len(b) for b in self._boxes))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _read(self, index: int) -> torch.Tensor:
+        return load_image(self.root / self.entries[index].image, self.image_size)
+
+    def image(self, index: int) -> torch.Tensor:
+        """The un-augmented image ``[3, H, W]`` uint8."""
+        return self.images[index] if self.images is not None else self._read(index)
+
+    def gt(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ground truth for evaluation: boxes xyxy in image_size pixels, labels, difficult."""
+        e = self.entries[index]
+        return (self._boxes[index].clone(), torch.from_numpy(e.labels.copy()),
+                torch.from_numpy(e.difficult.copy()))
+
+    def rng(self, index: int) -> np.random.Generator:
+        """The augmentation generator of one sample: a function of (seed, epoch, index) only."""
+        return np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, int(index)])
+
+    def _augment(self, img: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, index: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rng, size = self.rng(index), self.image_size
+        # Draw every number up front, in a fixed order, so the stream never depends on branches.
+        flip, use_affine = rng.random() < FLIP_P, rng.random() < AFFINE_P
+        scale = rng.uniform(*SCALE_RANGE)
+        shift = (rng.uniform(-SHIFT_FRAC, SHIFT_FRAC, 2) * size).tolist()
+        bright, contrast, sat = rng.uniform(1 - JITTER, 1 + JITTER, 3).tolist()
+        bb = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(size, size))
+        if flip:
+            img, bb = F.horizontal_flip(img), F.horizontal_flip(bb)
+        if use_affine:
+            img = F.affine(img, angle=0.0, translate=shift, scale=scale, shear=[0.0, 0.0],
+                           interpolation=F.InterpolationMode.BILINEAR)
+            raw = F.affine(bb, angle=0.0, translate=shift, scale=scale, shear=[0.0, 0.0])
+            full = raw.as_subclass(torch.Tensor)
+            clipped = full.clone()
+            clipped[:, 0::2] = clipped[:, 0::2].clamp(0, size)
+            clipped[:, 1::2] = clipped[:, 1::2].clamp(0, size)
+            area = lambda b: (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+            keep = area(clipped) >= MIN_VISIBLE * area(full).clamp(min=1e-6)
+            boxes, labels = clipped[keep], labels[keep]
+        else:
+            boxes = bb.as_subclass(torch.Tensor)
+        img = F.adjust_brightness(img, bright)
+        img = F.adjust_contrast(img, contrast)
+        img = F.adjust_saturation(img, sat)
+        return img, boxes, labels
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        img = self.image(index)
+        boxes, labels, difficult = self.gt(index)
+        boxes, labels = boxes[~difficult], labels[~difficult]
+        if self.augment:
+            img, boxes, labels = self._augment(img, boxes, labels, index)
+        target = encode_target(boxes, labels, self.grid, self.boxes_per_cell,
+                               len(self.class_names), self.image_size)
+        return img, target, index

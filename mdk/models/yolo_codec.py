@@ -1,0 +1,91 @@
+"""YOLOv1 target encoding and prediction decoding for the GNetDet output grid.
+
+Layout per cell (model output channels, target last dimension): box ``b`` occupies ``5b..5b+4`` =
+``x, y`` (box centre offset inside the cell, 0..1), ``w, h`` (box size relative to the image,
+0..1), ``conf``; then ``C`` class scores. Row index = y cell, column index = x cell.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torchvision.ops import batched_nms
+
+log = logging.getLogger(__name__)
+
+
+def encode_target(boxes: torch.Tensor, labels: torch.Tensor, grid: int, boxes_per_cell: int,
+                  num_classes: int, image_size: float) -> torch.Tensor:
+    """Encode ``boxes`` ``[N, 4]`` xyxy (pixels of an ``image_size`` square image; pass
+    ``image_size=1`` for normalised boxes) and ``labels`` ``[N]`` into ``[S, S, 5B + C]``.
+
+    The cell holding a box centre is responsible for it; all ``B`` box slots get the same box with
+    ``conf = 1`` (YOLOv1: the loss picks the responsible predictor), the class is one-hot. One
+    object per cell is a YOLOv1 limit: when two centres share a cell the larger box is kept, so
+    the choice does not depend on annotation order.
+    """
+    s, b, c = grid, boxes_per_cell, num_classes
+    target = torch.zeros(s, s, 5 * b + c, dtype=torch.float32)
+    boxes = torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 4) / float(image_size)
+    labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
+    if boxes.shape[0] != labels.shape[0]:
+        raise ValueError(f"encode_target: {boxes.shape[0]} boxes but {labels.shape[0]} labels")
+    if labels.numel() and (labels.min() < 0 or labels.max() >= c):
+        raise ValueError(f"encode_target: labels {labels.tolist()} outside 0..{c - 1}")
+    wh = (boxes[:, 2:] - boxes[:, :2]).clamp(0, 1)
+    centre = ((boxes[:, :2] + boxes[:, 2:]) / 2).clamp(0, 1 - 1e-6)
+    cell = (centre * s).floor().long()
+    offset = centre * s - cell
+    # Smallest first, so a larger box in the same cell overwrites it.
+    for k in torch.argsort(wh.prod(1), stable=True).tolist():
+        col, row = cell[k].tolist()
+        box = torch.cat([offset[k], wh[k], torch.ones(1)])
+        target[row, col, :5 * b] = box.repeat(b)
+        target[row, col, 5 * b:] = 0
+        target[row, col, 5 * b + labels[k]] = 1
+    return target
+
+
+def cell_boxes(pred: torch.Tensor, boxes_per_cell: int, image_size: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pred`` ``[N, 5B + C, S, S]`` -> boxes ``[N, S*S*B, 4]`` xyxy in pixels and conf ``[N, S*S*B]``."""
+    n, _, s, _ = pred.shape
+    b = boxes_per_cell
+    p = pred[:, :5 * b].reshape(n, b, 5, s, s).permute(0, 3, 4, 1, 2)   # [N, S(row), S(col), B, 5]
+    rows = torch.arange(s, dtype=pred.dtype, device=pred.device).view(1, s, 1, 1)
+    cols = torch.arange(s, dtype=pred.dtype, device=pred.device).view(1, 1, s, 1)
+    cx = (cols + p[..., 0]) / s
+    cy = (rows + p[..., 1]) / s
+    w, h = p[..., 2], p[..., 3]
+    xyxy = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1) * image_size
+    return xyxy.clamp(0, image_size).reshape(n, -1, 4), p[..., 4].reshape(n, -1)
+
+
+@torch.no_grad()
+def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
+           nms_iou: float = 0.5, max_det: int = 100, boxes_per_cell: int = 2) -> list[dict]:
+    """Turn raw outputs ``[N, 5B + C, S, S]`` into per-image detections.
+
+    ``score = box conf x class score`` of the cell's best class (YOLOv1's class-specific
+    confidence; the model's outputs are ReLU values regressed to 0/1 targets, so scores are not
+    probabilities and may exceed 1). Boxes with ``score <= conf_thresh`` or zero area are dropped,
+    then per-class NMS (``torchvision.ops.batched_nms``) and the top ``max_det`` remain.
+    Returns ``[{"boxes": [K, 4] xyxy pixels, "scores": [K], "labels": [K] int64}]``.
+    """
+    n, ch, s, s2 = pred.shape
+    b = boxes_per_cell
+    if s != s2 or ch <= 5 * b:
+        raise ValueError(f"decode: expected [N, 5*{b}+C, S, S], got {list(pred.shape)}")
+    pred = pred.float()
+    boxes, conf = cell_boxes(pred, b, image_size)
+    cls_score, cls = pred[:, 5 * b:].max(1)                               # [N, S, S]
+    cls_score = cls_score.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
+    cls = cls.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
+    scores = conf * cls_score
+    out = []
+    for i in range(n):
+        keep = (scores[i] > conf_thresh) & (boxes[i, :, 2] > boxes[i, :, 0]) \
+            & (boxes[i, :, 3] > boxes[i, :, 1])
+        bx, sc, lb = boxes[i][keep], scores[i][keep], cls[i][keep]
+        kept = batched_nms(bx, sc, lb, nms_iou)[:max_det]
+        out.append({"boxes": bx[kept], "scores": sc[kept], "labels": lb[kept]})
+    return out

@@ -1,0 +1,87 @@
+"""xml2txt: meta file content, CLI, staleness rules."""
+import os
+
+import numpy as np
+import pytest
+
+from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
+from mdk.data.voc import DataError, parse_voc_xml, read_split
+from mdk.tools.xml2txt import build_meta, ensure_meta, is_stale, main, read_header, read_meta
+
+CLASSES = list(SHAPE_CLASSES)
+
+
+@pytest.fixture()
+def root(tmp_path):
+    return ensure_shapes_dataset(tmp_path / "shapes", num_train=5, num_val=2, image_size=64, seed=1)
+
+
+def test_meta_matches_annotations(root, tmp_path):
+    out = build_meta(root, "train", CLASSES, tmp_path / "meta" / "train.txt")
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("# mdk-meta ") and len(lines) == 1 + 5
+    header, entries = read_meta(out)
+    assert header["classes"] == CLASSES and header["split"] == "train"
+    assert (header["clipped"], header["dropped"]) == (0, 0)
+    for image_id, line, e in zip(read_split(root, "train"), lines[1:], entries):
+        rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", CLASSES)
+        fields = line.split()
+        assert fields[:3] == [f"JPEGImages/{image_id}.jpg", "64", "64"]
+        assert len(fields) == 3 + 6 * len(rec.labels)
+        np.testing.assert_array_equal(e.boxes, rec.boxes)
+        np.testing.assert_array_equal(e.labels, rec.labels)
+        assert not e.difficult.any()
+
+
+def test_counts_clipped_and_dropped(root, tmp_path, caplog):
+    xml = root / "Annotations" / "000000.xml"
+    text = xml.read_text()
+    first = text.index("<xmin>")
+    text = text[:first] + "<xmin>-7</xmin>" + text[text.index("</xmin>", first) + 7:]
+    xml.write_text(text.replace("</annotation>", "<object><name>star</name><bndbox><xmin>5</xmin>"
+                                "<ymin>5</ymin><xmax>5</xmax><ymax>9</ymax></bndbox></object></annotation>"))
+    out = build_meta(root, "train", CLASSES, tmp_path / "m.txt")
+    assert (read_header(out)["clipped"], read_header(out)["dropped"]) == (1, 1)
+    assert "1 boxes clipped" in caplog.text and "1 zero-area boxes dropped" in caplog.text
+
+
+def test_staleness(root, tmp_path):
+    out = tmp_path / "meta" / "train.txt"
+    assert is_stale(root, "train", CLASSES, out)                       # missing
+    ensure_meta(root, "train", CLASSES, out)
+    assert not is_stale(root, "train", CLASSES, out)
+    assert is_stale(root, "train", CLASSES[::-1], out)                 # class order matters
+    assert is_stale(root, "val", CLASSES, out)                         # other split
+    # Age the meta file instead of dating inputs into the future (a rebuild must clear it).
+    age = lambda: os.utime(out, (out.stat().st_mtime - 100,) * 2)
+    age()
+    xml = root / "Annotations" / "000002.xml"
+    xml.write_text(xml.read_text())                                    # annotation edited
+    assert is_stale(root, "train", CLASSES, out)
+    ensure_meta(root, "train", CLASSES, out)
+    assert not is_stale(root, "train", CLASSES, out)
+    age()
+    split = root / "ImageSets/Main/train.txt"
+    split.write_text("000000\n000001\n")                               # split edited
+    _, entries = read_meta(ensure_meta(root, "train", CLASSES, out))
+    assert [e.image for e in entries] == ["JPEGImages/000000.jpg", "JPEGImages/000001.jpg"]
+    out.write_text("JPEGImages/000000.jpg 64 64\n")                    # seed-style, no header
+    assert is_stale(root, "train", CLASSES, out)
+    with pytest.raises(DataError, match="not an mdk meta file"):
+        read_meta(out)
+
+
+def test_missing_image_is_an_error(root, tmp_path):
+    (root / "JPEGImages" / "000001.jpg").unlink()
+    with pytest.raises(DataError, match="image '000001' listed in .*train.txt is missing"):
+        build_meta(root, "train", CLASSES, tmp_path / "m.txt")
+    assert not (tmp_path / "m.txt").exists()
+
+
+def test_cli(root, tmp_path, capsys):
+    out = tmp_path / "meta" / "val.txt"
+    args = ["--root", str(root), "--split", "val", "--classes", ",".join(CLASSES), "--out", str(out)]
+    assert main(args) == 0
+    assert len(read_meta(out)[1]) == 2
+    assert main(["--root", str(tmp_path / "nope"), "--classes", "a", "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().out
