@@ -1,0 +1,163 @@
+"""DetectionDataset items, caching, split-invariant augmentation, build_datasets."""
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from mdk.data.build import build_datasets
+from mdk.data.dataset import DetectionDataset
+from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
+from mdk.data.voc import DataError
+from mdk.models.yolo_codec import decode
+
+CLASSES = list(SHAPE_CLASSES)
+SIZE, S, B = 64, 4, 2
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return ensure_shapes_dataset(tmp_path_factory.mktemp("d") / "shapes", num_train=10, num_val=4,
+                                 image_size=SIZE, seed=2)
+
+
+def make(root, tmp_path, **kw):
+    args = dict(root=root, split="train", class_names=CLASSES, image_size=SIZE, grid=S,
+                boxes_per_cell=B, augment=True, meta_dir=tmp_path / "meta", cache_images=False, seed=7)
+    return DetectionDataset(**{**args, **kw})
+
+
+def sorted_boxes(boxes, labels):
+    order = torch.argsort(boxes[:, 0] * 1000 + boxes[:, 1])
+    return boxes[order], labels[order]
+
+
+def test_item_shapes_and_plain_target_matches_gt(root, tmp_path):
+    ds = make(root, tmp_path, augment=False)
+    assert len(ds) == 10
+    checked = 0
+    for i in range(len(ds)):
+        img, target, index = ds[i]
+        assert img.shape == (3, SIZE, SIZE) and img.dtype == torch.uint8
+        assert target.shape == (S, S, 5 * B + len(CLASSES)) and target.dtype == torch.float32
+        assert index == i
+        boxes, labels, difficult = ds.gt(i)
+        assert boxes.dtype == torch.float32 and labels.dtype == torch.int64 and not difficult.any()
+        det = decode(target.permute(2, 0, 1)[None], SIZE)[0]
+        if len(det["boxes"]) == len(boxes):     # one object per cell (else the codec keeps one)
+            got, want = sorted_boxes(det["boxes"], det["labels"]), sorted_boxes(boxes, labels)
+            torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=0)
+            assert got[1].tolist() == want[1].tolist()
+            checked += 1
+    assert checked >= 6
+
+
+def test_resize_scales_gt(root, tmp_path):
+    full, half = make(root, tmp_path), make(root, tmp_path / "h", image_size=32)
+    assert half[0][0].shape == (3, 32, 32)
+    torch.testing.assert_close(half.gt(3)[0], full.gt(3)[0] / 2)
+
+
+def test_cache_gives_identical_items(root, tmp_path):
+    plain, cached = make(root, tmp_path), make(root, tmp_path, cache_images=True)
+    assert cached.images.shape == (10, 3, SIZE, SIZE)
+    for i in range(len(plain)):
+        a, b = plain[i], cached[i]
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_augmentation_depends_only_on_seed_epoch_index(root, tmp_path):
+    ds = make(root, tmp_path)
+    torch.manual_seed(0)
+    first = [ds[i] for i in range(len(ds))]
+    torch.manual_seed(123)                                   # global RNG plays no part
+    again = [ds[i] for i in reversed(range(len(ds)))][::-1]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    plain = make(root, tmp_path, augment=False)
+    assert sum(not torch.equal(a[0], plain[i][0]) for i, a in enumerate(first)) >= 8  # jitter etc.
+    ds.set_epoch(1)
+    assert sum(not torch.equal(a[0], ds[i][0]) for i, a in enumerate(first)) >= 8
+    other_seed = make(root, tmp_path, seed=8)
+    assert sum(not torch.equal(a[0], other_seed[i][0]) for i, a in enumerate(first)) >= 8
+
+
+def test_augmented_boxes_stay_in_image(root, tmp_path):
+    ds = make(root, tmp_path)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            t = ds[i][1]
+            det = decode(t.permute(2, 0, 1)[None], SIZE)[0]
+            assert ((det["boxes"] >= 0) & (det["boxes"] <= SIZE)).all()
+            assert (t[..., 4] == 1).sum() == len(det["boxes"])
+
+
+def collect(ds, **loader_kw):
+    out = {}
+    for imgs, targets, idx in DataLoader(ds, **loader_kw):
+        for img, target, i in zip(imgs, targets, idx.tolist()):
+            out[i] = (img, target)
+    return out
+
+
+def test_same_augmentation_across_workers_batches_and_order(root, tmp_path):
+    ds = make(root, tmp_path, cache_images=True)
+    ds.set_epoch(3)
+    ref = collect(ds, batch_size=4, num_workers=0)
+    other = collect(ds, batch_size=3, num_workers=2, shuffle=True,
+                    generator=torch.Generator().manual_seed(5))
+    assert sorted(ref) == sorted(other) == list(range(10))
+    for i in ref:
+        assert torch.equal(ref[i][0], other[i][0]) and torch.equal(ref[i][1], other[i][1])
+    # two "ranks" each taking half the indices see the same samples as one process
+    halves = {}
+    for rank in range(2):
+        halves.update(collect(torch.utils.data.Subset(ds, list(range(rank, 10, 2))), batch_size=2))
+    assert all(torch.equal(ref[i][0], halves[i][0]) for i in ref)
+
+
+def test_missing_image_at_load_names_file(root, tmp_path):
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    ds = make(copy, tmp_path)
+    (copy / "JPEGImages" / "000004.jpg").unlink()
+    with pytest.raises(DataError, match="000004.jpg: image listed in the meta file is missing"):
+        ds[4]
+
+
+def cfg(tmp_path, **over):
+    base = OmegaConf.create({"paths": {"data": str(tmp_path / "data")},
+                             "dataset": OmegaConf.load("conf/dataset/shapes.yaml")})
+    base.dataset.generate = {"num_train": 6, "num_val": 3, "image_size": SIZE, "seed": 0}
+    for k, v in over.items():
+        OmegaConf.update(base, f"dataset.{k}", v)
+    return base.dataset
+
+
+def test_build_datasets_shapes(tmp_path):
+    train, val = build_datasets(cfg(tmp_path), SIZE, S, B, 0, tmp_path / "cache")
+    assert (len(train), len(val)) == (6, 3)
+    assert train.augment and not val.augment and train.images is not None
+    assert (tmp_path / "data" / "shapes" / "manifest.json").is_file()
+    assert len(list((tmp_path / "cache" / "meta").glob("shapes-*/train.txt"))) == 1
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"num_classes": 4}, "dataset.num_classes=4 but dataset.class_names lists 5"),
+    ({"name": "coco"}, "dataset.name='coco' is unknown"),
+    ({"class_names": ["circle", "circle"]}, "has duplicates"),
+    ({"train_split": "nope"}, "split file not found"),
+])
+def test_build_datasets_bad_config(tmp_path, over, match):
+    with pytest.raises(DataError, match=match):
+        build_datasets(cfg(tmp_path, **over), SIZE, S, B, 0, tmp_path / "cache")
+
+
+def test_build_datasets_voc_root(tmp_path):
+    voc = OmegaConf.load("conf/dataset/voc.yaml")
+    assert voc.num_classes == len(voc.class_names) == 20
+    with pytest.raises(DataError, match="dataset.root is not set"):
+        build_datasets(voc, 448, 14, B, 0, tmp_path)
+    voc.root = str(tmp_path / "VOCdevkit/VOC2007")
+    with pytest.raises(DataError, match="VOC2007' does not exist"):
+        build_datasets(voc, 448, 14, B, 0, tmp_path)
