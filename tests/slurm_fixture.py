@@ -1,0 +1,81 @@
+"""pytest plugin: the session-scoped ``slurm_cluster`` fixture (list it in conftest ``pytest_plugins``).
+
+The cluster starts once per session, on first use, and is stopped at the end. Where SLURM cannot
+run (not root, no apt to install it) the tests that use it skip with the reason; set
+``MDK_REQUIRE_SLURM=1`` (CI) to turn that skip into an error so a broken setup cannot hide.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+try:  # tests/ is on sys.path under pytest's default (prepend) import mode
+    from slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
+except ImportError:  # loaded as tests.slurm_fixture (e.g. `-p tests.slurm_fixture`)
+    from tests.slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
+
+REQUIRE_ENV = "MDK_REQUIRE_SLURM"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A running single-node cluster; ``os.environ['SLURM_CONF']`` points at it meanwhile.
+
+    SLURM_CONF is also exported into this process because submitit and Hydra's launcher call
+    ``sbatch`` with the test process's own environment.
+    """
+    required = os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+    try:
+        cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as exc:
+        if required:
+            pytest.fail(f"{REQUIRE_ENV} is set but SLURM cannot run here: {exc}")
+        pytest.skip(f"SLURM unavailable: {exc}")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        if required:
+            raise
+        pytest.skip(f"SLURM did not start: {exc}")
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    os.environ["PATH"] = cluster.env["PATH"]
+    try:
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        cluster.stop()
+
+
+def wait_for(predicate, timeout: float, what: str, cluster: SlurmCluster | None = None,
+             interval: float = 0.2) -> None:
+    """Poll ``predicate`` until true; on timeout fail naming ``what`` (plus queue and logs).
+
+    Tests poll with their own bound instead of ``sbatch --wait`` (10 s polls) or submitit's
+    ``job.result()``, which can wait forever for a cancelled job when there is no accounting.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    detail = ""
+    if cluster is not None:
+        detail = "\nsqueue:\n" + cluster.run("squeue", check=False).stdout + cluster.logs(15)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
+
+
+def read_text(path: Path) -> str:
+    """File content, or '' while it does not exist yet (job output appears asynchronously)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
