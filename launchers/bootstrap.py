@@ -1,0 +1,79 @@
+"""First-use installer: make ./.venv with everything mdk needs and re-run the command inside it.
+
+Standard library only (it runs before anything is installed). Skipped when the current
+interpreter already has mdk's dependencies (you manage your own environment) or when
+MDK_NO_BOOTSTRAP=1. The venv is refreshed when pyproject.toml changes.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = Path(os.environ.get("MDK_VENV", REPO / ".venv"))
+NEEDED = ("torch", "torchvision", "hydra", "omegaconf", "submitit", "tqdm", "torchmetrics",
+          "tensorboard", "onnxruntime", "pytest")
+# torch/torchvision pairs known to import together on the CPU; pinned here because a mismatched
+# pair fails at import ('operator torchvision::nms does not exist').
+TORCH_PINS = {"x86_64": ("torch==2.14.1", "torchvision==0.29.1"),
+              "aarch64": ("torch==2.9.1", "torchvision==0.24.1")}
+
+
+def _stamp() -> str:
+    return hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:16]
+
+
+def _venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _in_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def _have_deps() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in NEEDED)
+
+
+def _run(cmd: list[str]) -> None:
+    print("[mdk setup] $", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def install() -> None:
+    """Create/refresh the venv (about 2 minutes the first time)."""
+    stamp_file = VENV / ".mdk-stamp"
+    if stamp_file.is_file() and stamp_file.read_text() == _stamp():
+        return
+    print(f"[mdk setup] installing into {VENV} (first use; about 2 minutes)", flush=True)
+    if not _venv_python().exists():
+        _run([sys.executable, "-m", "venv", str(VENV)])
+    py = str(_venv_python())
+    pins = TORCH_PINS.get(platform.machine())
+    if pins:
+        _run([py, "-m", "pip", "install", "-q", *pins])
+    _run([py, "-m", "pip", "install", "-q", "-e", f"{REPO}[test]"])
+    stamp_file.write_text(_stamp())
+
+
+def ensure_environment() -> None:
+    """Return if this interpreter can run mdk; otherwise install and exec the venv's python."""
+    if os.environ.get("MDK_NO_BOOTSTRAP") == "1":
+        return
+    if _in_venv():
+        install()  # no-op unless pyproject.toml changed
+        return
+    if _have_deps() and not VENV.exists():
+        return
+    try:
+        install()
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"[mdk setup] installing dependencies failed ({e}); see the pip output above. "
+                 f"Delete {VENV} and run again, or install with `pip install -e .[test]`")
+    py = str(_venv_python())
+    os.execv(py, [py, *sys.argv])

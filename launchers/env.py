@@ -1,0 +1,40 @@
+"""The one place that reads how this process was started: torchrun, SLURM/submitit, or by hand.
+
+Returns a ProcessEnv; nothing else in the code base reads RANK / SLURM_* / MASTER_* variables.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    source: str            # "torchrun" | "slurm" | "none"
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+
+    @property
+    def external(self) -> bool:
+        """True when something else (torchrun, SLURM) already started one process per rank."""
+        return self.source != "none"
+
+
+def detect() -> ProcessEnv:
+    e = os.environ
+    if "TORCHELASTIC_RUN_ID" in e or ("RANK" in e and "WORLD_SIZE" in e and "MASTER_ADDR" in e):
+        return ProcessEnv("torchrun", int(e["RANK"]), int(e.get("LOCAL_RANK", 0)),
+                          int(e["WORLD_SIZE"]), e.get("MASTER_ADDR"), int(e.get("MASTER_PORT", 29500)))
+    ntasks = int(e.get("SLURM_NTASKS", "1") or 1)
+    if "SLURM_PROCID" in e and ntasks > 1 and e.get("SUBMITIT_EXECUTOR") == "slurm":
+        # submitit computes MASTER_ADDR/PORT from the job (port seeded by the job id).
+        import submitit
+
+        te = submitit.helpers.TorchDistributedEnvironment()
+        return ProcessEnv("slurm", te.rank, te.local_rank, te.world_size, te.master_addr,
+                          int(te.master_port))
+    return ProcessEnv("none")

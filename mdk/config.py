@@ -1,0 +1,113 @@
+"""Config checks that run before any work: one clear error naming the bad key.
+
+Hydra already rejects unknown keys (struct mode) and unknown group choices; this adds types and
+ranges. The composed config is never mutated: derived values are returned, not written back.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+STAGES = ("step1", "step2", "cal", "step3", "step4")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key, throw_on_missing=True)
+
+
+def _int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
+    v = _get(cfg, key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{key}={v!r} must be an integer (e.g. {key}={max(minimum, 1)})")
+    if v < minimum:
+        raise ConfigError(f"{key}={v} must be >= {minimum}")
+
+
+def _bool(cfg: DictConfig, key: str) -> None:
+    v = _get(cfg, key)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r} must be true or false")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the first bad key; returns nothing on a good config."""
+    try:
+        _int(cfg, "seed", 0)
+        _int(cfg, "trainer.epochs", 1)
+        _int(cfg, "trainer.batch_size", 1)
+        _int(cfg, "trainer.limit_train_batches", 1, optional=True)
+        _int(cfg, "trainer.limit_val_batches", 1, optional=True)
+        _int(cfg, "trainer.num_workers", 0)
+        _int(cfg, "trainer.eval_every", 1)
+        _int(cfg, "trainer.checkpoint_every_iters", 0)
+        for k in ("resume", "amp", "activation_checkpointing", "progress"):
+            _bool(cfg, f"trainer.{k}")
+        _int(cfg, "dist.gpus", 1)
+        _int(cfg, "dist.nodes", 1)
+        _int(cfg, "dist.rank", 0)
+        _bool(cfg, "dist.sync_bn")
+        if cfg.dist.rank >= cfg.dist.nodes:
+            raise ConfigError(f"dist.rank={cfg.dist.rank} must be < dist.nodes={cfg.dist.nodes} "
+                              "(machine ranks count from 0)")
+        if cfg.dist.nodes > 1 and str(cfg.dist.dist_url) == "auto":
+            raise ConfigError("dist.dist_url=auto only works on one machine; with dist.nodes>1 give "
+                              "machine 0's address on every machine, e.g. dist.dist_url=10.0.0.1:29500")
+        world = cfg.dist.gpus * cfg.dist.nodes
+        if cfg.trainer.batch_size % world:
+            raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size} is the global batch and "
+                              f"must divide by the world size dist.gpus*dist.nodes={world}")
+        if cfg.trainer.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"trainer.device={cfg.trainer.device!r} must be auto, cpu or cuda")
+        if cfg.step.name not in STAGES:
+            raise ConfigError(f"step.name={cfg.step.name!r} must be one of {', '.join(STAGES)}")
+        for s in cfg.pipeline:
+            if s not in STAGES:
+                raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {list(STAGES)}")
+        names = list(cfg.dataset.class_names)
+        if cfg.dataset.num_classes != len(names):
+            raise ConfigError(f"dataset.num_classes={cfg.dataset.num_classes} but dataset.class_names "
+                              f"has {len(names)} names; make them agree")
+        _int(cfg, "model.image_size", 32)
+        if cfg.logger.log_every < 1:
+            raise ConfigError(f"logger.log_every={cfg.logger.log_every} must be >= 1")
+    except ConfigError:
+        raise
+    except Exception as e:  # a missing mandatory value (???) or an interpolation that fails
+        raise ConfigError(f"bad configuration: {e}") from e
+
+
+def resolve_path(p: str | Path, root: str | Path) -> Path:
+    """Absolute paths as given; relative ones under the repository root (cwd is never changed)."""
+    p = Path(str(p)).expanduser()
+    return p if p.is_absolute() else Path(root) / p
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def _ckpt_root(single_run_default: str) -> str:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return str(Path(hc.runtime.output_dir) / "checkpoints")
+    except (ImportError, ValueError):  # no Hydra run (compose API in tests, tools)
+        pass
+    return single_run_default
+
+
+def register_resolvers() -> None:
+    """Idempotent: called by every entry point before the config is read."""
+    if not OmegaConf.has_resolver("mdk_ckpt"):
+        OmegaConf.register_new_resolver("mdk_ckpt", _ckpt_root)

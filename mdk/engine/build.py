@@ -1,0 +1,106 @@
+"""Build the objects of a run from the composed config (all through hydra.utils.instantiate)."""
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from mdk import dist
+from mdk.config import resolve_path
+from mdk.data.build import build_datasets
+from mdk.engine.sampler import GlobalBatchSampler
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pick_device(cfg: DictConfig) -> torch.device:
+    want = cfg.trainer.device
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("trainer.device=cuda but CUDA is not available; use trainer.device=auto")
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def build_model(cfg: DictConfig) -> torch.nn.Module:
+    model = instantiate(cfg.model.net)
+    patterns = list(cfg.model.freeze)
+    if patterns:
+        n = 0
+        for name, p in model.named_parameters():
+            if any(fnmatch.fnmatch(name, pat) for pat in patterns):
+                p.requires_grad_(False)
+                n += p.numel()
+        if n == 0:
+            raise ValueError(f"model.freeze={patterns} matched no parameter; names look like "
+                             f"{[k for k, _ in model.named_parameters()][:3]}")
+        log.info("froze %d parameters matching %s", n, patterns)
+    return model
+
+
+def build_data(cfg: DictConfig, grid: int) -> tuple[Any, Any]:
+    """Datasets; rank 0 generates/indexes the built-in data first, the others wait and reuse it."""
+    cache_root = resolve_path(cfg.paths.data, os.getcwd())
+    ds_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
+    ds_cfg["root"] = str(resolve_path(cfg.dataset.root, os.getcwd()))
+    args = (ds_cfg, cfg.model.image_size, grid, cfg.model.net.boxes_per_cell, cfg.seed, cache_root)
+    if dist.is_main_process():
+        out = build_datasets(*args)
+        dist.barrier()
+    else:
+        dist.barrier()
+        out = build_datasets(*args)
+    return out
+
+
+def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, GlobalBatchSampler]:
+    sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, dist.get_rank(),
+                                 dist.world_size(), cfg.seed, shuffle=True,
+                                 limit_batches=cfg.trainer.limit_train_batches)
+    nw = int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0))
+    loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw,
+                        pin_memory=torch.cuda.is_available(), persistent_workers=nw > 0)
+    return loader, sampler
+
+
+def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: int):
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = instantiate(cfg.optim)(params)
+    scheduler = instantiate(cfg.scheduler)(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
+    return optimizer, scheduler
+
+
+def rng_state() -> dict[str, Any]:
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def stage_dir(cfg: DictConfig, stage: str) -> Path:
+    return resolve_path(cfg.paths.checkpoints, os.getcwd()) / stage

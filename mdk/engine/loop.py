@@ -1,0 +1,134 @@
+"""The one training loop, with hooks (after detectron2's train_loop.py).
+
+The loop only moves data, runs forward/backward/step and calls hooks; checkpointing, evaluation,
+LR stepping, metrics, progress and NaN guarding are hooks. Stages never subclass the loop: what a
+stage changes (quantization flags, calibration, export) is decided before the loop starts.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import nullcontext
+from typing import Any, Iterable, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class HookBase:
+    trainer: "Trainer"
+
+    def before_train(self) -> None: ...
+    def before_epoch(self) -> None: ...
+    def before_step(self) -> None: ...
+    def after_backward(self) -> None: ...
+    def after_step(self) -> None: ...
+    def after_epoch(self) -> None: ...
+    def after_train(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+class Trainer:
+    """Runs epochs ``[start_epoch, epochs)``; state lives in attributes hooks may read."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, loader: Iterable, device: torch.device,
+                 epochs: int, iters_per_epoch: int, amp: bool = False,
+                 grad_clip: Optional[float] = None) -> None:
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.loader, self.device = loader, device
+        self.epochs, self.iters_per_epoch = epochs, iters_per_epoch
+        self.grad_clip = grad_clip
+        self.hooks: list[HookBase] = []
+        self.epoch = 0            # current epoch (0-based)
+        self.iter = 0             # optimizer steps done so far (global, across epochs)
+        self.batch_in_epoch = 0   # batches done in the current epoch
+        self.loss_terms: dict[str, torch.Tensor] = {}
+        self.stop = False
+        self.amp_dtype: Optional[torch.dtype] = None
+        self.scaler: Optional[torch.amp.GradScaler] = None
+        if amp:
+            # bf16 autocast on CPU needs no scaler; fp16 on CUDA needs one against underflow.
+            self.amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+            if device.type == "cuda":
+                self.scaler = torch.amp.GradScaler("cuda")
+
+    def register_hooks(self, hooks: list[Optional[HookBase]]) -> None:
+        for h in hooks:
+            if h is not None:
+                h.trainer = self
+                self.hooks.append(h)
+
+    def _call(self, name: str) -> None:
+        for h in self.hooks:
+            getattr(h, name)()
+
+    @property
+    def start_batch(self) -> int:
+        return self.iter - self.epoch * self.iters_per_epoch
+
+    def train(self) -> None:
+        self.epoch = self.iter // self.iters_per_epoch
+        self._call("before_train")
+        try:
+            while self.epoch < self.epochs and not self.stop:
+                self.batch_in_epoch = self.start_batch
+                self._call("before_epoch")
+                self.model.train()
+                for batch in self.loader:
+                    self.run_step(batch)
+                    if self.stop:
+                        break
+                self._call("after_epoch")
+                self.epoch += 1
+        finally:
+            self._call("after_train")
+
+    def run_step(self, batch: Any) -> None:
+        self._call("before_step")
+        images, targets = batch[0], batch[1]
+        images = images.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        ctx = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype
+               else nullcontext())
+        with ctx:
+            pred = self.model(images)
+        terms = self.loss_fn(pred.float(), targets)
+        self.loss_terms = terms
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = terms["total"]
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        self._call("after_backward")
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.iter += 1
+        self.batch_in_epoch += 1
+        self._call("after_step")
+
+
+def check_finite(terms: dict[str, torch.Tensor], it: int) -> None:
+    """Raise naming the iteration and the loss term that is NaN/Inf (one host sync)."""
+    vals = torch.stack([v.detach().float() for v in terms.values()]).cpu()
+    if not torch.isfinite(vals).all():
+        bad = [k for k, v in zip(terms, vals.tolist()) if not math.isfinite(v)]
+        raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) {bad} = "
+                                 f"{[terms[k].item() for k in bad]}. The last good checkpoint is "
+                                 "kept; lower optim.lr or check the data")

@@ -1,0 +1,73 @@
+"""YOLOv1-style GNetDet loss with smooth-L1 terms.
+
+Normalisation (DESIGN §4): every term is summed within an image and averaged over the images of
+the local batch. DDP then averages gradients over ranks, so with equal per-rank batches the
+gradient of a global batch does not depend on how it is split.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import box_iou
+
+
+def _cell_boxes_to_xyxy(b: torch.Tensor, grid: int) -> torch.Tensor:
+    """[..., S, S, 4] (x, y in cell, w, h of image) -> [..., S, S, 4] normalised xyxy."""
+    S = grid
+    ys, xs = torch.meshgrid(torch.arange(S, device=b.device), torch.arange(S, device=b.device),
+                            indexing="ij")
+    cx = (b[..., 0] + xs) / S
+    cy = (b[..., 1] + ys) / S
+    w, h = b[..., 2], b[..., 3]
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+
+def _paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU of matching rows of two [N, 4] xyxy tensors (box_iou's diagonal without N^2 memory)."""
+    lt = torch.maximum(a[:, :2], b[:, :2])
+    rb = torch.minimum(a[:, 2:], b[:, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area = lambda x: (x[:, 2:] - x[:, :2]).clamp(min=0).prod(-1)  # noqa: E731
+    return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
+
+
+class YoloLoss(nn.Module):
+    def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
+                 lambda_noobj: float = 0.5, beta: float = 1.0) -> None:
+        super().__init__()
+        self.C, self.B = num_classes, boxes_per_cell
+        self.lambda_coord, self.lambda_noobj, self.beta = lambda_coord, lambda_noobj, beta
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """pred [N, 5B+C, S, S]; target [N, S, S, 5B+C] -> dict of loss terms and 'total'."""
+        N, S = pred.shape[0], pred.shape[-1]
+        p = pred.permute(0, 2, 3, 1).float()
+        t = target.float()
+        B = self.B
+        pb = p[..., : 5 * B].reshape(N, S, S, B, 5)
+        tb = t[..., :5].unsqueeze(3)  # the target box is replicated in every slot; take slot 0
+        obj = t[..., 4] > 0  # [N, S, S]
+
+        # Which predicted box is responsible: highest IoU with the target (no gradient through it).
+        with torch.no_grad():
+            pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
+            txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
+            iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
+            iou = iou.permute(0, 2, 3, 1)  # [N, S, S, B]
+            best = iou.argmax(-1, keepdim=True)
+            resp = torch.zeros_like(iou, dtype=torch.bool).scatter_(-1, best, True) & obj.unsqueeze(-1)
+
+        sl1 = lambda a, b: F.smooth_l1_loss(a, b, reduction="none", beta=self.beta)  # noqa: E731
+        coord = (sl1(pb[..., :4], tb[..., :4].expand_as(pb[..., :4])).sum(-1) * resp).sum((1, 2, 3))
+        conf_obj = (sl1(pb[..., 4], iou) * resp).sum((1, 2, 3))
+        conf_noobj = (sl1(pb[..., 4], torch.zeros_like(iou)) * ~resp).sum((1, 2, 3))
+        cls = (sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1) * obj).sum((1, 2))
+        terms = {
+            "coord": self.lambda_coord * coord.mean(),
+            "conf_obj": conf_obj.mean(),
+            "conf_noobj": self.lambda_noobj * conf_noobj.mean(),
+            "cls": cls.mean(),
+        }
+        terms["total"] = sum(terms.values())
+        return terms

@@ -1,0 +1,21 @@
+"""mdk entry point: `python run.py [group=option ...] [key=value ...]` (see README.md).
+
+On first use this installs what it needs into ./.venv and re-runs itself there.
+"""
+from launchers.bootstrap import ensure_environment
+
+ensure_environment()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> list:
+    from launchers.entry import run
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()
