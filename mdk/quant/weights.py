@@ -1,0 +1,135 @@
+"""Chip weight quantizers (DESIGN §3), vectorised over all 3x3 kernels of a layer.
+
+Every quantizer is computed as integer *mantissas* times one per-layer power of two:
+``w_q = w_int / 2**shift`` and ``b_q = b_int / 2**shift``. The fake-quant training path
+(``quantize_conv``) and the export path (``conv_mantissas``) share the same code, so the exported
+integers reproduce the trained fake-quant weights bit for bit (dividing an integer below 2**24 by a
+power of two is exact in float32).
+
+Formulas, with ``QS(v) = R(v * 2**shift) / 2**shift`` and ``m`` = mean |w| of one 3x3 kernel:
+
+- 1 bit: ``sign(w) * QS(m)``
+- 2 bit: ``sign(w) * QS(m)`` where ``|w| >= QS(m)/4``, else 0
+- 3 bit: ``step = m/4``, ``c = trunc(|w|/step)``, ``c >= 3 -> 4``: ``sign(w) * c * QS(step)``
+- 5 bit: ``step = max|w|/15`` per kernel: ``R(w/step) * QS(step)``
+- 8 / 12 bit: ``QS(w)``;  bias: ``QS(b)``
+
+An all-zero kernel gives step 0; its 0/0 coefficients are defined as 0 (the kernel stays zero).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from mdk.quant.rounding import round_half_away
+
+log = logging.getLogger(__name__)
+
+# (weight bits, bias bits) per chip and mask bit width, from the GTI MDKs.
+CHIP_BITS: dict[str, dict[int, tuple[int, int]]] = {
+    "5801": {1: (8, 20), 3: (8, 20), 8: (8, 20)},
+    "2801": {1: (12, 12), 3: (12, 18)},
+    "2803": {2: (12, 12), 5: (12, 16), 12: (12, 20)},
+}
+SUPPORTED_MASKS = (1, 2, 3, 5, 8, 12)
+MAX_SHIFT = 12
+
+
+def chip_bits(chip: str, mask_bits: int) -> tuple[int, int]:
+    """(weight bits, bias bits) of ``mask_bits`` on ``chip``; a clear error if the chip lacks it."""
+    chip = str(chip)
+    if chip not in CHIP_BITS:
+        raise ValueError(f"chip={chip!r} is unknown; choose one of {sorted(CHIP_BITS)}")
+    table = CHIP_BITS[chip]
+    if int(mask_bits) not in table:
+        raise ValueError(f"chip {chip} does not support {mask_bits}-bit conv masks (it supports "
+                         f"{sorted(table)}); change model mask_bits or pick another chip")
+    return table[int(mask_bits)]
+
+
+def _log2_term(max_abs: torch.Tensor, bits: int) -> torch.Tensor:
+    # float64 so the truncation point of log2 does not depend on the parameter dtype;
+    # max_abs == 0 gives +inf, i.e. that tensor puts no limit on the shift.
+    ratio = (2.0 ** (bits - 1) - 1) / max_abs.to(torch.float64)
+    return torch.trunc(torch.log2(ratio))
+
+
+def compute_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
+                  bias_bits: int) -> torch.Tensor:
+    """Per-layer shift ``clamp(min(int(log2((2^(wb-1)-1)/max|W|)), int(log2((2^(bb-1)-1)/max|b|))), 0, 12)``.
+
+    Returns a 0-dim int64 tensor on ``w``'s device (no host sync in the training loop). ``int``
+    truncates toward zero. An all-zero ``w`` or ``b`` (or ``b=None``) does not constrain the shift;
+    if both are zero the shift is the maximum, 12.
+    """
+    with torch.no_grad():
+        s = _log2_term(w.detach().abs().max(), weight_bits)
+        if b is not None and b.numel():
+            s = torch.minimum(s, _log2_term(b.detach().abs().max(), bias_bits))
+        return s.clamp(0, MAX_SHIFT).to(torch.int64)
+
+
+def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num/den with 0/0 (all-zero kernel) defined as 0."""
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)),
+                       torch.zeros_like(num))
+
+
+def weight_mantissas(w: torch.Tensor, mask_bits: int, scale: torch.Tensor) -> torch.Tensor:
+    """Integer-valued (float dtype) mantissas of the ``mask_bits`` quantizer; ``scale = 2**shift``."""
+    if mask_bits in (8, 12):
+        return round_half_away(w * scale)
+    if mask_bits not in SUPPORTED_MASKS:
+        raise ValueError(f"mask_bits={mask_bits} is not a chip mask; use one of {SUPPORTED_MASKS}")
+    a = w.abs()
+    sign = torch.sign(w)
+    if mask_bits == 5:
+        step = a.amax(dim=(2, 3), keepdim=True) / 15
+        return round_half_away(_safe_div(w, step)) * round_half_away(step * scale)
+    m = a.mean(dim=(2, 3), keepdim=True)  # per (out, in) kernel
+    if mask_bits == 1:
+        return sign * round_half_away(m * scale)
+    if mask_bits == 2:
+        qm_int = round_half_away(m * scale)
+        keep = a >= (qm_int / scale) / 4  # |w| >= QS(m)/4, all exact power-of-two divisions
+        return torch.where(keep, sign * qm_int, torch.zeros_like(w))
+    # 3 bit
+    step = m / 4
+    coef = torch.trunc(_safe_div(a, step))
+    coef = torch.where(coef >= 3, torch.full_like(coef, 4.0), coef)
+    return sign * coef * round_half_away(step * scale)
+
+
+def _quantize(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,
+              bias_bits: int) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    with torch.no_grad():
+        shift = compute_shift(w, b, weight_bits, bias_bits)
+        scale = torch.exp2(shift.to(w.dtype))
+        w_int = weight_mantissas(w.detach(), int(mask_bits), scale)
+        b_int = round_half_away(b.detach() * scale) if b is not None else None
+    return w_int, b_int, shift
+
+
+def quantize_conv(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,
+                  bias_bits: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Fake-quantized (w_q, b_q) with straight-through gradients (d w_q / d w = identity).
+
+    ``w_q.detach() + (w - w.detach())`` is used instead of ``w + (w_q - w).detach()`` because the
+    latter is not exactly ``w_q`` in floating point, and the integer reference needs exact values.
+    """
+    w_int, b_int, shift = _quantize(w, b, mask_bits, weight_bits, bias_bits)
+    scale = torch.exp2(shift.to(w.dtype))
+    w_q = w_int / scale + (w - w.detach())
+    b_q = None if b is None else b_int / scale + (b - b.detach())
+    return w_q, b_q
+
+
+def conv_mantissas(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,
+                   bias_bits: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Export form: int64 weight and bias mantissas and the shift, ``w_q == w_int / 2**shift`` exactly."""
+    w_int, b_int, shift = _quantize(w, b, mask_bits, weight_bits, bias_bits)
+    if b_int is None:
+        b_int = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+    return w_int.to(torch.int64), b_int.to(torch.int64), int(shift)
