@@ -138,6 +138,15 @@ class SlurmCluster:
         """Ids of the jobs still queued or running."""
         return self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
 
+    def job_state(self, job_id: str) -> str:
+        """SLURM state of a job (PENDING, RUNNING, COMPLETED, CANCELLED, FAILED, ...), '' if unknown.
+
+        With no accounting, sacct (and so submitit's job.state) cannot tell; squeue keeps finished
+        jobs for MinJobAge (300 s).
+        """
+        out = self.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", check=False).stdout
+        return out.strip()
+
     def stop(self, timeout: float = 15) -> None:
         """Cancel every job, then stop the daemons this object started (slurmd first)."""
         if "slurmctld" in self.started_pids and is_alive(self.started_pids["slurmctld"]):

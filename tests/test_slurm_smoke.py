@@ -40,14 +40,10 @@ def test_sbatch_job_runs_and_writes_output(slurm_cluster, tmp_path):
     out = tmp_path / "out.txt"
     job_id = slurm_cluster.run("sbatch", "--parsable", f"--output={out}", "-p", slurm_cluster.partition,
                                "--wrap", "echo job=$SLURM_JOB_ID node=$SLURMD_NODENAME").stdout.strip()
-    wait_for(lambda: job_id not in slurm_cluster.job_ids() or "COMPLETED" in _state(slurm_cluster, job_id),
-             30, f"sbatch job {job_id} to finish", slurm_cluster)
+    wait_for(lambda: slurm_cluster.job_state(job_id) == "COMPLETED", 30, f"sbatch job {job_id} to finish",
+             slurm_cluster)
     wait_for(lambda: read_text(out).strip() != "", 10, f"output in {out}", slurm_cluster)
     assert read_text(out).strip() == f"job={job_id} node=localhost"
-
-
-def _state(cluster, job_id: str) -> str:
-    return cluster.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", check=False).stdout
 
 
 @pytest.mark.slurm
@@ -85,8 +81,42 @@ echo "done ${{SLURM_RESTART_COUNT:-0}}" >> {log}
     wait_for(lambda: "start 0" in read_text(log), 30, "first run of the job", slurm_cluster)
     slurm_cluster.run("scontrol", "requeue", job_id)
     # A requeued job may start again only after AuthInfo cred_expire (5 s in our slurm.conf).
-    wait_for(lambda: "done 1" in read_text(log), 60, "the requeued run to finish", slurm_cluster)
+    wait_for(lambda: slurm_cluster.job_state(job_id) == "COMPLETED", 60, "the requeued run to finish",
+             slurm_cluster)
     assert read_text(log).split("\n") == ["start 0", "start 1", "done 1", ""]
+
+
+@pytest.mark.slurm
+def test_second_cluster_runs_alongside_and_stops_cleanly(slurm_cluster, tmp_path):
+    from slurm_cluster import is_alive, start_cluster
+
+    other = start_cluster(tmp_path / "other")
+    try:
+        assert other.conf.read_text() != slurm_cluster.conf.read_text()  # own ports, munge, dirs
+        job_id = other.run("sbatch", "--parsable", f"--output={tmp_path / 'o.out'}", "--wrap",
+                           "sleep 300").stdout.strip()
+        wait_for(lambda: other.job_state(job_id) == "RUNNING", 20, "the sleep job to run", other)
+    finally:
+        pids = dict(other.started_pids)
+        other.stop()
+    assert set(pids) == {"munged", "slurmctld", "slurmd"}
+    assert not any(is_alive(pid) for pid in pids.values())
+    assert not other.munge_dir.exists()
+    # The session cluster is untouched: its node is still idle and takes jobs.
+    assert slurm_cluster.run("sinfo", "-h", "-o", "%t").stdout.strip() == "idle"
+    assert slurm_cluster.run("srun", "-n", "1", "echo", "ok").stdout.strip() == "ok"
+
+
+@pytest.mark.slurm
+def test_cancelled_job_state_is_visible_without_accounting(slurm_cluster, tmp_path):
+    # submitit's job.done() stays False forever for a cancelled job here (sacct is off);
+    # tests must bound their waits and can read the state from squeue instead.
+    job_id = slurm_cluster.run("sbatch", "--parsable", f"--output={tmp_path / 'c.out'}", "--wrap",
+                               "sleep 300").stdout.strip()
+    wait_for(lambda: slurm_cluster.job_state(job_id) == "RUNNING", 20, "the job to run", slurm_cluster)
+    slurm_cluster.run("scancel", job_id)
+    wait_for(lambda: slurm_cluster.job_state(job_id) == "CANCELLED", 20, "the job to be cancelled",
+             slurm_cluster)
 
 
 def _preset_keys(name: str) -> set[str]:
