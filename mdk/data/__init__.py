@@ -1,0 +1,10 @@
+"""Datasets in Pascal VOC layout.
+
+- :mod:`mdk.data.voc`: annotation XML / split parsing and :class:`~mdk.data.voc.DataError`.
+- :mod:`mdk.data.shapes`: the built-in generated dataset (``ensure_shapes_dataset``).
+- :mod:`mdk.data.dataset`: ``DetectionDataset`` (images, YOLO targets, split-invariant augmentation).
+- :mod:`mdk.data.build`: ``build_datasets(cfg.dataset, ...)`` for the ``dataset`` config group.
+- :mod:`mdk.tools.xml2txt`: the annotation -> meta txt step the loader reads through.
+
+Kept import-free so ``import mdk.data.voc`` stays cheap (no torch).
+"""
