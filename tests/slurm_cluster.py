@@ -44,20 +44,16 @@ def _bin(name: str) -> str:
     return _which(name) or name
 
 
-def _missing_binaries() -> list[str]:
-    return [b for b in BINARIES if _which(b) is None]
-
-
 def ensure_binaries() -> None:
     """Make sure the SLURM and munge binaries exist, installing them via .ci/slurm-setup.sh."""
     if os.geteuid() != 0:
         raise SlurmUnavailable("not root: slurmd must run as root to launch jobs")
-    if not _missing_binaries():
+    if all(_which(b) for b in BINARIES):
         return
     if SETUP_SCRIPT.exists() and shutil.which("apt-get"):
         out = subprocess.run(["bash", str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=600)
         log.info("slurm-setup.sh: %s", out.stdout.strip().splitlines()[-1:] or out.stderr[-500:])
-    missing = _missing_binaries()
+    missing = [b for b in BINARIES if _which(b) is None]
     if missing:
         raise SlurmUnavailable(f"SLURM binaries missing: {', '.join(missing)} (run {SETUP_SCRIPT})")
 
@@ -69,21 +65,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def proc_state(pid: int) -> str | None:
-    """The state letter of PID from /proc (R, S, Z, ...), or None when it is gone.
-
-    ``kill -0`` succeeds on a zombie, so a stopped daemon nobody reaps would look alive.
-    """
+def is_alive(pid: int) -> bool:
+    """Whether PID is running, from /proc: ``kill -0`` also succeeds on an unreaped zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return None
+        return False
     # The command name is in parentheses and may contain spaces: the state follows the last ')'.
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def is_alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, "Z", "X")
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _read_pid(path: Path) -> int | None:
