@@ -113,8 +113,17 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
             build.set_rng_state(rng)
     config = to_container(cfg)
 
+    rngs: list = []
+
+    class _GatherRngThenSave(CheckpointHook):
+        """CheckpointHook calls state_fn on rank 0 only; the RNG gather is a collective, so every
+        rank runs it here first (else rank 0 waits forever for the others)."""
+
+        def _save(self, names: list[str], epoch_done: bool) -> None:
+            rngs[:] = dist.all_gather_object(build.rng_state())
+            super()._save(names, epoch_done)
+
     def state_fn() -> dict[str, Any]:
-        rngs = dist.all_gather_object(build.rng_state())
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "epoch": trainer.epoch, "iter": trainer.iter,
                 "stage": cfg.step.name, "metric": getattr(trainer, "metrics", {}),
@@ -124,8 +133,8 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
 
     sink = build_sinks(cfg.logger, run_dir, config, dist.is_main_process())
     metrics = MetricsHook(sink, cfg.logger.log_every)
-    ckpt = CheckpointHook(out_dir, state_fn, atomic_save, cfg.trainer.checkpoint_every_iters,
-                          best, best_epoch)
+    ckpt = _GatherRngThenSave(out_dir, state_fn, atomic_save, cfg.trainer.checkpoint_every_iters,
+                               best, best_epoch)
     # Order matters: metrics read the LR before it steps; checkpoints see the evaluated metric.
     trainer.register_hooks([sampler_epoch_hook(sampler, train_ds), metrics, LRSchedulerHook(scheduler),
                             ProgressHook(metrics, cfg.trainer.progress),
