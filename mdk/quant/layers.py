@@ -7,6 +7,11 @@ module object serves step1 (float) to step4 (integer activations):
   with the chip's (weight bits, bias bits) in ``chip_bits``.
 - ``observer``: a callable fed the pre-activation conv output during calibration.
 - ``quant_act``: ReLU is replaced by clamp(0, cap) + 5-bit rounding with the calibrated ``cap``.
+
+Structural state that must survive checkpoints lives in the state_dict: ``cap`` and ``fused``
+(step4 gain fusion applied) are buffers, and a folded BatchNorm is simply absent. Loading a
+checkpoint whose layer has no ``bn.*`` keys into a freshly built layer with BN drops the BN, so a
+model built from the config loads any stage's checkpoint (see ``_load_from_state_dict``).
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ class ChipConv(nn.Module):
         self.chip_bits: tuple[int, int] = (8, 20)
         # 0 means "not calibrated"; a buffer so it travels with state_dict and checkpoints.
         self.register_buffer("cap", torch.tensor(0.0))
+        # True once step4 gain fusion has scaled this layer (mdk.quant.fusion); old checkpoints
+        # without the key load as False.
+        self.register_buffer("fused", torch.tensor(False))
         self.quant_weight = False
         self.quant_act = False
         self.observer: Optional[Callable[[torch.Tensor], None]] = None
@@ -43,7 +51,8 @@ class ChipConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.effective_weight_bias()
-        y = F.conv2d(x, w, b, padding=1)
+        # Cast so a float64 input (exact fake-quant check, mdk.quant.integer_ref) runs in float64.
+        y = F.conv2d(x, w.to(x.dtype), None if b is None else b.to(x.dtype), padding=1)
         if self.bn is not None:
             y = self.bn(y)
         if self.observer is not None:
@@ -57,3 +66,21 @@ class ChipConv(nn.Module):
         if self.pool:
             y = F.max_pool2d(y, 2)
         return y
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        has_bn_keys = any(k.startswith(prefix + "bn.") for k in state_dict)
+        if self.bn is not None and not has_bn_keys:
+            # The checkpoint was saved after BN folding (step2 and later): match its structure.
+            self.bn = None
+        elif self.bn is None and has_bn_keys:
+            error_msgs.append(
+                f"{prefix}bn.*: the checkpoint has BatchNorm but this layer has none (it was folded "
+                "or the model was built without batch_norm). Load the checkpoint before "
+                "mdk.quant.stages.apply_stage (which folds BN), or set the model's batch_norm=true.")
+            return
+        if prefix + "fused" not in state_dict:
+            state_dict = dict(state_dict)
+            state_dict[prefix + "fused"] = torch.tensor(False)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)

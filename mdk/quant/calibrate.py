@@ -1,0 +1,204 @@
+"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
+
+Each ChipConv gets an observer (``ChipConv.observer``) that sees every batch's conv(+BN) output
+before the activation. Per batch it computes a statistic; the layer's cap is the max over batches
+(and, under DDP, the MAX all-reduce over ranks of those per-rank maxima):
+
+- ``percentile`` (default, p=99): the **nearest-rank** percentile of all values of the batch tensor,
+  i.e. the k-th smallest value with ``k = ceil(p/100 * N)`` (clamped to 1..N, computed in exact
+  rational arithmetic from the decimal ``p``). This equals ``numpy.percentile(x, p,
+  method="inverted_cdf")`` except when ``p/100 * N`` is an exact integer, where numpy's float
+  product may land just above it and pick the next value. It is computed exactly but fast: a strided
+  sample gives a threshold a bit below the target, one comparison pass keeps the few values above
+  it, and ``kthvalue`` on those gives the exact answer (full ``kthvalue`` if the sample misled).
+- ``max``: the batch maximum.
+- ``mse``: the cap minimising the mean squared error between ReLU(y) and its 5-bit quantization,
+  searched over ``mse_candidates`` fractions of the batch max on a strided sample of at most
+  ``2**18`` values (a search, so a sample is enough; documented as approximate).
+
+A cap <= 0 (a layer whose outputs are mostly negative) would make the 5-bit grid meaningless; the
+observed positive max is used instead, or 1.0 if the layer never fires, with a warning.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from contextlib import contextmanager
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+
+from mdk import dist
+from mdk.quant.activation import quantize_activation
+from mdk.quant.bn_fold import chip_layers
+
+log = logging.getLogger(__name__)
+
+METHODS = ("percentile", "max", "mse")
+_SAMPLE = 1 << 16  # values in the strided sample that guides the exact percentile selection
+_MSE_SAMPLE = 1 << 18
+
+
+def nearest_rank(p: float, n: int) -> int:
+    """1-based rank ``ceil(p/100 * n)`` in exact rational arithmetic (no float ceil surprises)."""
+    k = math.ceil(Fraction(str(p)) * n / 100)
+    return min(max(k, 1), n)
+
+
+def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nearest-rank p-th percentile, max) of all values of ``x``, as 0-dim tensors.
+
+    The max comes for free from the kept values on the fast path (they include the largest).
+    """
+    flat = x.detach().reshape(-1)
+    n = flat.numel()
+    k = nearest_rank(p, n)
+    if k == n:
+        top = flat.max()
+        return top, top
+    stride = max(1, n // _SAMPLE)
+    sample = flat[::stride]
+    # Aim 0.3% (of the population) below the target: > 7 standard deviations of the sample
+    # fraction at p = 99 (sqrt(0.01 * 0.99 / 65536) = 0.04%), so the fallback is rare.
+    ks = math.floor((k / n - 0.003) * sample.numel())
+    if n > 4 * _SAMPLE and ks >= 1:
+        thr = sample.kthvalue(ks).values
+        above = flat[flat >= thr]
+        below = n - above.numel()
+        if below < k:  # the target is among the kept values: exact answer from the small set
+            return above.kthvalue(k - below).values, above.max()
+    return flat.kthvalue(k).values, flat.max()
+
+
+def percentile_exact(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Nearest-rank p-th percentile of all values of ``x`` (0-dim tensor, same dtype/device)."""
+    return percentile_and_max(x, p)[0]
+
+
+def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:
+    """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y)."""
+    flat = x.detach().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // _MSE_SAMPLE)].float().clamp_min(0)
+    top = sample.max()
+    if not top > 0:
+        return top
+    best_err, best = None, top
+    for j in range(1, candidates + 1):
+        cap = top * j / candidates
+        err = (quantize_activation(sample, cap) - sample).pow(2).mean()
+        if best_err is None or err < best_err:
+            best_err, best = err, cap
+    return best
+
+
+class CapObserver:
+    """Running max over batches of a per-batch statistic of one layer's pre-activation output."""
+
+    def __init__(self, method: str = "percentile", percentile: float = 99.0,
+                 mse_candidates: int = 64) -> None:
+        if method not in METHODS:
+            raise ValueError(f"calibration method={method!r} is unknown; use one of {METHODS}")
+        if not 0 < float(percentile) <= 100:
+            raise ValueError(f"calibration percentile={percentile} must be in (0, 100]")
+        self.method, self.percentile, self.mse_candidates = method, float(percentile), mse_candidates
+        self.stat: Optional[torch.Tensor] = None  # running max of the per-batch statistic
+        self.top: Optional[torch.Tensor] = None  # running max of the raw values (fallback)
+        self.batches = 0
+
+    @torch.no_grad()
+    def __call__(self, y: torch.Tensor) -> None:
+        if self.method == "max":
+            s = y.max()
+            top = s
+        elif self.method == "percentile":
+            s, top = percentile_and_max(y, self.percentile)
+        else:
+            s, top = mse_cap(y, self.mse_candidates), y.max()
+        s, top = s.float(), top.float()
+        self.stat = s if self.stat is None else torch.maximum(self.stat, s)
+        self.top = top if self.top is None else torch.maximum(self.top, top)
+        self.batches += 1
+
+
+def attach_observers(model: nn.Module, method: str = "percentile",
+                     percentile: float = 99.0, mse_candidates: int = 64) -> list[CapObserver]:
+    """Give every ChipConv a fresh CapObserver; returns them in layer order."""
+    observers = []
+    for layer in chip_layers(model):
+        layer.observer = CapObserver(method, percentile, mse_candidates)
+        observers.append(layer.observer)
+    return observers
+
+
+def detach_observers(model: nn.Module) -> None:
+    for layer in chip_layers(model):
+        layer.observer = None
+
+
+@contextmanager
+def observing(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
+              mse_candidates: int = 64) -> Iterator[list[CapObserver]]:
+    """``with observing(model): run batches; finalize_caps(model)`` - observers removed on exit."""
+    obs = attach_observers(model, method, percentile, mse_candidates)
+    try:
+        yield obs
+    finally:
+        detach_observers(model)
+
+
+@torch.no_grad()
+def finalize_caps(model: nn.Module) -> list[float]:
+    """MAX-all-reduce every observer's statistic across ranks and write it into ``ChipConv.cap``.
+
+    Every rank must call it (collective). Returns the caps in layer order.
+    """
+    layers = chip_layers(model)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer.observer, CapObserver) or layer.observer.stat is None:
+            raise RuntimeError(f"layer {i} saw no calibration batch: attach_observers(model) and "
+                               "run at least one forward pass before finalize_caps")
+    both = torch.stack([torch.stack([l.observer.stat, l.observer.top]) for l in layers])
+    both = dist.all_reduce_max(both.to(layers[0].cap.device)).cpu()
+    caps = []
+    for i, (layer, (stat, top)) in enumerate(zip(layers, both.tolist())):
+        cap = stat
+        if not cap > 0:
+            cap = top if top > 0 else 1.0
+            log.warning("layer %d: calibration statistic %.4g <= 0 (layer barely fires); "
+                        "using cap %.4g", i, stat, cap)
+        layer.cap.fill_(cap)
+        caps.append(float(layer.cap))
+    log.info("calibrated caps: %s", ", ".join(f"{c:.4g}" for c in caps))
+    return caps
+
+
+def save_caps(model: nn.Module, path: str | Path, meta: Optional[dict] = None) -> Path:
+    """Write the per-layer caps to a human-readable JSON file (rank 0 decides; caller's choice)."""
+    path = Path(path)
+    layers = chip_layers(model)
+    doc = {"meta": meta or {},
+           "layers": [{"index": i, "mask_bits": int(l.mask_bits), "pool": bool(l.pool),
+                       "cap": float(l.cap)} for i, l in enumerate(layers)]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+@torch.no_grad()
+def load_caps(model: nn.Module, path: str | Path) -> list[float]:
+    """Read caps written by ``save_caps`` into the model (layer count must match)."""
+    doc = json.loads(Path(path).read_text())
+    layers = chip_layers(model)
+    entries = doc.get("layers", [])
+    if len(entries) != len(layers):
+        raise ValueError(f"{path}: has {len(entries)} layer caps but the model has {len(layers)} "
+                         "chip layers; was it written for another model config?")
+    for layer, e in zip(layers, entries):
+        layer.cap.fill_(float(e["cap"]))
+    return [float(e["cap"]) for e in entries]

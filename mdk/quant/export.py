@@ -1,0 +1,87 @@
+"""Export a fused step4 model: the chip model directory (see mdk.quant.chip_model) plus ONNX.
+
+The ONNX graph is built from the exported integer mantissas (not from the training module), so it
+is what the chip computes, written with standard float ops a user can run in onnxruntime:
+uint8 image -> 5-bit input -> per layer Conv(W/2^s, B/2^s) -> Clip(0, 31) -> round half up
+(floor + fraction test; values are >= 0 here) -> MaxPool 2x2 -> ... -> * out_scale.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mdk.quant.chip_model import ChipModel, chip_model_from, save_chip_model
+
+log = logging.getLogger(__name__)
+
+ONNX_FILE = "model.onnx"
+OPSET = 17
+
+
+class ChipOnnxNet(nn.Module):
+    """Float-op rendering of a ChipModel (input uint8 NCHW, output the detector grid)."""
+
+    def __init__(self, cm: ChipModel) -> None:
+        super().__init__()
+        self.pools = [L.pool for L in cm.layers]
+        for i, L in enumerate(cm.layers):
+            scale = float(2 ** L.shift)
+            self.register_buffer(f"w{i}", L.weight.to(torch.float64).div(scale).float())
+            self.register_buffer(f"b{i}", L.bias.to(torch.float64).div(scale).float())
+        self.out_scale = float(cm.out_scale)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.to(torch.float32)
+        x = torch.floor((torch.floor(x / 4) + 1) / 2).clamp(0, 31)
+        for i, pool in enumerate(self.pools):
+            x = F.conv2d(x, getattr(self, f"w{i}"), getattr(self, f"b{i}"), padding=1)
+            x = x.clamp(0, 31)
+            f = torch.floor(x)
+            x = f + (x - f >= 0.5).to(x.dtype)
+            if pool:
+                x = F.max_pool2d(x, 2)
+        return x * self.out_scale
+
+
+def export_onnx(cm: ChipModel, path: str | Path, image_size: Optional[int] = None) -> Path:
+    """Write ``cm`` as ONNX (opset 17, dynamic batch) with the legacy TorchScript exporter.
+
+    The torch.export-based exporter needs ``onnxscript``, which is not a project dependency.
+    """
+    path = Path(path)
+    size = int(image_size or cm.meta.get("image_size") or 64)
+    dummy = torch.zeros(1, 3, size, size, dtype=torch.uint8)
+    net = ChipOnnxNet(cm).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (dummy,), str(path), input_names=["image_u8"],
+                          output_names=["output"], opset_version=OPSET, dynamo=False,
+                          dynamic_axes={"image_u8": {0: "batch"}, "output": {0: "batch"}})
+    return path
+
+
+def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
+    """Run an exported ONNX file with onnxruntime on uint8 images (CPU)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
+    return sess.run(None, {"image_u8": u8.cpu().numpy()})[0]
+
+
+def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str,
+                      onnx: bool = True) -> ChipModel:
+    """Write ``chip_model.json`` + ``weights.npz`` (+ ``model.onnx``) for a fused step4 model."""
+    cm = chip_model_from(model, chip)
+    out_dir = save_chip_model(cm, out_dir)
+    if onnx:
+        export_onnx(cm, out_dir / ONNX_FILE)
+    log.info("chip model (%s, %d layers) exported to %s", chip, len(cm.layers), out_dir)
+    return cm

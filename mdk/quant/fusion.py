@@ -1,0 +1,65 @@
+"""Step4 gain fusion ("edit gain", DESIGN §3): move every activation cap into the weights.
+
+With calibrated caps ``c_i`` the step3 activation of layer i is ``k_i * c_i / 31`` for an integer
+``k_i`` in 0..31. Scaling ``W_i <- W_i * c_{i-1} / c_i`` and ``b_i <- b_i * 31 / c_i`` (``c_0 = 31``,
+the input is already 0..31) makes every layer output ``31 / c_i`` times larger, so with cap 31 the
+layer emits ``k_i`` itself: ``R(clamp(y', 0, 31)) = R(clamp(y, 0, c_i) * 31 / c_i)``.
+
+Max-pooling sits between the activation and the next conv; it commutes with a positive scale
+(``max(a*x) = a*max(x)`` for ``a > 0``), so pooled layers need no special handling. Caps are
+positive by construction (calibration never writes a cap <= 0).
+
+The network output is ``k_last * c_last / 31``: ``model.out_scale`` becomes ``c_last / 31``.
+Weight quantization is re-applied to the fused float weights (a new shift per layer), so the fused
+model is not bit-identical to step3 with quantized weights; step4 fine-tunes it.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from mdk.quant.activation import LEVELS
+from mdk.quant.bn_fold import chip_layers
+
+log = logging.getLogger(__name__)
+
+
+def is_fused(model: nn.Module) -> bool:
+    layers = chip_layers(model)
+    flags = {bool(layer.fused) for layer in layers}
+    if len(flags) > 1:
+        raise ValueError("model is half fused (some ChipConv.fused buffers are True, some False); "
+                         "the checkpoint is inconsistent - rerun step4 from the step3 checkpoint")
+    return flags == {True}
+
+
+@torch.no_grad()
+def fuse_gains(model: nn.Module) -> list[float]:
+    """Apply gain fusion in place; returns the caps that were fused. Errors if already fused."""
+    layers = chip_layers(model)
+    if is_fused(model):
+        raise ValueError("model is already gain-fused (step4); fusing twice would scale it again")
+    caps = [float(layer.cap) for layer in layers]
+    for i, (layer, c) in enumerate(zip(layers, caps)):
+        if layer.bn is not None:
+            raise ValueError(f"layer {i} still has BatchNorm; fold it (mdk.quant.bn_fold) first")
+        if not c > 0:
+            raise ValueError(f"layer {i} has cap {c}: the model is not calibrated; run step=cal "
+                             "before step4")
+    prev = float(LEVELS)
+    for layer, c in zip(layers, caps):
+        layer.conv.weight.mul_(prev / c)
+        if layer.conv.bias is not None:
+            layer.conv.bias.mul_(LEVELS / c)
+        layer.cap.fill_(float(LEVELS))
+        layer.fused.fill_(True)
+        prev = c
+    core = getattr(model, "module", model) if not hasattr(model, "out_scale") else model
+    if hasattr(core, "out_scale"):
+        core.out_scale.fill_(caps[-1] / LEVELS)
+    else:
+        raise ValueError(f"{type(model).__name__} has no out_scale buffer to carry c_last/31")
+    log.info("gain fusion applied to %d layers; out_scale=%.6g", len(layers), caps[-1] / LEVELS)
+    return caps
