@@ -161,3 +161,24 @@ def test_build_datasets_voc_root(tmp_path):
     voc.root = str(tmp_path / "VOCdevkit/VOC2007")
     with pytest.raises(DataError, match="VOC2007' does not exist"):
         build_datasets(voc, 448, 14, B, 0, tmp_path)
+
+
+def test_affine_boxes_follow_the_image_and_drop_mostly_outside():
+    from torchvision.transforms.v2 import functional as F
+
+    from mdk.data.dataset import affine_boxes
+    img = torch.zeros(3, 96, 96, dtype=torch.uint8)
+    img[:, 20:50, 30:70] = 255                                   # box x 30..70, y 20..50
+    box, label = torch.tensor([[30.0, 20.0, 70.0, 50.0]]), torch.tensor([1])
+    for scale, shift in ((1.2, [-8.0, 5.0]), (0.8, [10.0, -4.0])):
+        warped = F.affine(img, angle=0.0, translate=shift, scale=scale, shear=[0.0, 0.0])
+        ys, xs = torch.nonzero(warped[0] > 127, as_tuple=True)
+        seen = torch.tensor([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], dtype=torch.float32)
+        got, lab = affine_boxes(box, label, scale, shift, 96)
+        torch.testing.assert_close(got[0], seen, atol=1.0, rtol=0)
+        assert lab.tolist() == [1]
+    # 75 % of the box pushed out of the image: dropped; 30 % out: kept, clipped
+    got, lab = affine_boxes(box, label, 1.0, [56.0, 0.0], 96)
+    assert len(got) == 0 and len(lab) == 0
+    got, lab = affine_boxes(box, label, 1.0, [38.0, 0.0], 96)
+    torch.testing.assert_close(got, torch.tensor([[68.0, 20.0, 96.0, 50.0]]))

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from mdk.data.voc import DataError
@@ -49,6 +48,18 @@ def load_image(path: Path, image_size: int) -> torch.Tensor:
     except OSError as exc:
         raise DataError(f"{path}: cannot decode image ({exc}); replace the file") from None
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+
+def affine_boxes(boxes: torch.Tensor, labels: torch.Tensor, scale: float, shift: Sequence[float],
+                 size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes under torchvision's ``affine`` (scale about the image centre, then shift), clipped
+    to the image; an object left less than ``MIN_VISIBLE`` inside the image is dropped."""
+    centre = size / 2
+    full = (boxes - centre) * scale + centre + torch.tensor([shift[0], shift[1]] * 2)
+    clipped = full.clamp(0, size)
+    area = lambda b: (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)  # noqa: E731
+    keep = area(clipped) >= MIN_VISIBLE * area(full).clamp(min=1e-6)
+    return clipped[keep], labels[keep]
 
 
 class DetectionDataset(Dataset):
@@ -109,22 +120,13 @@ class DetectionDataset(Dataset):
         scale = rng.uniform(*SCALE_RANGE)
         shift = (rng.uniform(-SHIFT_FRAC, SHIFT_FRAC, 2) * size).tolist()
         bright, contrast, sat = rng.uniform(1 - JITTER, 1 + JITTER, 3).tolist()
-        bb = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(size, size))
         if flip:
-            img, bb = F.horizontal_flip(img), F.horizontal_flip(bb)
+            img = F.horizontal_flip(img)
+            boxes = torch.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], 1)
         if use_affine:
             img = F.affine(img, angle=0.0, translate=shift, scale=scale, shear=[0.0, 0.0],
                            interpolation=F.InterpolationMode.BILINEAR)
-            raw = F.affine(bb, angle=0.0, translate=shift, scale=scale, shear=[0.0, 0.0])
-            full = raw.as_subclass(torch.Tensor)
-            clipped = full.clone()
-            clipped[:, 0::2] = clipped[:, 0::2].clamp(0, size)
-            clipped[:, 1::2] = clipped[:, 1::2].clamp(0, size)
-            area = lambda b: (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
-            keep = area(clipped) >= MIN_VISIBLE * area(full).clamp(min=1e-6)
-            boxes, labels = clipped[keep], labels[keep]
-        else:
-            boxes = bb.as_subclass(torch.Tensor)
+            boxes, labels = affine_boxes(boxes, labels, scale, shift, size)
         img = F.adjust_brightness(img, bright)
         img = F.adjust_contrast(img, contrast)
         img = F.adjust_saturation(img, sat)
