@@ -1,4 +1,5 @@
 """5-bit activation quantizer: grid, clipping, rounding exactness, straight-through gradient."""
+import pytest
 import torch
 
 from mdk.quant.activation import activation_levels, quantize_activation
@@ -44,10 +45,20 @@ def test_rounding_trick_is_exact_near_every_tie():
 
 
 def test_ste_inside_zero_outside():
-    y = torch.tensor([-1.0, 0.0, 0.3, 1.7, 2.0, 2.5, 9.0], requires_grad=True)
+    y = torch.tensor([-1.0, 1e-6, 0.3, 1.7, 1.9999, 2.5, 9.0], requires_grad=True)
     q = quantize_activation(y, torch.tensor(2.0))
     q.backward(torch.arange(1.0, 8.0))
     assert y.grad.tolist() == [0.0, 2.0, 3.0, 4.0, 5.0, 0.0, 0.0]
+
+
+def test_cap_cache_follows_in_place_updates():
+    cap = torch.tensor(2.0)
+    y = torch.tensor([1.5, 3.0])
+    assert quantize_activation(y, cap)[1] == 2.0
+    cap.fill_(4.0)  # e.g. load_state_dict / calibration writing the buffer
+    assert quantize_activation(y, cap)[1] == torch.tensor(23.0) * 4 / 31  # R(3*31/4) = 23
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        quantize_activation(y, torch.tensor(0.0))
 
 
 def test_float_cap_and_dtype():

@@ -156,3 +156,31 @@ def test_chip_bits_table_and_errors():
         chip_bits("9999", 3)
     with pytest.raises(ValueError, match="mask_bits=4"):
         quantize_conv(torch.randn(1, 1, 3, 3), torch.zeros(1), 4, 8, 20)
+
+
+def test_round_half_away_exact_near_ties_both_signs():
+    for dtype in (torch.float32, torch.float64):
+        c = torch.arange(-40, 40.5, 0.5, dtype=dtype)
+        vals, up, down = [c], c.clone(), c.clone()
+        for _ in range(300):
+            up = torch.nextafter(up, torch.full_like(up, 1e3))
+            down = torch.nextafter(down, torch.full_like(down, -1e3))
+            vals += [up, down]
+        v = torch.cat(vals)
+        want = torch.tensor([R(x) for x in v.tolist()], dtype=dtype)
+        assert torch.equal(round_half_away(v), want)
+
+
+def test_eval_weight_cache_tracks_parameter_changes():
+    from mdk.quant.layers import ChipConv
+    layer = ChipConv(2, 3, mask_bits=8)
+    layer.quant_weight = True
+    x = torch.randn(1, 2, 5, 5)
+    with torch.no_grad():
+        a = layer(x)
+        assert torch.equal(layer(x), a)
+        layer.conv.weight.mul_(2)  # in-place change (optimizer step, fusion) must invalidate
+        b = layer(x)
+    want_w, want_b = quantize_conv(layer.conv.weight, layer.conv.bias, 8, 8, 20)
+    want = torch.nn.functional.relu(torch.nn.functional.conv2d(x, want_w, want_b, padding=1))
+    assert not torch.equal(a, b) and torch.equal(b, want.detach())

@@ -43,11 +43,22 @@ class ChipConv(nn.Module):
     def effective_weight_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Conv weight and bias as the chip sees them in the current mode."""
         w, b = self.conv.weight, self.conv.bias
-        if self.quant_weight:
-            from mdk.quant.weights import quantize_conv  # local: float runs never pay for it
+        if not self.quant_weight:
+            return w, b
+        from mdk.quant.weights import quantize_conv  # local: float runs never pay for it
 
-            w, b = quantize_conv(w, b, self.mask_bits, *self.chip_bits)
-        return w, b
+        if torch.is_grad_enabled():
+            return quantize_conv(w, b, self.mask_bits, *self.chip_bits)
+        # Eval / calibration: weights do not change between batches, so quantize once. The key
+        # holds the parameters' in-place version counters (optimizer steps, load_state_dict,
+        # fusion all bump them) and storage, so any change recomputes.
+        key = (w._version, None if b is None else b._version, w.data_ptr(), w.dtype, w.device,
+               self.mask_bits, tuple(self.chip_bits))
+        cache = self.__dict__.get("_wq_cache")
+        if cache is None or cache[0] != key:
+            cache = (key, quantize_conv(w, b, self.mask_bits, *self.chip_bits))
+            self.__dict__["_wq_cache"] = cache
+        return cache[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.effective_weight_bias()

@@ -1,29 +1,33 @@
 """Chip rounding: round half **away from zero** (DESIGN §3), not torch.round (half to even).
 
 ``floor(|x| + 0.5)`` is the textbook formula but is wrong in floating point: for the largest float
-below 0.5 (0.49999997 in float32) ``x + 0.5`` rounds up to 1.0. We instead split ``x`` into its
-integer part and fraction, both of which are exact in IEEE arithmetic, and decide on the fraction.
+below 0.5 (0.49999997 in float32) ``x + 0.5`` rounds up to 1.0. Adding ``pred(0.5)`` instead is
+exact for every float (argument in mdk.quant.activation) and costs the same few passes.
 """
 from __future__ import annotations
 
 import torch
 
 
+_PRED_HALF: dict[torch.dtype, float] = {}
+
+
+def pred_half(dtype: torch.dtype) -> float:
+    """Largest ``dtype`` value below 0.5 (cached; a Python float holds it exactly)."""
+    if dtype not in _PRED_HALF:
+        half = torch.tensor(0.5, dtype=dtype)
+        _PRED_HALF[dtype] = float(torch.nextafter(half, torch.zeros_like(half)))
+    return _PRED_HALF[dtype]
+
+
 def round_half_away(x: torch.Tensor) -> torch.Tensor:
-    """R(x): nearest integer, ties away from zero (R(2.5)=3, R(-2.5)=-3). Works for any float dtype."""
-    t = torch.trunc(x)
-    frac = x - t  # exact: |frac| < 1 and t shares x's exponent range
-    return torch.where(frac.abs() >= 0.5, t + torch.sign(x), t)
+    """R(x): nearest integer, ties away from zero (R(2.5)=3, R(-2.5)=-3). Works for any float dtype.
 
-
-def round_half_up_nonneg_(v: torch.Tensor) -> torch.Tensor:
-    """In-place R(v) for ``v >= 0`` (the activation path): fewer passes than ``round_half_away``.
-
-    For non-negative values "half away from zero" is "half up"; the fraction test keeps it exact.
+    ``copysign(floor(|x| + h), x)`` with ``h = pred(0.5)``: exact for every float (see
+    mdk.quant.activation for the argument; tested against an exact-rational reference).
+    Exact zeros may come out as -0.0, which compares equal to 0.
     """
-    f = torch.floor(v)
-    v.sub_(f)  # v now holds the exact fractional part in [0, 1)
-    return f.add_(v.ge_(0.5))
+    return torch.copysign(torch.floor(x.abs().add_(pred_half(x.dtype))), x)
 
 
 def round_shift_int(acc: torch.Tensor, shift: int) -> torch.Tensor:
