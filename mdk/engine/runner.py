@@ -66,7 +66,7 @@ def run_stage(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     world = dist.world_size()
     if world > 1 and cfg.dist.sync_bn:
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = dist.convert_sync_bn(model, device, train=bool(cfg.step.train))
     net = model
     if world > 1 and any(p.requires_grad for p in model.parameters()) and cfg.step.train:
         net = torch.nn.parallel.DistributedDataParallel(
