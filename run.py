@@ -6,8 +6,15 @@ from launchers.bootstrap import ensure_environment
 
 ensure_environment()
 
+import warnings  # noqa: E402
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
+
+# Our conf/hydra/launcher presets share the submitit plugin's names on purpose (so
+# `hydra/launcher=submitit_slurm` picks them); Hydra 1.3 warns about that on every run.
+warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema with the same name",
+                        category=UserWarning)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 STAGES = ("step1", "step2", "cal", "step3", "step4")
+CHIPS = ("5801", "2801", "2803")
 
 
 class ConfigError(ValueError):
@@ -71,6 +72,8 @@ def validate(cfg: DictConfig) -> None:
         for s in cfg.pipeline:
             if s not in STAGES:
                 raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {list(STAGES)}")
+        if str(cfg.chip) not in CHIPS:
+            raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of {', '.join(CHIPS)}")
         names = list(cfg.dataset.class_names)
         if cfg.dataset.num_classes != len(names):
             raise ConfigError(f"dataset.num_classes={cfg.dataset.num_classes} but dataset.class_names "

@@ -63,4 +63,4 @@ def apply_stage(model: torch.nn.Module, stage: str, cfg: DictConfig) -> None:
         return
     from mdk.quant.stages import apply_stage as quant_apply
 
-    quant_apply(model, stage, str(cfg.chip.name))
+    quant_apply(model, stage, str(cfg.chip))

@@ -1,0 +1,67 @@
+"""Shared test helpers: compose the real conf/ with a tiny CPU override, outputs in tmp dirs."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+pytest_plugins = ["slurm_fixture"]
+
+# A model and dataset small enough that a whole stage runs in seconds on one core.
+TINY = [
+    "model.image_size=64",
+    "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
+    "model.net.mask_bits=[3,3,3,3,3,3,8]",
+    "dataset.generate.num_train=48",
+    "dataset.generate.num_val=16",
+    "dataset.generate.image_size=64",
+    "trainer.batch_size=8",
+    "trainer.epochs=2",
+    "trainer.progress=false",
+    "logger=none",
+    "scheduler.warmup.iters=2",
+]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hcompose, initialize_config_dir
+
+    from mdk.config import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return hcompose("config", overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One generated tiny dataset for the whole session (generation is deterministic)."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path: Path, shared_data: Path):
+    def make(*extra: str):
+        return compose(TINY + [f"paths.data={shared_data}", f"paths.checkpoints={tmp_path}/ckpt",
+                               *extra])
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tests run beside each other's subprocesses; keep them predictable
+    yield
+    torch.set_num_threads(n)
+
+
+def run_cmd_env() -> dict:
+    env = dict(os.environ, MDK_NO_BOOTSTRAP="1", PYTHONPATH=str(REPO))
+    return env

@@ -1,0 +1,111 @@
+"""Every option of every group composes and instantiates; validation names the bad key."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from conftest import REPO, compose, run_cmd_env
+from mdk.config import ConfigError, validate
+
+GROUPS = {
+    "model": ["gnetdet", "gnetdet_small"],
+    "dataset": ["shapes", "voc"],
+    "step": ["step1", "step2", "cal", "step3", "step4"],
+    "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
+    "optim": ["adamw", "sgd"],
+    "dist": ["default"],
+    "logger": ["tensorboard", "wandb", "none"],
+    "trainer": ["default"],
+    "paths": ["default"],
+}
+
+
+def test_group_folders_match_the_list():
+    for group, options in GROUPS.items():
+        found = sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+        assert found == sorted(options), group
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_option_composes_and_validates(group, option, tmp_path):
+    extra = ["dataset.root=" + str(tmp_path)] if option == "voc" else []
+    cfg = compose([f"{group}={option}", *extra])
+    validate(cfg)
+    if group == "model":
+        m = instantiate(cfg.model.net)
+        out = m(torch.zeros(1, 3, cfg.model.image_size, cfg.model.image_size, dtype=torch.uint8))
+        assert out.shape == (1, 10 + cfg.dataset.num_classes, m.grid, m.grid)
+        assert m.grid == cfg.model.image_size // 32
+    if group == "optim":
+        opt = instantiate(cfg.optim)([torch.nn.Parameter(torch.zeros(2))])
+        assert opt.param_groups[0]["lr"] == cfg.optim.lr
+    if group == "scheduler":
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+        sched = instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=10)
+        assert sched.get_last_lr()[0] == pytest.approx(cfg.scheduler.warmup.start_factor)
+
+
+@pytest.mark.parametrize("chip", ["5801", "2801", "2803"])
+def test_chip_key_accepts_bare_numbers(chip):
+    cfg = compose([f"chip={chip}"])
+    validate(cfg)
+    assert str(cfg.chip) == chip
+
+
+def test_unknown_chip_is_rejected():
+    with pytest.raises(ConfigError, match="chip"):
+        validate(compose(["chip=9999"]))
+
+
+def test_gnetdet_448_matches_the_published_layout():
+    cfg = compose(["model=gnetdet"])
+    m = instantiate(cfg.model.net)
+    convs = [l.conv for l in m.layers]
+    assert len(convs) == 16
+    assert [c.out_channels for c in convs[:-1]] == [64, 64, 128, 128] + [256] * 11
+    assert convs[-1].out_channels == 10 + cfg.dataset.num_classes
+    assert sum(l.pool for l in m.layers) == 5 and m.grid == 14
+    assert [l.mask_bits for l in m.layers] == [3] * 13 + [8] * 3
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trainer.batch_size=0", "trainer.batch_size"),
+    ("trainer.epochs=-1", "trainer.epochs"),
+    ("trainer.batch_size=abc", "trainer.batch_size"),
+    ("trainer.amp=maybe", "trainer.amp"),
+    ("dist.rank=3", "dist.rank"),
+    ("dataset.num_classes=7", "dataset.num_classes"),
+    ("trainer.batch_size=15", "trainer.batch_size"),
+])
+def test_bad_values_name_the_key(override, key):
+    extra = ["dist.gpus=2"] if override == "trainer.batch_size=15" else []
+    cfg = compose([override, *extra])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=run_cmd_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_help_lists_groups_and_cfg_prints_config():
+    r = _run("--help")
+    assert r.returncode == 0
+    for g in GROUPS:
+        assert f"{g}:" in r.stdout, g
+    r = _run("--cfg", "job", "trainer.batch_size=32")
+    assert r.returncode == 0 and "batch_size: 32" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["trainer.nosuchkey=1"], "nosuchkey"),
+    (["model=nosuchmodel"], "nosuchmodel"),
+])
+def test_cli_rejects_unknown_keys_and_choices(args, needle):
+    r = _run(*args, "--cfg", "job")
+    assert r.returncode != 0 and needle in r.stderr
