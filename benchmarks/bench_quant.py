@@ -22,12 +22,15 @@ SMALL = dict(channels=[16, "M", 16, "M", 32, 32, "M", 64, 64, 64, "M", 64, 64, 6
                        64, 64, 64, 64, 64], mask_bits=[3] * 13 + [8] * 3)
 
 
+_CLOCK = time.perf_counter
+
+
 def _time(fn) -> float:
-    t0 = time.perf_counter()
+    t0 = _CLOCK()
     fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return _CLOCK() - t0
 
 
 def _paired(fns: dict, iters: int, warmup: int = 2) -> dict:
@@ -56,7 +59,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--image", type=int, default=192)
     ap.add_argument("--iters", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with process CPU time instead of wall time: robust when other "
+                         "jobs share the cores (use with --threads 1)")
     args = ap.parse_args()
+    global _CLOCK
+    if args.cpu_time:
+        _CLOCK = time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     images = torch.randint(0, 256, (args.batch, 3, args.image, args.image), dtype=torch.uint8,
@@ -90,7 +102,8 @@ def main() -> None:
                   "q": _train_iter(q, torch.optim.SGD(q.parameters(), 1e-4), images)}, args.iters)
     t_float, t_nobn, t_q = tr["float"], tr["nobn"], tr["q"]
 
-    print(f"device={dev} threads={torch.get_num_threads()} batch={args.batch} image={args.image}")
+    print(f"device={dev} threads={torch.get_num_threads()} batch={args.batch} image={args.image} "
+          f"clock={'process CPU time' if args.cpu_time else 'wall'} iters={args.iters}")
     print(f"float train iter (step1, BN)       {t_float * 1e3:8.1f} ms")
     print(f"float train iter (BN folded)       {t_nobn * 1e3:8.1f} ms")
     print(f"step3 fake-quant train iter        {t_q * 1e3:8.1f} ms")

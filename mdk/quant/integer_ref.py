@@ -63,9 +63,13 @@ def fake_quant_forward(model: nn.Module, images: torch.Tensor,
     core = getattr(model, "module", model)
     if any(t.device.type != "cpu" for t in core.state_dict().values()):
         core = copy.deepcopy(core).cpu()  # never move the caller's (training) model
+    layers = chip_layers(core)
+    if not all(layer.quant_weight and layer.quant_act for layer in layers):
+        raise ValueError("fake_quant_forward needs the step4 configuration (quantized weights and "
+                         "activations): call mdk.quant.stages.apply_stage(model, 'step4', chip)")
     x = quantize_input_int(images.cpu()).to(dtype)
     acts = []
-    for layer in chip_layers(core):
+    for layer in layers:
         x = layer(x)
         acts.append(x)
     return x * core.out_scale.to(dtype), acts
