@@ -81,3 +81,19 @@ def apply_stage(model: nn.Module, stage: str, chip: str = "5801") -> StageReport
     report.fused = is_fused(model)
     return report
 
+
+
+def prepare_structure(model: nn.Module, ckpt_stage: str) -> None:
+    """Give a freshly built model the structure of a ``ckpt_stage`` checkpoint before loading it.
+
+    From step2 on checkpoints hold BN-folded weights, so BN is removed here *without* folding
+    (the loaded weights replace the conv parameters). The step4 ``fused`` flag and the caps are
+    buffers restored by ``load_state_dict``. ChipConv also drops BN by itself when a checkpoint
+    lacks ``bn.*`` keys, so this is belt and braces, but explicit and before the optimizer exists.
+    """
+    if ckpt_stage in ("step0", "step1"):
+        return
+    if ckpt_stage not in STAGES:
+        raise ValueError(f"checkpoint stage {ckpt_stage!r} is unknown; expected one of {STAGES}")
+    for layer in chip_layers(model):
+        layer.bn = None
