@@ -1,14 +1,22 @@
 """Start the ranks of a run: in this process, as local workers, or inside torchrun/SLURM tasks.
 
 The parent resolves the config and the run directory once and hands a plain (resolved) config to
-every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir.
+every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir. Every
+rank logs to ``<run_dir>/rank<r>.log``; rank-0-only side effects are decided in ``mdk.dist``.
+
+Failures: a rank that raises writes its traceback to ``<run_dir>/.errors/``; the parent kills the
+other local ranks at once (SIGTERM, not the gloo/NCCL timeout) and raises RankFailedError with
+the traceback of the rank that failed *first* (the others usually only report "connection closed
+by peer" afterwards).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import socket
+import shutil
+import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -18,17 +26,17 @@ import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.env import ProcessEnv, detect
-from launchers.logs import setup_worker_logging
+from launchers.logs import remove_rank_file_handler, setup_worker_logging
+from launchers.rendezvous import connect, host_store, init_group, parse_url
 
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[DictConfig, Path], dict]
+SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class RankFailedError(RuntimeError):
+    """A rank raised; the message carries that rank's traceback."""
 
 
 def backend_for(cfg: DictConfig) -> str:
@@ -38,13 +46,36 @@ def backend_for(cfg: DictConfig) -> str:
     return "nccl" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "gloo"
 
 
-def _init_group(cfg: DictConfig, rank: int, world: int, addr: str, port: int) -> None:
-    tdist.init_process_group(backend_for(cfg), init_method=f"tcp://{addr}:{port}", rank=rank,
-                             world_size=world, timeout=timedelta(seconds=int(cfg.dist.timeout_s)))
+def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
+    """Warn (and return False) when DataLoader workers would share batches through a tiny /dev/shm
+    (Docker's default is 64 MB); the symptom later is a cryptic 'bus error' in a worker."""
+    if num_workers <= 0 or not os.path.isdir(path):
+        return True
+    free = shutil.disk_usage(path).free
+    if free >= SHM_MIN_BYTES:
+        return True
+    log.warning("%s has only %d MB free and trainer.num_workers=%d: DataLoader workers pass batches "
+                "through shared memory and may crash with 'bus error' / 'unable to write to file "
+                "</torch_...>'. Fix: give the container more (docker run --shm-size=8g, or a "
+                "k8s emptyDir with medium: Memory), or set trainer.num_workers=0",
+                path, free >> 20, num_workers)
+    return False
+
+
+def _record_failure(run_dir: Path, tag: str, rank: int) -> None:
+    d = Path(run_dir) / ".errors"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{tag}_rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
+
+
+def _first_failure(run_dir: Path, tag: str) -> dict[str, Any] | None:
+    recs = [json.loads(p.read_text()) for p in (Path(run_dir) / ".errors").glob(f"{tag}_rank*.json")]
+    return min(recs, key=lambda r: r["time"]) if recs else None
 
 
 def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, port: int,
-            result_file: str) -> None:
+            prefix: str, tag: str) -> None:
     cfg = OmegaConf.create(plain)
     world = cfg.dist.gpus * cfg.dist.nodes
     rank = cfg.dist.rank * cfg.dist.gpus + local_rank
@@ -52,44 +83,99 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
     setup_worker_logging(Path(run_dir), rank)
     # One thread per worker: N workers on N cores, not N x N threads fighting for them.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.dist.gpus))
-    _init_group(cfg, rank, world, addr, port)
     try:
+        init_group(backend_for(cfg), rank, world, addr, port, float(cfg.dist.timeout_s), prefix)
         out = fn(cfg, Path(run_dir))
         if rank == 0:
-            Path(result_file).write_text(json.dumps(out, default=str))
+            (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out, default=str))
+    except BaseException:
+        logging.getLogger(__name__).exception("rank %d failed", rank)
+        _record_failure(Path(run_dir), tag, rank)
+        raise
     finally:
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+
+
+def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) -> dict:
+    """torchrun / SLURM started one process per rank already: join the group and run.
+
+    Each of those processes went through Hydra itself, so rank 0's resolved config and run dir
+    are broadcast and used by every rank (one process resolves the run), and every rank returns
+    rank 0's result (entry code that writes a summary then writes the same one)."""
+    world = cfg.dist.gpus * cfg.dist.nodes
+    timeout = float(cfg.dist.timeout_s)
+    os.environ["LOCAL_RANK"] = str(env.local_rank)
+    if env.source == "torchrun":
+        # torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT; env:// reuses it.
+        tdist.init_process_group(backend_for(cfg), init_method="env://", rank=env.rank,
+                                 world_size=env.world_size, timeout=timedelta(seconds=timeout))
+    else:
+        addr, port = env.master_addr or "127.0.0.1", env.master_port or 29500
+        store = host_store(f"{addr}:{port}", 2, timeout)[0] if env.rank == 0 else None
+        init_group(backend_for(cfg), env.rank, env.world_size, addr, port, timeout,
+                   f"mdk/{cfg.step.name}", store)
+    try:
+        box = [(OmegaConf.to_container(cfg, resolve=True), str(run_dir))]
+        tdist.broadcast_object_list(box, src=0)
+        cfg, run_dir = OmegaConf.create(box[0][0]), Path(box[0][1])
+        setup_worker_logging(run_dir, env.rank, keep_existing=env.rank == 0)
+        if env.rank == 0:
+            if env.world_size != world:
+                log.info("world size %d comes from %s (dist.gpus*dist.nodes=%d is ignored)",
+                         env.world_size, env.source, world)
+            if backend_for(cfg) == "gloo":
+                log.info("%s: %d CPU worker processes with gloo", env.source, env.world_size)
+        out = [fn(cfg, run_dir)]
+        tdist.broadcast_object_list(out, src=0)
+        return out[0]
+    finally:
+        remove_rank_file_handler(env.rank)
         tdist.destroy_process_group()
 
 
 def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     """Run ``fn(cfg, run_dir)`` on every rank of this machine; return rank 0's result."""
+    check_shm(int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0) or 0))
     env: ProcessEnv = detect()
-    world = cfg.dist.gpus * cfg.dist.nodes
     if env.external:
-        if env.world_size != world:
-            log.info("world size %d comes from %s (dist.gpus*dist.nodes=%d is ignored)",
-                     env.world_size, env.source, world)
-        os.environ["LOCAL_RANK"] = str(env.local_rank)
-        _init_group(cfg, env.rank, env.world_size, env.master_addr or "127.0.0.1",
-                    env.master_port or 29500)
-        try:
-            return fn(cfg, run_dir)
-        finally:
-            tdist.destroy_process_group()
+        return _run_external(cfg, run_dir, fn, env)
+    world = cfg.dist.gpus * cfg.dist.nodes
     if world == 1:
         return fn(cfg, run_dir)
-    if not torch.cuda.is_available() or cfg.trainer.device == "cpu":
+    if backend_for(cfg) == "gloo" and cfg.dist.gpus > 1:
         log.info("no CUDA: running %d CPU worker processes with gloo", cfg.dist.gpus)
-    if str(cfg.dist.dist_url) == "auto":
-        addr, port = "127.0.0.1", free_port()
+    timeout = float(cfg.dist.timeout_s)
+    store = None
+    if cfg.dist.rank == 0:  # machine 0 hosts the rendezvous for the whole run
+        store, addr, port = host_store(str(cfg.dist.dist_url), int(cfg.dist.nodes), timeout)
     else:
-        addr, _, p = str(cfg.dist.dist_url).rpartition(":")
-        port = int(p)
-    result_file = run_dir / f".result_{cfg.step.name}_{os.getpid()}.json"
+        addr, port = parse_url(str(cfg.dist.dist_url))
+        connect(addr, port, timeout)  # fail here, once, with the address, not in every worker
+    # prefix: the same on every machine (the store is per run and stage); tag: files of this parent.
+    prefix, tag = f"mdk/{cfg.step.name}", f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"
     plain = OmegaConf.to_container(cfg, resolve=True)
-    torch.multiprocessing.start_processes(
-        _worker, args=(fn, plain, str(run_dir), addr, port, str(result_file)),
-        nprocs=cfg.dist.gpus, join=True, start_method="spawn")
+    ctx = torch.multiprocessing.start_processes(
+        _worker, args=(fn, plain, str(run_dir), addr, port, prefix, tag), nprocs=cfg.dist.gpus,
+        join=False, start_method="spawn")
+    try:
+        while not ctx.join():  # on the first failure join() SIGTERMs the other local ranks
+            pass
+    except (torch.multiprocessing.ProcessRaisedException,
+            torch.multiprocessing.ProcessExitedException) as e:
+        first = _first_failure(run_dir, tag)
+        shutil.rmtree(run_dir / ".errors", ignore_errors=True)
+        if first is None:  # killed by a signal (OOM killer, ...) before it could report
+            raise RankFailedError(f"a worker process died: {e}. See {run_dir}/rank*.log") from None
+        hint = ""
+        if "closed by peer" in first["traceback"] or "Connection reset" in first["traceback"]:
+            hint = ("\n(this rank lost its connection: a rank on another machine probably failed "
+                    "first; see that machine's rank*.log)")
+        raise RankFailedError(f"rank {first['rank']} failed (log: {run_dir}/rank{first['rank']}"
+                              f".log):\n{first['traceback']}{hint}") from None
+    finally:
+        del store
+    result_file = run_dir / f".{tag}.result.json"
     if cfg.dist.rank != 0:
         return {"stage": cfg.step.name, "rank": cfg.dist.rank}
     out = json.loads(result_file.read_text())
