@@ -1,63 +1,181 @@
-"""Checkpoint files: atomic writes and loads that fail with a clear message.
+"""Checkpoint files: atomic writes, loads that fail with a clear message, and resume fallback.
 
-A checkpoint is written to a temp file in the same directory, fsynced and renamed over the old
-one, so a kill at any moment leaves either the previous complete file or the new one.
+A checkpoint is serialised in memory, written to a temp file in the same directory, fsynced and
+renamed over the old one, so a kill or a full disk at any moment leaves either the previous
+complete file or the new one, never a half-written ``last.pth``. Loading tells a truncated file
+from a foreign one and names the path; :func:`find_resume` falls back from an unreadable
+``last.pth`` to ``best.pth`` (both hold the full training state) with a warning.
+
+Checkpoints are trusted local files written by this code (``weights_only=False``: they hold RNG
+states and the config); do not load files from untrusted sources.
 """
 from __future__ import annotations
 
+import errno
+import io
 import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from mdk import faults
+
 log = logging.getLogger(__name__)
+
+ZIP_MAGIC = b"PK\x03\x04"      # torch.save's default (zip) format
+PICKLE_MAGIC = b"\x80"          # legacy torch.save / plain pickle protocol >= 2
+RESUME_NAMES = ("last.pth", "best.pth")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated, foreign or does not fit the model."""
+    """A checkpoint is missing, truncated, foreign, not writable or does not fit the model."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """Refused to save a model whose weights contain NaN/Inf (the previous file is kept)."""
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
 
 
 def atomic_save(obj: Any, path: Path) -> None:
+    """Write ``obj`` to ``path`` via temp file + fsync + rename; CheckpointError on any OS error."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    buf = io.BytesIO()
+    torch.save(obj, buf)  # serialise first: an OS error below is then always an OSError
+    tmp: Optional[str] = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            _write_all(fd, buf.getbuffer())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        faults.at("save")  # test hook: a kill here leaves only the temp file behind
         os.replace(tmp, path)
+        tmp = None
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
-            os.fsync(dfd)
+            os.fsync(dfd)  # make the rename itself durable
         finally:
             os.close(dfd)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise CheckpointError(f"could not write checkpoint {path}: {e}. The previous file, if "
-                                  "any, is intact; free disk space or point paths.checkpoints "
-                                  "elsewhere") from e
-        raise
+    except OSError as e:
+        what = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror or str(e)
+        prev = f"the previous {path.name} is intact" if path.is_file() else f"no {path.name} was written"
+        raise CheckpointError(
+            f"could not write checkpoint {path}: {what} ({type(e).__name__}: {e}); {prev}. Free "
+            "space there or point paths.checkpoints at another disk, then run the same command "
+            "again to resume") from e
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by mdk; raise CheckpointError naming the file on any defect."""
+def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of floating-point tensors holding NaN or Inf."""
+    return [k for k, v in state.items()
+            if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """atomic_save, but never replace a good file with a model that has NaN/Inf weights."""
+    bad = nonfinite_tensors(state["model"])
+    if bad:
+        raise NonFiniteWeightsError(
+            f"model weights became NaN/Inf by iteration {state.get('iter', '?')} (e.g. "
+            f"{', '.join(bad[:3])}); not saving them, {Path(path)} keeps the last good state. "
+            "Lower optim.lr, keep trainer.grad_clip on, or check the data")
+    atomic_save(state, path)
+
+
+def _diagnose(path: Path, exc: Exception) -> str:
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes): its write was interrupted"
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == ZIP_MAGIC:
+        return (f"is truncated or damaged ({size} bytes; {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:120]})")
+    if head[:1] == PICKLE_MAGIC:
+        return f"is a damaged legacy pickle ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    return f"is not a PyTorch checkpoint (it starts with {head!r}, {size} bytes)"
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
+                    advice: str = "move it away (or restore it) and run again") -> dict[str, Any]:
+    """Load a checkpoint written by mdk; raise CheckpointError naming the file and the defect."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         obj = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:  # truncated zip, pickle garbage, foreign format...
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); it is "
-                              "truncated or not a torch checkpoint. Delete or move it and run "
-                              "again") from e
+        raise CheckpointError(f"checkpoint {path} {_diagnose(path, e)}; {advice}") from None
     if not isinstance(obj, dict) or "model" not in obj:
-        raise CheckpointError(f"checkpoint {path} is not an mdk checkpoint (no 'model' entry)")
+        if isinstance(obj, dict) and obj and all(torch.is_tensor(v) for v in obj.values()):
+            what = f"a bare state_dict ({len(obj)} tensors) without training state"
+        else:
+            what = f"a {type(obj).__name__} without a 'model' entry"
+        raise CheckpointError(f"checkpoint {path} is not an mdk checkpoint ({what}); {advice}")
+    bad = nonfinite_tensors(obj["model"])
+    if bad:
+        raise CheckpointError(f"checkpoint {path} holds NaN/Inf weights ({', '.join(bad[:3])}); "
+                              f"{advice}")
     return obj
+
+
+def remove_stale_temps(stage_dir: Path) -> list[Path]:
+    """Delete temp files left by a write that was killed before its rename (never a real file)."""
+    stale = sorted(Path(stage_dir).glob(".*.pth.*.tmp"))
+    for p in stale:
+        log.warning("removing %s: a checkpoint write was interrupted there; the previous file is "
+                    "intact", p)
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
+    """The newest readable full-state checkpoint of a stage (last.pth, else best.pth), or (None, None).
+
+    An unreadable file is reported (path and defect), renamed to ``<name>.corrupt`` so nothing is
+    lost and the next save does not trip over it, and the next candidate is used.
+    """
+    stage_dir = Path(stage_dir)
+    remove_stale_temps(stage_dir)
+    found: list[tuple[int, Path, dict]] = []
+    for name in RESUME_NAMES:
+        p = stage_dir / name
+        if not p.is_file():
+            continue
+        try:
+            ck = load_checkpoint(p)
+        except CheckpointError as e:
+            aside = p.with_name(p.name + ".corrupt")
+            os.replace(p, aside)
+            log.warning("%s. Moved it to %s; resuming from the previous good checkpoint instead", e,
+                        aside)
+            continue
+        if "optimizer" not in ck or "iter" not in ck:
+            log.warning("%s has no training state (optimizer/iter); not resuming from it", p)
+            continue
+        found.append((int(ck["iter"]), p, ck))
+    if not found:
+        return None, None
+    it, p, ck = max(found, key=lambda t: (t[0], t[1].name == "last.pth"))
+    if p.name != "last.pth":
+        # Normal after a kill between writing best.pth and last.pth at an epoch end.
+        why = ("it is newer than last.pth" if any(q.name == "last.pth" for _, q, _ in found)
+               else "last.pth is missing or unusable")
+        log.warning("resuming from %s (iteration %d): %s", p, it, why)
+    return ck, p
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path,
@@ -71,11 +189,11 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     if shape or (strict and (missing or unexpected)):
         parts = []
         if shape:
-            parts.append("shape mismatch: " + "; ".join(shape[:5]))
+            parts.append(f"{len(shape)} shape mismatch(es): " + "; ".join(shape[:5]))
         if missing and strict:
-            parts.append("missing: " + ", ".join(missing[:5]))
+            parts.append(f"{len(missing)} missing: " + ", ".join(missing[:5]))
         if unexpected and strict:
-            parts.append("unexpected: " + ", ".join(unexpected[:5]))
+            parts.append(f"{len(unexpected)} unexpected: " + ", ".join(unexpected[:5]))
         raise CheckpointError(f"checkpoint {source} does not fit this model ({' | '.join(parts)}); "
                               "was it trained with another model= or dataset (class count)?")
     model.load_state_dict(state, strict=strict)

@@ -1,0 +1,116 @@
+"""Fault injection for the resume and NaN tests: kill -9 or a NaN loss at a chosen point.
+
+Off unless the environment variable ``MDK_FAULT`` is set, so the tests can make a real
+``python run.py`` process die at an exact iteration instead of sleeping and hoping. Format: a
+comma-separated list of ``<action>:<point>:<n>[:<rank>]``
+
+* ``kill:iter:N``  SIGKILL right after optimizer step N (1-based, counted over the whole stage,
+  so a resumed process counts on from the checkpoint's iteration), before its checkpoint hook;
+* ``kill:eval:N``  SIGKILL on entering the N-th evaluation of this process;
+* ``kill:save:N``  SIGKILL in the N-th checkpoint write of this process, after the temp file is
+  written and fsynced but before it is renamed over the old file;
+* ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN.
+
+``rank`` (default 0) picks the process of a distributed run that takes the fault.
+Nothing here is used in normal runs; the cost when off is one dictionary lookup per call.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "MDK_FAULT"
+_calls: Counter = Counter()
+
+
+def _specs() -> list[tuple[str, str, int, int]]:
+    raw = os.environ.get(ENV, "").strip()
+    out = []
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (3, 4) or parts[0] not in ("kill", "nan") or \
+                parts[1] not in ("iter", "eval", "save"):
+            raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use <kill|nan>:<iter|eval|save>:<n>[:rank]")
+        out.append((parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0))
+    return out
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV))
+
+
+def _rank() -> int:
+    from mdk import dist
+
+    return dist.get_rank()
+
+
+def _kill(where: str) -> None:
+    log.warning("%s: injected SIGKILL %s", ENV, where)
+    for h in logging.getLogger().handlers:  # so the test log shows where the process died
+        h.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def at(point: str, n: int | None = None) -> None:
+    """Kill this process if a ``kill:<point>`` fault matches; ``n`` defaults to a per-point call count."""
+    if not enabled():
+        return
+    if n is None:
+        _calls[point] += 1
+        n = _calls[point]
+    for action, p, k, rank in _specs():
+        if action == "kill" and p == point and k == n and rank == _rank():
+            _kill(f"at {point} {n}")
+
+
+def wrap(point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a ``kill:<point>:N`` check on entry (for evaluation)."""
+    if not enabled():
+        return fn
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        at(point)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def poison_loss(trainer: Any) -> None:
+    """Make this iteration's loss terms and gradients NaN if a ``nan:iter:N`` fault matches."""
+    if not enabled():
+        return
+    it = trainer.iter + 1
+    if not any(a == "nan" and p == "iter" and k == it and r == _rank() for a, p, k, r in _specs()):
+        return
+    terms = trainer.loss_terms
+    victim = next((k for k in terms if k != "total"), "total")
+    nan = torch.tensor(float("nan"))
+    terms[victim] = terms["total"] = nan
+    for p in trainer.model.parameters():
+        if p.grad is not None:
+            p.grad.fill_(float("nan"))
+    log.warning("%s: injected NaN into loss term %r at iteration %d", ENV, victim, it)
+
+
+def make_hook() -> Any:
+    """A loop hook applying ``kill:iter`` and ``nan:iter`` faults (None when MDK_FAULT is unset)."""
+    if not enabled():
+        return None
+    from mdk.engine.loop import HookBase
+
+    class FaultHook(HookBase):
+        def after_backward(self) -> None:
+            poison_loss(self.trainer)
+
+        def after_step(self) -> None:
+            at("iter", self.trainer.iter)
+
+    return FaultHook()
