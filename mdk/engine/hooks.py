@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mdk import dist
-from mdk.engine.loop import HookBase, check_finite
+from mdk.engine.loop import HookBase, NonFiniteLossError, check_finite
 from mdk.sinks import NullSink
 
 log = logging.getLogger(__name__)
@@ -74,14 +74,48 @@ class CheckpointHook(HookBase):
         m = getattr(t, "metrics", {}).get("map50")
         if m is not None and m > self.best:
             self.best, self.best_epoch = m, t.epoch
-            names.append("best.pth")
+            # best.pth first: a kill between the two writes leaves the old last.pth, so the
+            # epoch is replayed and best.pth rewritten (the other order would lose the new best).
+            names.insert(0, "best.pth")
         self._save(names, epoch_done=True)
 
 
-class MetricsHook(HookBase):
-    """Logs loss terms and LR every ``every`` iterations (each log is one host sync), mAP per epoch.
+class NanGuardHook(HookBase):
+    """Before the optimizer step: a NaN/Inf loss stops the run naming the iteration and the term,
+    so no NaN ever reaches the weights or a checkpoint. With ``skip_limit`` > 0 that many bad
+    batches are skipped (no optimizer step) before it stops. One host sync per step; under DDP the
+    ranks agree (MAX all-reduce of the flag) so they all skip or all stop together."""
 
-    Also the NaN/Inf guard: on CPU every step (a sync costs nothing there), on CUDA at log steps."""
+    def __init__(self, skip_limit: int = 0) -> None:
+        self.limit, self.skipped = max(0, int(skip_limit)), 0
+
+    def after_backward(self) -> None:
+        t = self.trainer
+        terms = t.loss_terms
+        bad = torch.tensor([0.0 if torch.isfinite(terms["total"].detach()).all() else 1.0])
+        if dist.world_size() > 1:
+            bad = dist.all_reduce_max(bad.to(t.device)).cpu()
+        if not bad.item():
+            return
+        try:
+            check_finite(terms, t.iter + 1)  # raises naming the term when it is this rank's loss
+            raise NonFiniteLossError(f"loss is not finite at iteration {t.iter + 1} on another "
+                                     "rank. The last good checkpoint is kept; lower optim.lr or "
+                                     "check the data")
+        except NonFiniteLossError as e:
+            if self.skipped >= self.limit:
+                if self.limit:
+                    raise NonFiniteLossError(f"{e} (trainer.nan_skip_limit={self.limit} bad "
+                                             "batches were already skipped)") from None
+                raise
+            self.skipped += 1
+            t.skip_step = True
+            log.warning("%s; skipping this batch (%d of trainer.nan_skip_limit=%d)", e,
+                        self.skipped, self.limit)
+
+
+class MetricsHook(HookBase):
+    """Logs loss terms and LR every ``every`` iterations (each log is one host sync), mAP per epoch."""
 
     def __init__(self, sink: NullSink, every: int) -> None:
         self.sink, self.every = sink, max(1, every)
@@ -90,8 +124,6 @@ class MetricsHook(HookBase):
     def after_step(self) -> None:
         t = self.trainer
         log_now = t.iter % self.every == 0 or t.batch_in_epoch == t.iters_per_epoch
-        if t.device.type != "cuda" or log_now:
-            check_finite(t.loss_terms, t.iter)
         if log_now:
             self.last = {f"loss/{k}": float(v.detach()) for k, v in t.loss_terms.items()}
             self.last["lr"] = t.optimizer.param_groups[0]["lr"]

@@ -54,6 +54,7 @@ class Trainer:
         self.batch_in_epoch = 0   # batches done in the current epoch
         self.loss_terms: dict[str, torch.Tensor] = {}
         self.stop = False
+        self.skip_step = False
         self.amp_dtype: Optional[torch.dtype] = None
         self.scaler: Optional[torch.amp.GradScaler] = None
         if amp:
@@ -111,14 +112,19 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         else:
             loss.backward()
+        self.skip_step = False  # a hook (the NaN guard) may veto this optimizer step
         self._call("after_backward")
-        if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        if self.skip_step:
+            if self.scaler is not None:
+                self.scaler.update()  # closes this step's unscale_ so the next one may unscale
         else:
-            self.optimizer.step()
+            if self.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
         self.iter += 1
         self.batch_in_epoch += 1
         self._call("after_step")
