@@ -15,11 +15,12 @@ import torch
 from omegaconf import DictConfig
 
 from mdk import dist
-from mdk.checkpoint import CheckpointError, atomic_save, load_checkpoint, load_model_weights
+from mdk import faults
+from mdk.checkpoint import find_resume, load_checkpoint, load_model_weights, save_checkpoint
 from mdk.config import to_container
 from mdk.engine import build
-from mdk.engine.hooks import (CheckpointHook, EvalHook, LRSchedulerHook, MetricsHook, ProgressHook,
-                              sampler_epoch_hook)
+from mdk.engine.hooks import (CheckpointHook, EvalHook, LRSchedulerHook, MetricsHook, NanGuardHook,
+                              ProgressHook, sampler_epoch_hook)
 from mdk.engine.loop import Trainer
 from mdk.engine.stage_setup import apply_stage, find_init, prepare_for_checkpoint
 from mdk.evaluation import evaluate
@@ -40,13 +41,14 @@ def run_stage(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     out_dir = build.stage_dir(cfg, stage)
     loss_fn = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
 
-    resume_path = out_dir / "last.pth"
-    resume = None
-    if cfg.trainer.resume and resume_path.is_file():
-        try:
-            resume = load_checkpoint(resume_path)
-        except CheckpointError as e:
-            log.warning("%s; starting this stage from its input instead", e)
+    resume, resume_path = None, out_dir / "last.pth"
+    if cfg.trainer.resume:
+        # Rank 0 first: it may move an unreadable file aside; the others then see a clean dir.
+        if dist.is_main_process():
+            resume, resume_path = find_resume(out_dir)
+        dist.barrier()
+        if not dist.is_main_process():
+            resume, resume_path = find_resume(out_dir)
     if resume is not None and resume.get("finished") and not cfg.step.train:
         log.info("%s already done (%s); delete it to run it again", stage, resume_path)
     if resume is not None:
@@ -56,7 +58,8 @@ def run_stage(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     else:
         init = find_init(cfg, stage)
         if init is not None:
-            ck = load_checkpoint(init)
+            ck = load_checkpoint(init, advice=f"it is the input of {stage}: run `python run.py "
+                                 f"step={cfg.step.init_from}` again to rebuild it, or restore it")
             prepare_for_checkpoint(model, ck.get("stage", "step1"))
             strict = ck.get("stage") is not None  # step0 pretrained files may lack extra buffers
             load_model_weights(model, ck["model"], init, strict=strict)
@@ -73,9 +76,9 @@ def run_stage(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             model, device_ids=[device.index] if device.type == "cuda" else None)
 
     local_bs = cfg.trainer.batch_size // world
-    eval_fn = lambda: evaluate(model, val_ds, local_bs, device, cfg.trainer.conf_thresh,  # noqa: E731
-                               cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
-                               loss_fn=loss_fn, progress=cfg.trainer.progress)
+    eval_fn = faults.wrap("eval", lambda: evaluate(  # MDK_FAULT=kill:eval:N hook (tests)
+        model, val_ds, local_bs, device, cfg.trainer.conf_thresh, cfg.trainer.nms_iou,
+        cfg.trainer.limit_val_batches, loss_fn=loss_fn, progress=cfg.trainer.progress))
     summary: dict[str, Any] = {"stage": stage, "checkpoints": str(out_dir)}
 
     if cfg.step.calibrate:
@@ -133,10 +136,13 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
 
     sink = build_sinks(cfg.logger, run_dir, config, dist.is_main_process())
     metrics = MetricsHook(sink, cfg.logger.log_every)
-    ckpt = _GatherRngThenSave(out_dir, state_fn, atomic_save, cfg.trainer.checkpoint_every_iters,
+    ckpt = _GatherRngThenSave(out_dir, state_fn, save_checkpoint, cfg.trainer.checkpoint_every_iters,
                                best, best_epoch)
     # Order matters: metrics read the LR before it steps; checkpoints see the evaluated metric.
-    trainer.register_hooks([sampler_epoch_hook(sampler, train_ds), metrics, LRSchedulerHook(scheduler),
+    # faults.make_hook() is None unless MDK_FAULT is set (kill/NaN injection for the tests).
+    trainer.register_hooks([faults.make_hook(), sampler_epoch_hook(sampler, train_ds),
+                            NanGuardHook(cfg.trainer.get("nan_skip_limit", 0)), metrics,
+                            LRSchedulerHook(scheduler),
                             ProgressHook(metrics, cfg.trainer.progress),
                             EvalHook(eval_fn, cfg.trainer.eval_every), ckpt])
     if dist.is_main_process() and resume is None:
