@@ -1,0 +1,202 @@
+"""Prove that W processes train the same model as one: ``python -m mdk.tools.align``.
+
+    python -m mdk.tools.align --worlds 1,2,4 --batch-size 8 --iters 20 [--dtype float64] [k=v ...]
+
+Trailing ``key=value`` arguments are Hydra overrides of the real ``conf/`` (composed with the
+compose API). The tool builds one set of initial weights, then for each world size W trains
+``--iters`` iterations with the real engine (GlobalBatchSampler, per-image loss, DDP gradient
+averaging, optimizer, LR schedule) on W spawned gloo/NCCL processes, and compares every tensor of
+the final state with the world-1 result (mdk.tools.ckpt_diff). Exit status 1 when the largest
+relative difference is above ``--tol``.
+
+What is made equal, and why it holds:
+* global batches: the sampler draws one permutation per (seed, epoch) and rank r takes the r-th
+  contiguous slice, so every W sees the same images in the same global batches;
+* augmentation is seeded per (seed, epoch, image index): split-invariant, it stays on;
+* the loss is a mean over images and DDP averages over ranks: the gradient does not depend on W;
+* BatchNorm: per-rank batch statistics are not the global ones. On CUDA the tool sets
+  dist.sync_bn=true; torch's SyncBatchNorm cannot train on CPU, so on CPU the tool switches BN
+  off (model.net.batch_norm=false) and says so;
+* AMP is switched off (its rounding depends on the batch split).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("mdk.tools.align")
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real conf/ plus ``overrides``, resolved into a plain config (no Hydra run needed)."""
+    from hydra import compose, initialize_config_dir
+
+    from mdk.config import register_resolvers, validate
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    validate(cfg)
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+
+def alignment_config(cfg: DictConfig, batch_size: int, iters: int, dtype: str,
+                     out: Path) -> DictConfig:
+    """A new config with what alignment needs switched on/off (``cfg`` is not changed)."""
+    use_cuda = torch.cuda.is_available() and cfg.trainer.device != "cpu"
+    net: dict[str, Any] = {}
+    dist: dict[str, Any] = {"nodes": 1, "rank": 0, "dist_url": "auto", "sync_bn": False}
+    if cfg.model.net.get("batch_norm", False):
+        if use_cuda:
+            dist["sync_bn"] = True
+            log.info("the model has BatchNorm: using SyncBatchNorm (dist.sync_bn=true)")
+        else:
+            net["batch_norm"] = False
+            log.info("the model has BatchNorm, and SyncBatchNorm cannot train on CPU: aligning "
+                     "the BN-free variant (model.net.batch_norm=false)")
+    return OmegaConf.merge(cfg, {
+        # Only iters x batch images are read: decoding them beats caching the split in every rank.
+        "model": {"net": net}, "dist": dist, "dataset": {"cache_images": False},
+        "trainer": {"batch_size": batch_size, "limit_train_batches": None, "amp": False,
+                    "num_workers": 0, "progress": False, "resume": False},
+        "align": {"iters": iters, "dtype": dtype, "out": str(out)}})
+
+
+def _double_inputs(model: torch.nn.Module) -> None:
+    """float64 mode: the model's input quantizer emits float32; cast each conv layer's input to
+    its weight dtype so the whole forward runs in float64."""
+    def pre(mod: torch.nn.Module, args: tuple) -> tuple:
+        w = next(mod.parameters())
+        return tuple(a.to(w.dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+                     for a in args)
+
+    for m in model.modules():
+        if any(isinstance(c, torch.nn.Conv2d) for c in m.children()):
+            m.register_forward_pre_hook(pre)
+
+
+def train_rank(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """One rank of one alignment run (a launchers.spawn StageFn): train ``align.iters`` steps."""
+    from mdk import dist
+    from mdk.engine import build
+    from mdk.engine.hooks import LRSchedulerHook, sampler_epoch_hook
+    from mdk.engine.loop import HookBase, Trainer
+    from mdk.models.loss import YoloLoss
+
+    iters, world = int(cfg.align.iters), dist.world_size()
+    build.seed_everything(cfg.seed + dist.get_rank())
+    device = build.pick_device(cfg)
+    model = build.build_model(cfg)
+    model.load_state_dict(torch.load(Path(cfg.align.out) / "init.pth", weights_only=True))
+    if cfg.align.dtype == "float64":
+        model.double()
+        _double_inputs(model)
+    model.to(device)
+    if world > 1 and cfg.dist.sync_bn:
+        model = dist.convert_sync_bn(model, device)
+    net = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    train_ds, _ = build.build_data(cfg, model.grid)
+    loader, sampler = build.build_train_loader(cfg, train_ds)
+    optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches)
+    epochs = math.ceil(iters / sampler.num_batches)
+    trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
+                      optimizer, loader, device, epochs, sampler.num_batches, amp=False,
+                      grad_clip=cfg.trainer.grad_clip)
+
+    class StopAfter(HookBase):
+        def after_step(self) -> None:
+            self.trainer.stop = self.trainer.iter >= iters
+
+    trainer.register_hooks([sampler_epoch_hook(sampler, train_ds), LRSchedulerHook(scheduler),
+                            StopAfter()])
+    trainer.train()
+    path = Path(cfg.align.out) / f"world{world}.pth"
+    if dist.is_main_process():
+        torch.save({"model": model.state_dict()}, path)
+    return {"path": str(path), "iters": trainer.iter, "loss": float(trainer.loss_terms["total"].detach())}
+
+
+def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: int,
+                  dtype: str = "float32", out: Optional[Path] = None) -> dict[int, list]:
+    """Train world 1 and every W in ``worlds`` from the same weights; {W: [TensorDiff, ...]}."""
+    from launchers.spawn import run_ranks
+    from mdk.engine import build
+    from mdk.tools.ckpt_diff import diff_state_dicts
+
+    for w in worlds:
+        if batch_size % w:
+            raise SystemExit(f"align: --batch-size {batch_size} does not divide by world {w}")
+    out = Path(out or tempfile.mkdtemp(prefix="mdk-align-"))
+    out.mkdir(parents=True, exist_ok=True)
+    acfg = alignment_config(cfg, batch_size, iters, dtype, out)
+    build.seed_everything(acfg.seed)
+    model = build.build_model(acfg)
+    torch.save(model.state_dict(), out / "init.pth")
+    build.build_data(acfg, model.grid)  # generate the built-in data once, before any spawning
+    states = {}
+    for w in sorted(set([1, *worlds])):
+        wcfg = OmegaConf.merge(acfg, {"dist": {"gpus": w}})
+        # By module path, so spawned workers find it also when this file runs as __main__.
+        from mdk.tools.align import train_rank as fn
+        res = run_ranks(wcfg, out, fn)
+        log.info("world %d x batch %d: %d iterations, last loss %.6f", w, batch_size // w,
+                 res["iters"], res["loss"])
+        states[w] = torch.load(res["path"], weights_only=True)["model"]
+    report = {}
+    for w in worlds:
+        if w == 1:
+            continue
+        diffs, problems = diff_state_dicts(states[1], states[w])
+        if problems:
+            raise RuntimeError(f"world {w} state differs in structure: {problems[:5]}")
+        report[w] = diffs
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from mdk.tools.ckpt_diff import format_table
+
+    ap = argparse.ArgumentParser(prog="python -m mdk.tools.align", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", default="2", help="world sizes to compare with world 1, e.g. 2,4")
+    ap.add_argument("--batch-size", type=int, default=8, help="global batch size")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--tol", type=float, default=None,
+                    help="max relative parameter difference (default 1e-6, float64: 1e-12)")
+    ap.add_argument("--out", type=Path, default=None, help="where the states and logs go")
+    ap.add_argument("--top", type=int, default=10, help="tensors listed per world (worst first)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.image_size=96")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    tol = args.tol if args.tol is not None else (1e-12 if args.dtype == "float64" else 1e-6)
+    worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    report = run_alignment(compose_config(args.overrides), worlds, args.batch_size, args.iters,
+                           args.dtype, args.out)
+    ok = True
+    for w, diffs in report.items():
+        worst = max(diffs, key=lambda d: d.max_rel)
+        print(f"\n== world 1 x {args.batch_size} vs world {w} x {args.batch_size // w} "
+              f"({args.iters} iterations, {args.dtype}) ==")
+        print(format_table(diffs, args.top))
+        print(f"largest relative difference {worst.max_rel:.3e} ({worst.name}); largest absolute "
+              f"{max(d.max_abs for d in diffs):.3e}")
+        ok &= worst.max_rel <= tol
+    print("OK: all within" if ok else "FAIL: above", f"tol={tol:g}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

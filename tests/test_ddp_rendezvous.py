@@ -1,0 +1,135 @@
+"""Rendezvous, port and environment failure paths, in one process (fast, no workers)."""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import namedtuple
+
+import pytest
+import torch
+
+from launchers import spawn
+from launchers.rendezvous import RendezvousError, check_in, connect, host_store, parse_url
+from mdk.engine.sampler import GlobalBatchSampler
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_dist_url_times_out_naming_address_and_what_to_check():
+    port = _closed_port()
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as e:
+        connect("127.0.0.1", port, timeout_s=2)
+    took = time.monotonic() - t0
+    assert took < 15, f"took {took:.1f}s for a 2 s timeout"
+    msg = str(e.value)
+    assert f"127.0.0.1:{port}" in msg and "nothing answered" in msg
+    assert "firewall" in msg and "VPN" in msg and "dist.timeout_s=2" in msg
+
+
+def test_check_in_timeout_lists_ranks_that_arrived():
+    store, host, port = host_store("auto", 1, 5)
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as e:
+        check_in(store, "t", 0, 3, 1.0, f"{host}:{port}")
+    assert time.monotonic() - t0 < 5
+    msg = str(e.value)
+    assert f"{host}:{port}" in msg and "1 of 3 ranks arrived" in msg
+    assert f"0@{socket.gethostname()}" in msg and "missing ranks [1, 2]" in msg
+    assert "firewall" in msg
+
+
+def test_check_in_returns_once_all_ranks_arrived():
+    store, host, port = host_store("auto", 1, 5)
+    client = connect(host, port, 5)
+    client.add("t/count", 1)  # rank 1 (a client) has arrived already
+    client.set("t/arrived/1", "other")
+    check_in(store, "t", 0, 2, 2.0, f"{host}:{port}")  # must not raise
+
+
+def test_busy_port_on_one_machine_falls_back_to_a_free_port(caplog):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with caplog.at_level(logging.WARNING):
+            store, host, got = host_store(f"127.0.0.1:{port}", 1, 5)
+        assert got != port and got > 0
+        assert f"port {port} is in use" in caplog.text
+        connect(host, got, 5).set("k", "v")  # the new port really serves the store
+        assert store.get("k") == b"v"
+
+
+def test_busy_port_on_several_machines_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RendezvousError) as e:
+            host_store(f"127.0.0.1:{port}", 2, 5)
+    msg = str(e.value)
+    assert f"127.0.0.1:{port}" in msg and "in use" in msg and "every machine" in msg
+
+
+def test_two_runs_at_once_get_different_ports():
+    # The port is held by the parent's store for the whole run, so nothing can take it between
+    # "pick a port" and "workers connect".
+    (s1, _, p1), (s2, _, p2) = host_store("auto", 1, 5), host_store("auto", 1, 5)
+    assert p1 != p2
+    with pytest.raises(RendezvousError):
+        host_store(f"127.0.0.1:{p1}", 2, 5)
+
+
+@pytest.mark.parametrize("url", ["localhost", "10.0.0.1:", "h:99999", "h:port"])
+def test_bad_dist_url_names_the_key(url):
+    with pytest.raises(RendezvousError, match="dist.dist_url"):
+        parse_url(url)
+
+
+def test_small_dev_shm_warns_with_the_fix(monkeypatch, caplog, tmp_path):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(spawn.shutil, "disk_usage", lambda p: usage(64 << 20, 0, 64 << 20))
+    with caplog.at_level(logging.WARNING):
+        assert spawn.check_shm(4, str(tmp_path)) is False
+    assert "only 64 MB free" in caplog.text and "--shm-size" in caplog.text
+    assert "trainer.num_workers=0" in caplog.text
+    caplog.clear()
+    assert spawn.check_shm(0, str(tmp_path)) is True  # no workers: no shared memory used
+    monkeypatch.setattr(spawn.shutil, "disk_usage", lambda p: usage(8 << 30, 0, 8 << 30))
+    assert spawn.check_shm(4, str(tmp_path)) is True and not caplog.text
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_global_batch_is_split_into_contiguous_rank_slices(world):
+    ref = list(GlobalBatchSampler(40, 8, 0, 1, seed=3))
+    parts = [list(GlobalBatchSampler(40, 8, r, world, seed=3)) for r in range(world)]
+    assert all(len(b) == 8 // world for p in parts for b in p)
+    for g, batch in enumerate(ref):
+        assert sum((p[g] for p in parts), []) == batch
+    with pytest.raises(ValueError, match="trainer.batch_size=8"):
+        GlobalBatchSampler(40, 8, 0, 3, seed=3)
+
+
+def test_sync_bn_converts_the_bn_preset(tmp_path):
+    from test_ddp_helpers import tiny_cfg
+
+    from mdk import dist
+    from mdk.engine.build import build_model
+
+    cfg = tiny_cfg(tmp_path, "model=gnetdet_small")  # the small preset has BN
+    model = build_model(cfg)
+    n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert n_bn == 6  # one per hidden conv; the output conv has none
+    # train=False (eval/calibration) converts on CPU as well
+    conv = dist.convert_sync_bn(model, torch.device("cpu"), train=False)
+    assert sum(isinstance(m, torch.nn.SyncBatchNorm) for m in conv.modules()) == n_bn
+    assert not any(type(m) is torch.nn.BatchNorm2d for m in conv.modules())
+    with pytest.raises(dist.SyncBNUnavailable, match="dist.sync_bn=true needs CUDA"):
+        dist.convert_sync_bn(build_model(cfg), torch.device("cpu"), train=True)
+    bn_free = build_model(tiny_cfg(tmp_path, "model.net.batch_norm=false"))
+    assert dist.convert_sync_bn(bn_free, torch.device("cpu")) is bn_free
