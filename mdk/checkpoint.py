@@ -44,6 +44,12 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[n:]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """Write ``obj`` to ``path`` via temp file + fsync + rename; CheckpointError on any OS error."""
     path = Path(path)
@@ -54,6 +60,7 @@ def atomic_save(obj: Any, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
             _write_all(fd, buf.getbuffer())
             os.fsync(fd)
         finally:

@@ -5,8 +5,9 @@ ranges. The composed config is never mutated: derived values are returned, not w
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,6 +39,25 @@ def _bool(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key}={v!r} must be true or false")
 
 
+def _positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
+    v = _get(cfg, key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{key}={v!r} must be a number")
+    if not v > 0:  # also rejects nan
+        raise ConfigError(f"{key}={v} must be > 0" + (" (or null to turn it off)" if optional else ""))
+
+
+def _check_dist_url(url: str) -> None:
+    if url == "auto":
+        return
+    host, sep, port = url.removeprefix("tcp://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"dist.dist_url={url!r} must be host:port with a port in 1..65535 "
+                          "(e.g. dist.dist_url=10.0.0.1:29500), or auto on one machine")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError naming the first bad key; returns nothing on a good config."""
     try:
@@ -51,10 +71,17 @@ def validate(cfg: DictConfig) -> None:
         _int(cfg, "trainer.checkpoint_every_iters", 0)
         for k in ("resume", "amp", "activation_checkpointing", "progress"):
             _bool(cfg, f"trainer.{k}")
+        _int(cfg, "trainer.nan_skip_limit", 0)
+        _positive(cfg, "trainer.grad_clip", optional=True)
+        _positive(cfg, "optim.lr")
         _int(cfg, "dist.gpus", 1)
         _int(cfg, "dist.nodes", 1)
         _int(cfg, "dist.rank", 0)
         _bool(cfg, "dist.sync_bn")
+        _positive(cfg, "dist.timeout_s")
+        _check_dist_url(str(cfg.dist.dist_url))
+        if cfg.dist.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"dist.backend={cfg.dist.backend!r} must be auto, gloo or nccl")
         if cfg.dist.rank >= cfg.dist.nodes:
             raise ConfigError(f"dist.rank={cfg.dist.rank} must be < dist.nodes={cfg.dist.nodes} "
                               "(machine ranks count from 0)")
@@ -85,6 +112,40 @@ def validate(cfg: DictConfig) -> None:
         raise
     except Exception as e:  # a missing mandatory value (???) or an interpolation that fails
         raise ConfigError(f"bad configuration: {e}") from e
+
+
+def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
+                      device_count: Optional[int] = None) -> None:
+    """Checks against this machine (before any process is spawned): CUDA asked for but absent,
+    more processes per node than GPUs, NCCL without CUDA. Arguments override detection (tests)."""
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    n = (torch.cuda.device_count() if cuda else 0) if device_count is None else device_count
+    device, gpus, backend = cfg.trainer.device, cfg.dist.gpus, cfg.dist.backend
+    if device == "cuda" and not cuda:
+        raise ConfigError("trainer.device=cuda but this machine has no usable CUDA GPU; use "
+                          "trainer.device=auto (CPU here) or run on a GPU machine")
+    if backend == "nccl" and (not cuda or device == "cpu"):
+        raise ConfigError("dist.backend=nccl needs CUDA GPUs; use dist.backend=auto (gloo on CPU)")
+    if cuda and device != "cpu" and gpus > n:
+        raise ConfigError(f"dist.gpus={gpus} but this machine has {n} GPU(s); use dist.gpus<={n}, "
+                          "or trainer.device=cpu to run CPU worker processes")
+
+
+def check_writable(cfg: DictConfig, root: str | Path) -> None:
+    """paths.checkpoints must be (or be creatable as) a writable folder: fail now, not after the
+    first epoch when the first checkpoint is written."""
+    p = resolve_path(cfg.paths.checkpoints, root)
+    q = p
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    if not q.is_dir():
+        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is a file, not a folder; choose "
+                          "another paths.checkpoints")
+    if not os.access(q, os.W_OK | os.X_OK):
+        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is not writable; choose a folder "
+                          "you can write to")
 
 
 def resolve_path(p: str | Path, root: str | Path) -> Path:

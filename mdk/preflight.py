@@ -1,0 +1,81 @@
+"""Checks that run in the launching process before any worker is spawned or any data is built.
+
+Everything a user can get wrong that is cheap to detect up front: the config (``validate``), the
+machine (``check_environment``), a dataset root that does not exist, a checkpoint folder that
+cannot be written, a stage whose input checkpoint is missing, unreadable or from another model.
+Each raises the same error type the engine would raise later, so the message is the same; only
+it comes seconds after the command instead of after spawning N processes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from omegaconf import DictConfig
+
+from mdk.checkpoint import CheckpointError, RESUME_NAMES, load_checkpoint, load_model_weights
+from mdk.config import check_environment, check_writable, resolve_path, validate
+
+log = logging.getLogger(__name__)
+
+
+def _check_dataset(cfg: DictConfig) -> None:
+    from mdk.data.build import validate_dataset_cfg
+    from mdk.data.voc import check_root, read_split
+
+    d = validate_dataset_cfg(cfg.dataset)
+    if d["name"] == "shapes":  # generated on first use: nothing to check yet
+        return
+    root = check_root(resolve_path(d["root"], os.getcwd()))
+    for split in (d["train_split"], d["val_split"]):
+        read_split(root, split)  # missing or empty split file
+
+
+def _check_input(cfg: DictConfig) -> None:
+    """The first stage's starting point: resumable files, else its input checkpoint, must fit."""
+    from mdk.engine.build import build_model, stage_dir
+    from mdk.engine.stage_setup import find_init, prepare_for_checkpoint
+
+    stage = cfg.step.name
+    own = stage_dir(cfg, stage)
+    if cfg.trainer.resume and any((own / n).is_file() for n in RESUME_NAMES):
+        for n in RESUME_NAMES:
+            try:
+                ck = load_checkpoint(own / n)
+            except CheckpointError:
+                continue  # the engine falls back from an unreadable file with a warning
+            _check_fits(cfg, ck, own / n, build_model, prepare_for_checkpoint,
+                        f"it is {stage}'s own checkpoint from an earlier run: use another "
+                        "paths.checkpoints, or trainer.resume=false to start this stage over")
+            return
+        return
+    init = find_init(cfg, stage)  # MissingStageInput names the stage to run first
+    if init is None:
+        return
+    ck = load_checkpoint(init, advice=f"it is the input of {stage}: run `python run.py "
+                         f"step={cfg.step.init_from}` again to rebuild it, or restore it")
+    _check_fits(cfg, ck, init, build_model, prepare_for_checkpoint,
+                f"it is the input of {stage}: run step={cfg.step.init_from} again with the same "
+                "model/dataset, or point paths.checkpoints at the matching run",
+                strict=ck.get("stage") is not None)
+
+
+def _check_fits(cfg, ck, path, build_model, prepare, advice: str, strict: bool = True) -> None:
+    model = build_model(cfg)
+    prepare(model, ck.get("stage", "step1"))
+    try:
+        load_model_weights(model, ck["model"], path, strict=strict)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e} ({advice})") from None
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Raise ConfigError / DataError / CheckpointError / MissingStageInput before any work.
+
+    ``cfg`` is the resolved config of the first stage to run (later stages of a pipeline get
+    their input from it)."""
+    validate(cfg)
+    check_environment(cfg)
+    check_writable(cfg, os.getcwd())
+    _check_dataset(cfg)
+    _check_input(cfg)
