@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.config import ConfigError, register_resolvers, validate
+from mdk.config import register_resolvers, validate
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +25,35 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
 
 
 def run(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Run the stages; a user error (bad config/data/checkpoint, NaN loss) becomes one line on
+    stderr and exit status 1 instead of a traceback (HYDRA_FULL_ERROR=1 shows the traceback)."""
+    from launchers.errors import user_error_line
+
+    try:
+        return _run(cfg)
+    except Exception as e:
+        line = user_error_line(e)
+        if line is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        log.error("%s", line)
+        raise SystemExit(line) from None
+
+
+def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     from hydra.core.hydra_config import HydraConfig
 
     from launchers.spawn import run_ranks
     from launchers.summary import print_summary
     from mdk.engine.runner import run_stage
+    from mdk.preflight import preflight
 
     register_resolvers()
-    try:
-        validate(cfg)
-    except ConfigError as e:
-        log.error("%s", e)
-        raise SystemExit(f"config error: {e}") from None
+    validate(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     # Resolve once, here: workers get plain values (no Hydra resolvers in spawned processes).
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     stages = list(cfg.pipeline) or [cfg.step.name]
+    preflight(stage_config(resolved, stages[0]))  # before any process is spawned
     results = []
     for s in stages:
         scfg = stage_config(resolved, s)
