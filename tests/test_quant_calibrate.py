@@ -32,6 +32,22 @@ def test_percentile_exact_on_adversarial_layout():
     assert nearest_rank(99, 1_000_000) == 990_000 and nearest_rank(99, 101) == 100
 
 
+def test_large_tensors_use_documented_odd_stride_subsample():
+    g = torch.Generator().manual_seed(4)
+    y = torch.randn(4, 8, 96, 96, generator=g)  # 294912 values
+    sub = y.flatten()[::5]  # ceil(294912 / 65536) = 5, already odd
+    assert torch.equal(calibrate.subsample(y, 1 << 16), sub)
+    assert torch.equal(calibrate.subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3
+    assert calibrate.subsample(y, None).numel() == y.numel()
+    obs = CapObserver("percentile", 99, max_values=1 << 16)
+    obs(y)
+    assert float(obs.stat) == float(np.sort(sub.numpy())[nearest_rank(99, sub.numel()) - 1])
+    full = CapObserver("percentile", 99, max_values=None)
+    full(y)
+    assert float(full.stat) == float(np.sort(y.flatten().numpy())[nearest_rank(99, y.numel()) - 1])
+    assert abs(float(obs.stat) - float(full.stat)) < 0.05  # the subsample barely moves the cap
+
+
 def test_observer_max_over_batches_and_methods():
     g = torch.Generator().manual_seed(1)
     batches = [torch.randn(2, 4, 32, 32, generator=g) * s for s in (1.0, 3.0, 2.0)]
