@@ -49,8 +49,8 @@ class GNetDet(nn.Module):
             pool = j + 1 < len(spec) and spec[j + 1] == "M"
             layers.append(ChipConv(in_ch, int(c), mask_bits[i], pool=pool, batch_norm=batch_norm))
             in_ch, i = int(c), i + 1
-        # The output conv is a chip layer too: its activation is 5-bit like every other one.
-        layers.append(ChipConv(in_ch, out_ch, mask_bits[i], pool=False, batch_norm=False))
+        # The output conv is a chip layer too: 5-bit activation from step3 on, linear before.
+        layers.append(ChipConv(in_ch, out_ch, mask_bits[i], pool=False, batch_norm=False, relu=False))
         self.layers = nn.ModuleList(layers)
         n_pool = sum(1 for c in spec if c == "M")
         if image_size % (2 ** n_pool):

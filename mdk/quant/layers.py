@@ -24,10 +24,14 @@ from torch import nn
 
 class ChipConv(nn.Module):
     def __init__(self, in_ch: int, out_ch: int, mask_bits: int = 8, pool: bool = False,
-                 batch_norm: bool = False) -> None:
+                 batch_norm: bool = False, relu: bool = True) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_ch, out_ch, 3, padding=1, bias=True)
         self.bn: Optional[nn.BatchNorm2d] = nn.BatchNorm2d(out_ch) if batch_norm else None
+        # The output layer trains linear in the float-activation stages: a ReLU there lets the
+        # confidence channels die (pushed to 0 on empty cells, zero gradient ever after). Once
+        # activations are quantized (step3/step4) it is clamped to 0..cap like every chip layer.
+        self.relu = relu
         self.pool = pool
         self.mask_bits = mask_bits
         self.chip_bits: tuple[int, int] = (8, 20)
@@ -73,7 +77,7 @@ class ChipConv(nn.Module):
 
             y = quantize_activation(y, self.cap)
         else:
-            y = F.relu(y)
+            y = F.relu(y) if self.relu else y
         if self.pool:
             y = F.max_pool2d(y, 2)
         return y
