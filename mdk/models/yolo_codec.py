@@ -66,7 +66,7 @@ def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
     """Turn raw outputs ``[N, 5B + C, S, S]`` into per-image detections.
 
     ``score = box conf x class score`` of the cell's best class (YOLOv1's class-specific
-    confidence; the model's outputs are ReLU values regressed to 0/1 targets, so scores are not
+    confidence; the model's outputs are regressed to 0/1 targets, so scores are not
     probabilities and may exceed 1). Boxes with ``score <= conf_thresh`` or zero area are dropped,
     then per-class NMS (``torchvision.ops.batched_nms``) and the top ``max_det`` remain.
     Returns ``[{"boxes": [K, 4] xyxy pixels, "scores": [K], "labels": [K] int64}]``.
@@ -80,7 +80,9 @@ def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
     cls_score, cls = pred[:, 5 * b:].max(1)                               # [N, S, S]
     cls_score = cls_score.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
     cls = cls.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
-    scores = conf * cls_score
+    # The output layer is linear in float stages: negative conf/class values mean 'no'; clamp
+    # them so two negatives never multiply into a confident detection.
+    scores = conf.clamp(min=0) * cls_score.clamp(min=0)
     out = []
     for i in range(n):
         keep = (scores[i] > conf_thresh) & (boxes[i, :, 2] > boxes[i, :, 0]) \
