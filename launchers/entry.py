@@ -28,9 +28,12 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
     """Run the stages; a user error (bad config/data/checkpoint, NaN loss) becomes one line on
     stderr and exit status 1 instead of a traceback (HYDRA_FULL_ERROR=1 shows the traceback)."""
     from launchers.errors import user_error_line
+    from launchers.sweep_summary import run_guarded
 
     try:
-        return _run(cfg)
+        # Multirun: a failing job returns a "failed" result instead of raising, so the other jobs
+        # still run and the sweep table shows it (launchers/sweep_summary.py).
+        return run_guarded(_run, cfg)
     except Exception as e:
         line = user_error_line(e)
         if line is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
