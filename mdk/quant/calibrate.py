@@ -9,7 +9,7 @@ before the activation. Per batch it computes a statistic; the layer's cap is the
   rational arithmetic from the decimal ``p``). This equals ``numpy.percentile(x, p,
   method="inverted_cdf")`` except when ``p/100 * N`` is an exact integer, where numpy's float
   product may land just above it and pick the next value. The values are the whole batch tensor
-  when it has at most ``max_values`` elements (default ``2**21``); a larger tensor is read at a
+  when it has at most ``max_values`` elements (default ``2**20``); a larger tensor is read at a
   deterministic odd stride ``s = ceil(N / max_values) | 1`` (``y.flatten()[::s]``, at least
   ``max_values / 2`` values, so the rank error is ~1e-4 of a percent) and the percentile is exact
   for that subsample. ``max_values=None`` always uses every value (slower on 448x448 inputs). It is computed exactly but fast: a strided
@@ -43,9 +43,9 @@ from mdk.quant.bn_fold import chip_layers
 log = logging.getLogger(__name__)
 
 METHODS = ("percentile", "max", "mse")
-_SAMPLE = 1 << 16  # values in the strided sample that guides the exact percentile selection
+_SAMPLE = 1 << 14  # values in the strided sample that guides the exact percentile selection
 _MSE_SAMPLE = 1 << 18
-DEFAULT_MAX_VALUES = 1 << 21
+DEFAULT_MAX_VALUES = 1 << 20
 
 
 def subsample(x: torch.Tensor, max_values: Optional[int]) -> torch.Tensor:
@@ -80,12 +80,13 @@ def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.T
         return top, top
     stride = max(1, n // _SAMPLE)
     sample = flat[::stride]
-    # Aim 0.3% (of the population) below the target: > 7 standard deviations of the sample
-    # fraction at p = 99 (sqrt(0.01 * 0.99 / 65536) = 0.04%), so the fallback is rare.
-    ks = math.floor((k / n - 0.003) * sample.numel())
+    # Aim 0.5% (of the population) below the target: > 6 standard deviations of the sample
+    # fraction at p = 99 (sqrt(0.01 * 0.99 / 16384) = 0.08%), so the fallback is rare.
+    ks = math.floor((k / n - 0.005) * sample.numel())
     if n > 4 * _SAMPLE and ks >= 1:
         thr = sample.kthvalue(ks).values
-        above = flat[flat >= thr]
+        # nonzero + index_select: boolean-mask indexing is ~6x slower on CPU
+        above = flat.index_select(0, (flat >= thr).nonzero().squeeze(1))
         below = n - above.numel()
         if below < k:  # the target is among the kept values: exact answer from the small set
             return above.kthvalue(k - below).values, above.max()
