@@ -3,7 +3,9 @@
 Prints, for the small GNetDet preset on this machine's CPU (or CUDA if present):
 - step3 fake-quant training iteration / float (step1) training iteration, same batch;
 - cal pass (eval forward + per-layer percentile observers) / eval pass (step2 forward, no observers).
-Targets: <= 1.25 and <= 1.15. Timings are medians over repeated iterations after warmup.
+Targets: <= 1.25 and <= 1.15. Timings are medians over round-robin repeated iterations after
+warmup. On a shared machine use `--threads 1 --cpu-time` (process CPU time is far less disturbed
+by other jobs than wall time).
 """
 from __future__ import annotations
 
