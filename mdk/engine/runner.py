@@ -22,6 +22,7 @@ from mdk.engine import build
 from mdk.engine.hooks import (CheckpointHook, EvalHook, LRSchedulerHook, MetricsHook, NanGuardHook,
                               ProgressHook, sampler_epoch_hook)
 from mdk.engine.loop import Trainer
+from mdk.engine.stop import StopOnRequestHook
 from mdk.engine.stage_setup import apply_stage, find_init, prepare_for_checkpoint
 from mdk.evaluation import evaluate
 from mdk.models.loss import YoloLoss
@@ -144,7 +145,10 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
                             NanGuardHook(cfg.trainer.get("nan_skip_limit", 0)), metrics,
                             LRSchedulerHook(scheduler),
                             ProgressHook(metrics, cfg.trainer.progress),
-                            EvalHook(eval_fn, cfg.trainer.eval_every), ckpt])
+                            EvalHook(eval_fn, cfg.trainer.eval_every), ckpt,
+                            # after ckpt: a stop request (preemption signal, launchers/requeue.py)
+                            # writes last.pth at the next step and leaves the loop
+                            StopOnRequestHook(lambda: ckpt._save(["last.pth"], epoch_done=False))])
     if dist.is_main_process() and resume is None:
         from mdk.tools.plot_lr import plot_lr_curve
         try:
