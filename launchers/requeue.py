@@ -1,0 +1,158 @@
+"""Hydra submitit launchers whose requeued jobs come back to the SAME job directory and resume.
+
+The plugin's launcher (``hydra_plugins.hydra_submitit_launcher``) re-runs ``__call__`` after a
+preemption or time-out: it composes the job's config again and lets Hydra compute the output dir
+anew (hydra#2042, lightning-hydra-template#146). Whatever in ``hydra.sweep.dir`` /
+``hydra.sweep.subdir`` is evaluated at run time (a relative path against another cwd, ``${now:}``,
+``${hydra.job.id}``, an env var) can then give a new, empty directory, so the job starts from
+scratch and its checkpoints (``<job dir>/checkpoints``, see ``mdk_ckpt``) are orphaned. Here:
+
+* ``launch`` resolves the sweep dir once, to an absolute path, before the jobs are pickled;
+* the first run of job N records its resolved sub dir (and overrides) in
+  ``<sweep dir>/.submitit/jobdirs/N.json``; a rerun of job N with the same overrides reuses it;
+* SIGUSR2 (submitit's time-out / preemption signal) and SIGTERM (preemption, ``scontrol requeue``,
+  ``scancel``) ask the training loop to write last.pth at the next step and stop
+  (``mdk.engine.stop``); after that, USR2 goes on to submitit's own handler, which resubmits this
+  same call (``checkpoint``) and requeues the job; SIGTERM just exits (SLURM requeues or cancels).
+  When no training loop is running (calibration, evaluation, data generation) the signal goes to
+  submitit's handler at once, as without this class.
+
+The rerun then finds ``last.pth`` in the same place and resumes (``trainer.resume=true``).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, run_job, setup_globals
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+log = logging.getLogger(__name__)
+
+JOBDIRS = Path(".submitit") / "jobdirs"
+
+
+def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequence[str],
+                record: bool = True) -> str:
+    """Fix ``hydra.sweep.dir``/``subdir`` in ``cfg`` to what job ``job_num`` used on its first run.
+
+    Returns the job directory. ``record``: write the marker (rank 0 only) on a first run."""
+    marker = Path(sweep_dir) / JOBDIRS / f"{job_num}.json"
+    subdir = None
+    if marker.is_file():
+        prev = json.loads(marker.read_text())
+        if prev.get("overrides") == list(overrides):
+            subdir = prev["subdir"]
+        else:
+            log.warning("%s was written for other overrides (%s); job %d gets a fresh directory",
+                        marker, prev.get("overrides"), job_num)
+    if subdir is None:
+        subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+        if record:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"subdir": subdir, "overrides": list(overrides)}))
+            tmp.replace(marker)
+    with read_write(cfg.hydra.sweep), open_dict(cfg.hydra.sweep):
+        cfg.hydra.sweep.dir = sweep_dir
+        cfg.hydra.sweep.subdir = subdir
+    return str(Path(sweep_dir) / subdir)
+
+
+def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequence[str]]) -> None:
+    """The SLURM request (tasks, GPUs, nodes from ``dist.gpus``/``dist.nodes``) is made once for the
+    whole sweep from the launching config, so a job whose own value differs would get the wrong
+    number of processes. Refuse that up front, naming the override."""
+    for overrides in job_overrides:
+        for o in overrides:
+            key, _, value = o.partition("=")
+            key = key.lstrip("+~")
+            if key in ("dist.gpus", "dist.nodes") and str(OmegaConf.select(master, key)) != value:
+                raise ValueError(
+                    f"{o}: {key} cannot be swept with the submitit launchers (the sweep shares one "
+                    f"SLURM request, made for {key}={OmegaConf.select(master, key)}). Run one sweep "
+                    f"per value, e.g. `python run.py -m hydra/launcher=submitit_slurm {key}={value} ...`")
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
+    """While inside: the signals ask the training loop to save and stop; ``got`` (yielded) maps
+    to the previous handlers and records which signal arrived under key ``"received"``."""
+    from mdk.engine.stop import arm, request_stop  # here: Hydra imports this module at every start
+
+    prev: dict[Any, Any] = {s: signal.getsignal(s) for s in signums}
+
+    def handler(signum: int, frame: Any) -> None:
+        prev["received"] = signum
+        name = signal.Signals(signum).name
+        if request_stop(name):
+            log.warning("caught %s: saving last.pth after the current step, then stopping", name)
+            return
+        log.warning("caught %s while no training loop runs: handing it to submitit", name)
+        old = prev[signum]
+        if callable(old):
+            old(signum, frame)
+
+    for s in signums:
+        signal.signal(s, handler)
+    arm(True)
+    try:
+        yield prev
+    finally:
+        arm(False)
+        for s in signums:
+            signal.signal(s, prev[s])
+
+
+class RequeueMixin:
+    """Mixed into the plugin's launchers: ``hydra_plugins/mdk_submitit.py`` declares them (Hydra
+    only accepts launcher classes from the ``hydra_plugins`` namespace); the presets use those."""
+
+    config: DictConfig
+    hydra_context: Any
+    task_function: Callable
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        check_resources_not_swept(self.config, job_overrides)
+        # Resolve the sweep dir here, once, absolute: jobs and their reruns get this string.
+        sweep_dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
+        with read_write(self.config.hydra.sweep), open_dict(self.config.hydra.sweep):
+            self.config.hydra.sweep.dir = sweep_dir
+        return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+
+    def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
+                 singleton_state: dict) -> JobReturn:
+        import submitit
+
+        from mdk.engine.stop import StopRequested, clear_stop
+
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        env = submitit.JobEnvironment()
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        with open_dict(cfg.hydra.job):
+            cfg.hydra.job.id = env.job_id
+            cfg.hydra.job.num = job_num
+        job_dir = pin_job_dir(cfg, str(self.config.hydra.sweep.dir), job_num, sweep_overrides,
+                              record=env.global_rank == 0)
+        log.info("job %d (%s) runs in %s", job_num, env.job_id, job_dir)
+        clear_stop()
+        usr = env._usr_sig()
+        with stop_on_signals([usr, signal.SIGTERM]) as prev:
+            try:
+                return run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                               config=cfg, job_dir_key=job_dir_key,
+                               job_subdir_key="hydra.sweep.subdir")
+            except StopRequested as e:
+                log.warning("%s", e)
+                got = prev.get("received")
+                if got == usr and callable(prev.get(usr)):
+                    # submitit's handler: checkpoint() -> same call pickled again, scontrol
+                    # requeue, sys.exit; it returns (does nothing) on ranks other than 0.
+                    prev[usr](usr, None)
+                raise SystemExit(-1) from None  # no result file: the job is not over
