@@ -37,4 +37,12 @@ def detect() -> ProcessEnv:
         te = submitit.helpers.TorchDistributedEnvironment()
         return ProcessEnv("slurm", te.rank, te.local_rank, te.world_size, te.master_addr,
                           int(te.master_port))
+    if e.get("SUBMITIT_EXECUTOR") == "local" and int(e.get("SUBMITIT_LOCAL_NTASKS", "1") or 1) > 1:
+        # hydra/launcher=submitit_local with dist.gpus>1: submitit started one process per task
+        # on this machine (without this, each would spawn dist.gpus workers of its own).
+        import submitit
+
+        te = submitit.helpers.TorchDistributedEnvironment()
+        return ProcessEnv("submitit_local", te.rank, te.local_rank, te.world_size, "127.0.0.1",
+                          int(te.master_port))
     return ProcessEnv("none")
