@@ -60,7 +60,9 @@ class YoloLoss(nn.Module):
 
         sl1 = lambda a, b: F.smooth_l1_loss(a, b, reduction="none", beta=self.beta)  # noqa: E731
         coord = (sl1(pb[..., :4], tb[..., :4].expand_as(pb[..., :4])).sum(-1) * resp).sum((1, 2, 3))
-        conf_obj = (sl1(pb[..., 4], iou) * resp).sum((1, 2, 3))
+        # Responsible boxes regress confidence to 1 (not to the IoU, as YOLOv1 does): early IoUs
+        # are ~0, and an IoU target then teaches "no object" everywhere for many epochs.
+        conf_obj = (sl1(pb[..., 4], torch.ones_like(iou)) * resp).sum((1, 2, 3))
         conf_noobj = (sl1(pb[..., 4], torch.zeros_like(iou)) * ~resp).sum((1, 2, 3))
         cls = (sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1) * obj).sum((1, 2))
         terms = {
