@@ -1,0 +1,65 @@
+"""The alignment command and the checkpoint diff tool."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mdk.tools import ckpt_diff
+from mdk.tools.align import alignment_config, compose_config, run_alignment
+from test_ddp_helpers import TINY
+
+
+def _tiny(tmp_path, *extra):
+    return compose_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
+                           f"paths.data={tmp_path}/data", *extra])
+
+
+def test_alignment_config_switches_off_what_depends_on_the_split(tmp_path):
+    cfg = _tiny(tmp_path, "trainer.amp=true")
+    assert cfg.model.net.batch_norm is True
+    a = alignment_config(cfg, 8, 5, "float32", tmp_path)
+    if not torch.cuda.is_available():  # SyncBatchNorm cannot train on CPU: BN-free variant
+        assert a.model.net.batch_norm is False and a.dist.sync_bn is False
+    else:
+        assert a.model.net.batch_norm is True and a.dist.sync_bn is True
+    assert a.trainer.amp is False and a.trainer.batch_size == 8 and a.align.iters == 5
+    assert cfg.model.net.batch_norm is True and cfg.trainer.amp is True  # input not mutated
+
+
+@pytest.mark.ddp
+def test_world1_and_world2_train_the_same_weights(tmp_path):
+    cfg = _tiny(tmp_path)
+    report = run_alignment(cfg, [2], batch_size=8, iters=4, out=tmp_path / "al")
+    diffs = report[2]
+    worst = max(d.max_rel for d in diffs)
+    assert worst <= 1e-6, ckpt_diff.format_table(diffs, 5)
+    # ... and training really moved the weights (the comparison is not of two copies of init)
+    init = torch.load(tmp_path / "al" / "init.pth")
+    w1 = torch.load(tmp_path / "al" / "world1.pth")["model"]
+    moved, _ = ckpt_diff.diff_state_dicts(init, w1)
+    assert max(d.max_rel for d in moved) > 1e-3
+    assert (tmp_path / "al" / "rank1.log").is_file()
+
+
+def test_ckpt_diff_reports_and_exits_by_tolerance(tmp_path, capsys):
+    a = {"w": torch.tensor([1.0, -2.0, 4.0]), "b": torch.zeros(2), "n": torch.tensor(3)}
+    b = {"w": torch.tensor([1.0, -2.0, 4.0 + 4e-4]), "b": torch.zeros(2), "n": torch.tensor(3)}
+    diffs, problems = ckpt_diff.diff_state_dicts(a, b)
+    by = {d.name: d for d in diffs}
+    assert not problems
+    assert by["w"].max_abs == pytest.approx(4e-4, rel=1e-3)
+    assert by["w"].max_rel == pytest.approx(1e-4, rel=1e-3)  # relative to the tensor's scale 4
+    assert by["b"].max_rel == 0.0 and by["n"].max_abs == 0.0
+    pa, pb, pc = tmp_path / "a.pth", tmp_path / "b.pth", tmp_path / "c.pth"
+    torch.save({"model": a}, pa)
+    torch.save({"model": b}, pb)
+    torch.save({"model": {"w": torch.zeros(4)}}, pc)
+    assert ckpt_diff.main([str(pa), str(pb), "--rtol", "1e-3"]) == 0
+    assert ckpt_diff.main([str(pa), str(pb), "--rtol", "1e-5"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert ckpt_diff.main([str(pa), str(pb), "--rtol", "1", "--atol", "1e-5"]) == 1
+    assert ckpt_diff.main([str(pa), str(pc)]) == 2
+    out = capsys.readouterr().out
+    assert "w: shape (3,) vs (4,)" in out and "b: only in the first" in out
+    with pytest.raises(SystemExit, match="no 'optimizer' entry"):
+        ckpt_diff.main([str(pa), str(pb), "--key", "optimizer"])
