@@ -134,6 +134,22 @@ def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) 
         tdist.destroy_process_group()
 
 
+def _run_inline(cfg: DictConfig, run_dir: Path, fn: StageFn, addr: str, port: int,
+                store: Any) -> dict:
+    rank = int(cfg.dist.rank)
+    os.environ["LOCAL_RANK"] = "0"
+    setup_worker_logging(run_dir, rank, keep_existing=True)
+    try:
+        init_group(backend_for(cfg), rank, cfg.dist.nodes, addr, port, float(cfg.dist.timeout_s),
+                   f"mdk/{cfg.step.name}", store)
+        out = fn(cfg, run_dir)
+        return out if rank == 0 else {"stage": cfg.step.name, "rank": rank}
+    finally:
+        remove_rank_file_handler(rank)
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+
+
 def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     """Run ``fn(cfg, run_dir)`` on every rank of this machine; return rank 0's result."""
     check_shm(int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0) or 0))
@@ -143,8 +159,9 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     world = cfg.dist.gpus * cfg.dist.nodes
     if world == 1:
         return fn(cfg, run_dir)
-    if backend_for(cfg) == "gloo" and cfg.dist.gpus > 1:
-        log.info("no CUDA: running %d CPU worker processes with gloo", cfg.dist.gpus)
+    if backend_for(cfg) == "gloo":
+        log.info("no CUDA: running %d CPU worker processes with gloo on this machine (world size "
+                 "%d)", cfg.dist.gpus, world)
     timeout = float(cfg.dist.timeout_s)
     store = None
     if cfg.dist.rank == 0:  # machine 0 hosts the rendezvous for the whole run
@@ -152,6 +169,8 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     else:
         addr, port = parse_url(str(cfg.dist.dist_url))
         connect(addr, port, timeout)  # fail here, once, with the address, not in every worker
+    if cfg.dist.gpus == 1:  # one rank on this machine: this process is it (no spawn)
+        return _run_inline(cfg, run_dir, fn, addr, port, store)
     # prefix: the same on every machine (the store is per run and stage); tag: files of this parent.
     prefix, tag = f"mdk/{cfg.step.name}", f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"
     plain = OmegaConf.to_container(cfg, resolve=True)
