@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -62,6 +63,16 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
         cfg.hydra.sweep.dir = sweep_dir
         cfg.hydra.sweep.subdir = subdir
     return str(Path(sweep_dir) / subdir)
+
+
+def _export_repo_on_pythonpath() -> None:
+    """Jobs unpickle this launcher and the task, which import ``launchers``/``mdk``/``hydra_plugins``
+    from the repo: put it on PYTHONPATH, which sbatch (--export=ALL) and the local executor pass
+    on, so `python /path/to/run.py -m ...` also works when started from another directory."""
+    repo = str(Path(__file__).resolve().parents[1])
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([repo, *parts])
 
 
 def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequence[str]]) -> None:
@@ -119,6 +130,7 @@ class RequeueMixin:
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         check_resources_not_swept(self.config, job_overrides)
+        _export_repo_on_pythonpath()
         # Resolve the sweep dir here, once, absolute: jobs and their reruns get this string.
         sweep_dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         with read_write(self.config.hydra.sweep), open_dict(self.config.hydra.sweep):
