@@ -148,6 +148,7 @@ class SweepSummary(Callback):
             except (ValueError, OSError):
                 pass
         _write(path, {"status": "running", "overrides": _overrides(config),
+                      "job_id": str(OmegaConf.select(config, "hydra.job.id")),
                       "attempts": attempts + 1, "started": self._started})
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -157,7 +158,7 @@ class SweepSummary(Callback):
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None
         prev = json.loads(path.read_text()) if path.is_file() else {}
         rec = job_record(ret, _overrides(config), self._started)
-        _write(path, {**rec, "attempts": prev.get("attempts", 1)})
+        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1)})
 
 
 def _overrides(config: DictConfig) -> list[str]:
@@ -176,7 +177,7 @@ def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
         rows.append({"job": p.parent.name, "dir": str(p.parent),
                      "status": "incomplete" if status == "running" else status,
                      **{k: rec.get(k) for k in ("overrides", "best_map50", "final_loss", "time_s",
-                                                 "attempts", "error")}})
+                                                 "attempts", "job_id", "error")}})
     return sorted(rows, key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit() else 0, r["job"]))
 
 
