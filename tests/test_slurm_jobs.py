@@ -1,0 +1,150 @@
+"""Real `python run.py -m hydra/launcher=submitit_slurm ...` runs on the private test cluster.
+
+* a 2-job scheduler sweep finishes and both jobs are in the sweep table;
+* a 2-task job (dist.gpus=2, two CPU workers with gloo, rank/world from the SLURM environment)
+  is one DDP run: the same model as the same run started by our own local spawner;
+* a job requeued mid-training (`scontrol requeue`) comes back to the same job dir, resumes from
+  its last.pth and ends with weights bit-identical to an uninterrupted twin job.
+
+Every wait is bounded (see slurm_fixture.wait_for).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, TINY, compose
+from slurm_fixture import read_text, wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+def _env(cluster) -> dict:
+    return dict(cluster.env, MDK_NO_BOOTSTRAP="1", PYTHONPATH=str(REPO))
+
+
+def _cmd(cluster, data: Path, sweep: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(REPO / "run.py"), "-m", *TINY, f"paths.data={data}",
+            f"hydra.sweep.dir={sweep}", "hydra/launcher=submitit_slurm",
+            f"hydra.launcher.partition={cluster.partition}", "hydra.launcher.gpus_per_node=0",
+            "hydra.launcher.timeout_min=10", *extra]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """The tiny dataset, generated once here: concurrent jobs must not all generate it at once."""
+    from mdk.engine import build
+
+    d = tmp_path_factory.mktemp("slurm_data")
+    cfg = compose([*TINY, f"paths.data={d}"])
+    build.build_data(cfg, build.build_model(cfg).grid)
+    return d
+
+
+def _weights(job: Path) -> dict:
+    ck = torch.load(job / "checkpoints" / "step1" / "last.pth", map_location="cpu", weights_only=False)
+    return ck
+
+
+def _jobs(sweep: Path) -> list[dict]:
+    return json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+
+
+def test_scheduler_sweep_runs_both_jobs_on_slurm(slurm_cluster, data, tmp_path):
+    sweep = tmp_path / "sweep"
+    res = subprocess.run(_cmd(slurm_cluster, data, sweep, "trainer.epochs=1", "trainer.limit_train_batches=2",
+                              "scheduler=step,cosine"),
+                         env=_env(slurm_cluster), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + slurm_cluster.logs(10)
+    jobs = _jobs(sweep)
+    assert [(j["job"], j["status"]) for j in jobs] == [("0", "completed"), ("1", "completed")]
+    assert [o for j in jobs for o in j["overrides"] if o.startswith("scheduler=")] == \
+        ["scheduler=step", "scheduler=cosine"]
+    array = {j["job_id"].split("_")[0] for j in jobs}
+    assert len(array) == 1 and [j["job_id"].split("_")[1] for j in jobs] == ["0", "1"]  # one job array
+    for j in jobs:  # each job trained in its own dir, with its own checkpoints
+        assert j["final_loss"] > 0 and j["best_map50"] is not None
+        assert _weights(sweep / j["job"])["iter"] == 2
+    table = (sweep / "sweep_summary.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in table[1:3]] == [["0", "step"], ["1", "cosine"]]
+
+
+@pytest.mark.slow
+def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster, data, tmp_path):
+    from launchers.spawn import run_ranks
+    from mdk.engine.runner import run_stage
+
+    sweep = tmp_path / "sweep"
+    res = subprocess.run(_cmd(slurm_cluster, data, sweep, "trainer.epochs=1", "dist.gpus=2"),
+                         env=_env(slurm_cluster), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    job = sweep / "0"
+    assert [(j["job"], j["status"]) for j in _jobs(sweep)] == [("0", "completed")]
+    # Rank/world came from the SLURM task environment (launchers/env.py), one run dir for both.
+    assert "slurm: 2 CPU worker processes with gloo" in read_text(job / "rank0.log")
+    ck = _weights(job)
+    # Both ranks took part in every step (the RNG gather before each save is a collective), and
+    # the global batch 8 was split 2 x 4: 48 images -> 6 steps.
+    assert ck["world_size"] == 2 and sorted(ck["rng"]) == [0, 1] and ck["iter"] == 6
+    vals = [re.findall(r"val mAP@0.5 \S+  val loss \S+", read_text(job / f"rank{r}.log")) for r in (0, 1)]
+    assert vals[0] and vals[0] == vals[1]  # the ranks agree on the all-reduced validation numbers
+    # The same run started by our own spawner (not SLURM) trains the same model. Not compared:
+    # conv biases in front of BatchNorm (BN cancels them, so they only get rounding-noise
+    # gradients, which Adam turns into lr-sized steps that depend on the thread count) and the BN
+    # running means that carry those biases.
+    cfg = compose([*TINY, f"paths.data={data}", f"paths.checkpoints={tmp_path / 'local'}",
+                   "trainer.epochs=1", "dist.gpus=2"])
+    run_ranks(cfg, tmp_path / "local_run", run_stage)
+    local = torch.load(tmp_path / "local" / "step1" / "last.pth", map_location="cpu", weights_only=False)
+    bn = {k.split(".bn.")[0] for k in local["model"] if ".bn." in k}
+    noisy = {f"{p}.conv.bias" for p in bn} | {f"{p}.bn.running_mean" for p in bn}
+    compared = [k for k in local["model"] if k not in noisy]
+    assert len(compared) > len(noisy)
+    for k in compared:
+        torch.testing.assert_close(ck["model"][k], local["model"][k], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.slow
+def test_requeued_job_resumes_in_same_dir_to_identical_weights(slurm_cluster, data, tmp_path):
+    sweep = tmp_path / "sweep"
+    # Two identical jobs of one array (seed=0,0): job 0 is requeued, job 1 is the uninterrupted twin.
+    proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=3",
+                                 "trainer.checkpoint_every_iters=2", "seed=0,0"),
+                            env=_env(slurm_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        last = sweep / "0" / "checkpoints" / "step1" / "last.pth"
+        wait_for(last.exists, 180, "job 0's first periodic last.pth (iteration 2)", slurm_cluster)
+        job_id = json.loads(read_text(sweep / "0" / "result.json"))["job_id"]
+        slurm_cluster.run("scontrol", "requeue", job_id)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:] + slurm_cluster.logs(10)
+    jobs = _jobs(sweep)
+    assert [(j["job"], j["status"], j["attempts"]) for j in jobs] == [("0", "completed", 2), ("1", "completed", 1)]
+    log = read_text(sweep / "0" / "run.log")
+    stopped = re.search(r"stop requested \(SIGTERM\): saved last.pth after iteration (\d+)", log)
+    resumed = re.search(r"resuming step1 from (\S+) \(iteration (\d+)\)", log)
+    assert stopped and resumed, log[-3000:]
+    # The rerun used the first run's dir and the state saved on SIGTERM, mid-training.
+    assert resumed.group(1) == str(last) and resumed.group(2) == stopped.group(1)
+    assert 2 <= int(stopped.group(1)) < 18
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
+    a, b = _weights(sweep / "0"), _weights(sweep / "1")
+    assert a["iter"] == b["iter"] == 18
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(x, y) for x, y in zip(_flat(a["optimizer"]), _flat(b["optimizer"])))
+
+
+def _flat(state: dict) -> list[torch.Tensor]:
+    return [t for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor)]
