@@ -6,10 +6,13 @@ giving a 14x14 grid. The output channel layout per cell is
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+import math
+from contextlib import contextmanager, nullcontext
+from typing import Iterator, Sequence, Union
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from mdk.quant.layers import ChipConv
 
@@ -29,8 +32,12 @@ def quantize_input(images: torch.Tensor) -> torch.Tensor:
 
 class GNetDet(nn.Module):
     def __init__(self, num_classes: int, channels: LayerSpec, mask_bits: Sequence[int],
-                 image_size: int = 448, boxes_per_cell: int = 2, batch_norm: bool = False) -> None:
+                 image_size: int = 448, boxes_per_cell: int = 2, batch_norm: bool = False,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
+        # trainer.activation_checkpointing: recompute activations in backward instead of storing
+        # them (a plain attribute, not state: it changes memory, never the numbers).
+        self.activation_checkpointing = bool(activation_checkpointing)
         self.num_classes = num_classes
         self.boxes_per_cell = boxes_per_cell
         self.image_size = image_size
@@ -70,9 +77,44 @@ class GNetDet(nn.Module):
     def chip_layers(self) -> list[ChipConv]:
         return list(self.layers)
 
+    def segments(self) -> list[tuple[int, int]]:
+        """Layer ranges ``[lo, hi)`` checkpointed as one unit: about sqrt(n) groups, the classic
+        memory/recompute balance; only the group inputs are kept between forward and backward."""
+        n = len(self.layers)
+        size = max(1, math.ceil(n / max(1, round(math.sqrt(n)))))
+        return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+    def _run(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        for layer in self.layers[lo:hi]:
+            x = layer(x)
+        return x
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images: [B, 3, H, W] uint8 (or float 0..255) -> [B, 5*boxes+C, grid, grid]."""
         x = quantize_input(images)
-        for layer in self.layers:
-            x = layer(x)
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            for lo, hi in self.segments():
+                x = checkpoint(self._run, x, lo, hi, use_reentrant=False,
+                               context_fn=lambda lo=lo, hi=hi: (nullcontext(), self._frozen_bn(lo, hi)))
+        else:
+            x = self._run(x, 0, len(self.layers))
         return x * self.out_scale
+
+    @contextmanager
+    def _frozen_bn(self, lo: int, hi: int) -> Iterator[None]:
+        """During the backward recompute a training-mode BN must not update its running stats a
+        second time. It runs on throw-away copies of them (same ops, same saved tensors, so the
+        recomputed activations equal the stored ones) and the real buffers are put back."""
+        saved = []
+        for m in self.layers[lo:hi].modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                for name in ("running_mean", "running_var", "num_batches_tracked"):
+                    buf = getattr(m, name)
+                    if buf is not None:
+                        saved.append((m, name, buf))
+                        setattr(m, name, buf.clone())
+        try:
+            yield
+        finally:
+            for m, name, buf in saved:
+                setattr(m, name, buf)
