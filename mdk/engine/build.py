@@ -41,6 +41,12 @@ def pick_device(cfg: DictConfig) -> torch.device:
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
     model = instantiate(cfg.model.net)
+    if cfg.trainer.get("activation_checkpointing"):
+        # A training choice, not part of the model definition: a plain attribute the model reads.
+        if not hasattr(model, "activation_checkpointing"):
+            raise ValueError(f"trainer.activation_checkpointing=true but {type(model).__name__} "
+                             "does not support it; set it to false")
+        model.activation_checkpointing = True
     patterns = list(cfg.model.freeze)
     if patterns:
         n = 0
