@@ -1,0 +1,95 @@
+"""Shared helpers of the benchmark scripts: the machine line, config composition, fair timing.
+
+This machine is shared: other jobs come and go while a benchmark runs. So competitors are timed
+*interleaved* (A, B, B, A, ... per repetition, so a burst of load hits both alike) and compared by
+their medians; with ``--threads 1 --cpu-time`` the clock is this process's CPU time, which other
+processes disturb far less than wall time. Every result line carries ``os.getloadavg()``.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python benchmarks/x.py` from anywhere
+    sys.path.insert(0, str(REPO))
+
+
+def load() -> str:
+    """The 1/5/15-minute load averages, to print next to every number."""
+    return "load %.1f/%.1f/%.1f" % os.getloadavg()
+
+
+def machine() -> str:
+    """One line describing where the numbers come from."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores, {gpu}; torch {torch.__version__}, "
+            f"{torch.get_num_threads()} intra-op threads; python {platform.python_version()}; {load()}")
+
+
+def compose(overrides: list[str]):
+    """The real conf/ composed with ``overrides`` (as `python run.py <overrides>` would)."""
+    from hydra import compose as hcompose, initialize_config_dir
+
+    from mdk.config import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return hcompose("config", overrides=overrides)
+
+
+def clock(cpu_time: bool) -> Callable[[], float]:
+    """Process CPU time (robust to other jobs, meaningful with one thread) or wall time."""
+    return time.process_time if cpu_time else time.perf_counter
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def interleaved(fns: dict[str, Callable[[], None]], reps: int, clk: Callable[[], float],
+                warmup: int = 1) -> dict[str, list[float]]:
+    """Time each fn ``reps`` times, alternating the order every repetition (ABBA...)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    names = list(fns)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(reps):
+        for k in (names if r % 2 == 0 else names[::-1]):
+            sync()
+            t0 = clk()
+            fns[k]()
+            sync()
+            out[k].append(clk() - t0)
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def set_threads(n: int) -> None:
+    """Pin intra-op threads (0: leave torch's default)."""
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
