@@ -139,6 +139,15 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
     return obj
 
 
+def input_advice(stage: str, source: str) -> str:
+    """What to do about a bad input checkpoint of ``stage`` (read from ``source``'s folder)."""
+    if source == "step0":
+        return ("it is the pretrained starting point of {0}: put an mdk checkpoint (a dict with a "
+                "'model' entry) there, or remove it to start {0} from random weights").format(stage)
+    return (f"it is the input of {stage}: run `python run.py step={source}` again to rebuild it, "
+            "or restore it")
+
+
 def remove_stale_temps(stage_dir: Path) -> list[Path]:
     """Delete temp files left by a write that was killed before its rename (never a real file)."""
     stale = sorted(Path(stage_dir).glob(".*.pth.*.tmp"))

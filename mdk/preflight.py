@@ -13,7 +13,8 @@ import os
 
 from omegaconf import DictConfig
 
-from mdk.checkpoint import CheckpointError, RESUME_NAMES, load_checkpoint, load_model_weights
+from mdk.checkpoint import (RESUME_NAMES, CheckpointError, input_advice, load_checkpoint,
+                            load_model_weights)
 from mdk.config import check_environment, check_writable, resolve_path, validate
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,7 @@ def _check_input(cfg: DictConfig) -> None:
     init = find_init(cfg, stage)  # MissingStageInput names the stage to run first
     if init is None:
         return
-    ck = load_checkpoint(init, advice=f"it is the input of {stage}: run `python run.py "
-                         f"step={cfg.step.init_from}` again to rebuild it, or restore it")
+    ck = load_checkpoint(init, advice=input_advice(stage, str(cfg.step.init_from)))
     _check_fits(cfg, ck, init, build_model, prepare_for_checkpoint,
                 f"it is the input of {stage}: run step={cfg.step.init_from} again with the same "
                 "model/dataset, or point paths.checkpoints at the matching run",
