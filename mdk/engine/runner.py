@@ -16,7 +16,8 @@ from omegaconf import DictConfig
 
 from mdk import dist
 from mdk import faults
-from mdk.checkpoint import find_resume, load_checkpoint, load_model_weights, save_checkpoint
+from mdk.checkpoint import (find_resume, input_advice, load_checkpoint, load_model_weights,
+                            save_checkpoint)
 from mdk.config import to_container
 from mdk.engine import build
 from mdk.engine.hooks import (CheckpointHook, EvalHook, LRSchedulerHook, MetricsHook, NanGuardHook,
@@ -59,8 +60,7 @@ def run_stage(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     else:
         init = find_init(cfg, stage)
         if init is not None:
-            ck = load_checkpoint(init, advice=f"it is the input of {stage}: run `python run.py "
-                                 f"step={cfg.step.init_from}` again to rebuild it, or restore it")
+            ck = load_checkpoint(init, advice=input_advice(stage, str(cfg.step.init_from)))
             prepare_for_checkpoint(model, ck.get("stage", "step1"))
             strict = ck.get("stage") is not None  # step0 pretrained files may lack extra buffers
             load_model_weights(model, ck["model"], init, strict=strict)
