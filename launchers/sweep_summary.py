@@ -114,12 +114,13 @@ class SweepSummary(Callback):
     # --- launching process -------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        old = sorted(sweep_dir.glob(f"*/{RESULT}")) if sweep_dir.is_dir() else []
+        # multirun.yaml: Hydra writes it after this callback, so it marks any earlier sweep here.
+        old = sorted(sweep_dir.glob(f"*/{RESULT}")) + sorted(sweep_dir.glob("multirun.yaml"))
         if old and not self.resume:
             raise SweepDirInUseError(
-                f"hydra.sweep.dir={sweep_dir} already holds a sweep ({len(old)} job results, e.g. "
-                f"{old[0]}); its checkpoints would be reused or overwritten. Give a new "
-                f"hydra.sweep.dir, or add hydra.callbacks.sweep.resume=true to continue that sweep")
+                f"hydra.sweep.dir={sweep_dir} already holds a sweep ({old[0]} exists); its "
+                f"checkpoints would be reused or overwritten. Give a new hydra.sweep.dir, or add "
+                f"hydra.callbacks.sweep.resume=true to continue that sweep")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

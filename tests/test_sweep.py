@@ -86,6 +86,10 @@ def test_a_used_sweep_dir_is_refused_unless_resume(tmp_path):
         ss.SweepSummary().on_multirun_start(_sweep_cfg(tmp_path))
     assert isinstance(e.value, SystemExit)  # Hydra only warns about Exceptions from callbacks
     ss.SweepSummary(resume=True).on_multirun_start(_sweep_cfg(tmp_path))
+    (tmp_path / "older").mkdir()  # a sweep from before result.json existed: multirun.yaml tells
+    (tmp_path / "older" / "multirun.yaml").write_text("hydra: {}\n")
+    with pytest.raises(ss.SweepDirInUseError, match="multirun.yaml exists"):
+        ss.SweepSummary().on_multirun_start(_sweep_cfg(tmp_path / "older"))
 
 
 def test_multirun_end_writes_table_and_exits_1_on_failure(tmp_path):
