@@ -1,0 +1,102 @@
+"""Training throughput on CPU: 2 gloo processes vs 1 process, one thread per process.
+
+    python benchmarks/bench_ddp.py [--iters 30] [--batch-size 16] [--world 2] [k=v overrides]
+
+Both runs use the real engine (GlobalBatchSampler, DDP, the training loop) on the same global
+batch; the ratio of images/s is printed (the goal on an idle 2-core machine is >= 1.8x). Timing
+starts after warm-up iterations and is taken on rank 0 between two barriers. Not a test: numbers
+depend on what else runs on the machine, so the load average is printed next to them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+DEFAULTS = ["model.image_size=96", "dataset.generate.image_size=96",
+            "dataset.generate.num_train=512", "dataset.generate.num_val=16", "logger=none",
+            "trainer.progress=false", "trainer.amp=false"]
+
+
+def bench_rank(cfg: DictConfig, run_dir: Path) -> dict:
+    """Train warm-up + timed iterations on this rank; rank 0 returns images/s."""
+    from mdk import dist
+    from mdk.engine import build
+    from mdk.engine.loop import HookBase, Trainer
+    from mdk.models.loss import YoloLoss
+
+    torch.set_num_threads(1)  # one thread per process: the comparison is processes, not threads
+    warm, iters = int(cfg.bench.warmup), int(cfg.bench.iters)
+    build.seed_everything(cfg.seed)
+    model = build.build_model(cfg)
+    net = model
+    if dist.world_size() > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    train_ds, _ = build.build_data(cfg, model.grid)
+    loader, sampler = build.build_train_loader(cfg, train_ds)
+    optimizer, _ = build.build_optim_sched(cfg, model, sampler.num_batches)
+    trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
+                      optimizer, loader, torch.device("cpu"), 10**6, sampler.num_batches)
+    marks: dict[str, float] = {}
+
+    class Clock(HookBase):
+        def before_step(self) -> None:
+            if self.trainer.iter == warm:
+                dist.barrier()
+                marks["t0"] = time.perf_counter()
+
+        def after_step(self) -> None:
+            if self.trainer.iter == warm + iters:
+                dist.barrier()
+                marks["t1"] = time.perf_counter()
+                self.trainer.stop = True
+
+    class Epoch(HookBase):
+        def before_epoch(self) -> None:
+            sampler.set_epoch(self.trainer.epoch)
+            train_ds.set_epoch(self.trainer.epoch)
+
+    trainer.register_hooks([Epoch(), Clock()])
+    trainer.train()
+    secs = marks["t1"] - marks["t0"]
+    return {"images_per_s": iters * cfg.trainer.batch_size / secs, "seconds": secs}
+
+
+def main() -> None:
+    from launchers.spawn import run_ranks
+    from mdk.tools.align import compose_config
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=16, help="global batch")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="mdk-bench-ddp-"))
+    base = compose_config([*DEFAULTS, f"paths.data={out}/data", *args.overrides])
+    cfg = OmegaConf.merge(base, {"trainer": {"batch_size": args.batch_size},
+                                 "bench": {"iters": args.iters, "warmup": args.warmup}})
+    res = {}
+    for w in (1, args.world):
+        res[w] = run_ranks(OmegaConf.merge(cfg, {"dist": {"gpus": w}}), out, bench_rank)
+        print(f"world {w}: {res[w]['images_per_s']:.1f} images/s "
+              f"({args.iters} iterations of global batch {args.batch_size} in "
+              f"{res[w]['seconds']:.1f}s, 1 thread per process)", flush=True)
+    ratio = res[args.world]["images_per_s"] / res[1]["images_per_s"]
+    print(f"speed-up {args.world} processes vs 1: {ratio:.2f}x (goal >= 1.8x on an idle machine); "
+          f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} / "
+          f"{os.getloadavg()[1]:.1f} / {os.getloadavg()[2]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
