@@ -1,0 +1,101 @@
+"""Catalogue, config / distributed / cluster entries: one stderr line, exit status 1, before any
+process is spawned, and the files already in the checkpoint folder untouched."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launchers.errors import user_error_line
+from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot
+
+
+@pytest.fixture
+def existing(tmp_path):
+    """Files a previous run left in the checkpoint folder; no bad config may touch them."""
+    d = tmp_path / "ck" / "step1"
+    d.mkdir(parents=True)
+    (d / "last.pth").write_bytes(b"PK\x03\x04 previous run")
+    (d / "notes.txt").write_text("keep me")
+    return snapshot(tmp_path / "ck")
+
+
+CASES = {
+    # id: (overrides, needles in the one line)
+    "wrong_type": (["trainer.epochs=abc"], ["config error: trainer.epochs='abc' must be an integer"]),
+    "zero_epochs": (["trainer.epochs=0"], ["config error: trainer.epochs=0 must be >= 1"]),
+    "negative_batch": (["trainer.batch_size=-8"], ["config error: trainer.batch_size=-8 must be >= 1"]),
+    "negative_lr": (["optim.lr=-1"], ["config error: optim.lr=-1 must be > 0"]),
+    "class_count": (["dataset.num_classes=3"],
+                    ["config error: dataset.num_classes=3 but dataset.class_names has 5 names"]),
+    "bad_pipeline": (["pipeline=[step1,bogus]"], ["config error: pipeline entry 'bogus' is not a stage"]),
+    "rank_ge_nodes": (["dist.rank=1"], ["config error: dist.rank=1 must be < dist.nodes=1"]),
+    "zero_gpus": (["dist.gpus=0"], ["config error: dist.gpus=0 must be >= 1"]),
+    "multi_node_auto_url": (["dist.nodes=2"], ["config error: dist.dist_url=auto only works on one "
+                                               "machine", "dist.dist_url=10.0.0.1:29500"]),
+    "bad_dist_url": (["dist.dist_url=node0"], ["config error: dist.dist_url='node0' must be host:port"]),
+    "bad_port": (["dist.dist_url=node0:70000"], ["dist.dist_url='node0:70000'", "1..65535"]),
+    "batch_not_divisible": (["dist.gpus=3"], ["config error: trainer.batch_size=8 is the global batch",
+                                              "dist.gpus*dist.nodes=3"]),
+    "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
+    "nccl_without_cuda": (["dist.backend=nccl"], ["config error: dist.backend=nccl needs CUDA GPUs"]),
+    "cuda_without_gpu": (["trainer.device=cuda"], ["config error: trainer.device=cuda but this machine "
+                                                   "has no usable CUDA GPU"]),
+    "missing_stage_input": (["step=step3"], ["missing stage input: step3 starts from cal's result",
+                                             "cal/best.pth does not exist",
+                                             "Run `python run.py step=cal` first"]),
+    "rendezvous_unreachable": (["dist.nodes=2", "dist.rank=1", "dist.dist_url=127.0.0.1:1",
+                                "dist.timeout_s=1"],
+                               ["distributed setup error: could not reach the rendezvous at "
+                                "dist.dist_url=127.0.0.1:1", "machine 0 (dist.rank=0) is running"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_config_error_is_one_line(case, tmp_path, capsys, existing):
+    overrides, needles = CASES[case]
+    status, _, err = cli(tmp_path, *overrides, capsys=capsys)
+    one_error_line(status, err, *needles)
+    assert_intact(existing)
+    assert not (tmp_path / "run" / "lr_step1.png").exists()  # stopped before any training
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("trainer.bogus=1", ["Could not override 'trainer.bogus'", "Key 'bogus' is not in struct"]),
+    ("model=nope", ["Could not find 'model/nope'", "Available options", "gnetdet_small"]),
+])
+def test_hydra_rejects_unknown_keys_and_choices(override, needles, tmp_path, capsys, existing):
+    status, _, err = cli(tmp_path, override, capsys=capsys)
+    assert status == 1 and "Traceback" not in err
+    for n in needles:
+        assert n in err, err
+    assert_intact(existing)
+
+
+def test_more_gpus_than_the_machine_has(tmp_path, capsys, existing, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    status, _, err = cli(tmp_path, "dist.gpus=2", capsys=capsys)
+    one_error_line(status, err, "config error: dist.gpus=2 but this machine has 1 GPU(s)",
+                   "trainer.device=cpu")
+    assert_intact(existing)
+
+
+def test_checkpoint_folder_is_a_file(tmp_path, capsys):
+    (tmp_path / "ck").write_text("not a folder")
+    status, _, err = cli(tmp_path, capsys=capsys)
+    one_error_line(status, err, f"config error: paths.checkpoints='{tmp_path / 'ck'}'",
+                   "is a file, not a folder")
+    assert (tmp_path / "ck").read_text() == "not a folder"
+
+
+def test_user_error_raised_inside_a_rank_is_one_line_naming_the_rank():
+    class RankFailedError(RuntimeError):  # what launchers.spawn raises, by name
+        pass
+
+    tb = ("rank 1 failed (log: /r/rank1.log):\nTraceback (most recent call last):\n  File x\n"
+          "mdk.engine.loop.NonFiniteLossError: loss is not finite at iteration 3: term(s) "
+          "['coord'] = [nan]\n")
+    assert user_error_line(RankFailedError(tb)) == (
+        "training stopped (rank 1): loss is not finite at iteration 3: term(s) ['coord'] = [nan]")
+    assert user_error_line(RankFailedError("rank 0 failed:\nKeyError: 'x'")) is None
+    assert user_error_line(KeyError("x")) is None  # a bug keeps its traceback
