@@ -1,0 +1,138 @@
+"""Catalogue, checkpoint and training-fault entries: bad files in the checkpoint folder, a full
+disk, an incompatible model, NaN losses. Each asserts what the user sees, the exit status and that
+the good files are untouched (a bad file is moved aside byte for byte, never deleted)."""
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mdk import checkpoint
+from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """Where a finished tiny step1 (2 iterations, last.pth + best.pth) is made once (by run_dir)."""
+    return tmp_path_factory.mktemp("trained")
+
+
+@pytest.fixture
+def run_dir(trained, tmp_path, capsys) -> Path:
+    """tmp_path with a copy of the trained step1 checkpoints under ck/."""
+    src = trained / "ck"
+    if not src.exists():
+        status, _, err = cli(trained, capsys=capsys)
+        assert status == 0, err[-2000:]
+    shutil.copytree(src, tmp_path / "ck")
+    (tmp_path / "data").symlink_to(trained / "data")
+    return tmp_path
+
+
+def step1(tmp: Path, name: str = "last.pth") -> dict:
+    return torch.load(tmp / "ck" / "step1" / name, weights_only=False)
+
+
+def test_truncated_last_falls_back_to_best(run_dir, capsys):
+    last = run_dir / "ck" / "step1" / "last.pth"
+    last.write_bytes(last.read_bytes()[:3000])
+    before = snapshot(run_dir / "ck")
+    status, out, err = cli(run_dir, "trainer.epochs=2", capsys=capsys)
+    assert status == 0, err[-2000:]
+    assert f"checkpoint {last} is truncated or damaged" in out
+    assert "last.pth.corrupt" in out and "resuming from" in out and "best.pth (iteration 2)" in out
+    assert_intact({k: v for k, v in before.items() if k != last})
+    assert_intact({last: before[last]}, moved={last: last.with_name("last.pth.corrupt")})
+    assert step1(run_dir)["iter"] == 4  # resumed at 2, trained epoch 2
+
+
+def test_foreign_last_and_no_best_starts_over_with_a_warning(run_dir, capsys):
+    d = run_dir / "ck" / "step1"
+    (d / "best.pth").unlink()
+    (d / "last.pth").write_text("these are my notes, not a checkpoint\n")
+    status, out, err = cli(run_dir, capsys=capsys)
+    assert status == 0, err[-2000:]
+    assert f"checkpoint {d / 'last.pth'} is not a PyTorch checkpoint (it starts with b'thes'" in out
+    assert (d / "last.pth.corrupt").read_text() == "these are my notes, not a checkpoint\n"
+    assert step1(run_dir)["iter"] == 2  # trained from scratch
+
+
+def test_truncated_stage_input(run_dir, capsys):
+    best = run_dir / "ck" / "step1" / "best.pth"
+    best.write_bytes(best.read_bytes()[:3000])
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "step=step2", capsys=capsys)
+    one_error_line(status, err, f"checkpoint error: checkpoint {best} is truncated or damaged",
+                   "it is the input of step2: run `python run.py step=step1` again")
+    assert_intact(before)
+
+
+def test_foreign_pretrained_file_in_step0(run_dir, capsys):
+    d = run_dir / "ck" / "step0"
+    d.mkdir()
+    torch.save({"backbone.weight": torch.zeros(3)}, d / "imagenet.pth")
+    shutil.rmtree(run_dir / "ck" / "step1")
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, capsys=capsys)
+    one_error_line(status, err, f"checkpoint {d / 'imagenet.pth'} is not an mdk checkpoint (a bare "
+                   "state_dict (1 tensors)", "pretrained starting point of step1")
+    assert_intact(before)
+
+
+def test_input_from_an_incompatible_model(run_dir, capsys):
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "step=step2", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,16]",
+                         capsys=capsys)
+    one_error_line(status, err, "checkpoint error: checkpoint", "step1/best.pth does not fit this "
+                   "model", "layers.5.conv.weight: checkpoint (8, 8, 3, 3) vs model (16, 8, 3, 3)",
+                   "it is the input of step2")
+    assert_intact(before)
+
+
+def test_own_checkpoint_from_another_model(run_dir, capsys):
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "dataset.class_names=[a,b,c]", "dataset.num_classes=3",
+                         capsys=capsys)
+    one_error_line(status, err, "checkpoint error:", "does not fit this model", "shape mismatch",
+                   "use another paths.checkpoints, or trainer.resume=false")
+    assert_intact(before)
+
+
+def test_disk_full_while_saving(run_dir, capsys, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_all", full)
+    last = run_dir / "ck" / "step1" / "last.pth"
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "trainer.epochs=2", "trainer.checkpoint_every_iters=1",
+                         capsys=capsys)
+    one_error_line(status, err, f"checkpoint error: could not write checkpoint {last}: the disk is "
+                   "full", "the previous last.pth is intact", "run the same command again")
+    assert_intact(before)
+    assert not list(last.parent.glob(".*.tmp"))
+
+
+def test_nan_loss_stops_naming_iteration_and_term(run_dir, capsys, monkeypatch):
+    monkeypatch.setenv("MDK_FAULT", "nan:iter:3")
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "trainer.epochs=2", "trainer.checkpoint_every_iters=1",
+                         capsys=capsys)
+    one_error_line(status, err, "training stopped: loss is not finite at iteration 3: term(s) [")
+    assert_intact(before)  # iteration 2's last.pth stays; iteration 3 was never stepped or saved
+
+
+def test_nan_skip_limit_skips_then_stops(run_dir, capsys, monkeypatch):
+    monkeypatch.setenv("MDK_FAULT", "nan:iter:3")
+    status, out, err = cli(run_dir, "trainer.epochs=2", "trainer.nan_skip_limit=1", capsys=capsys)
+    assert status == 0, err[-2000:]
+    assert "skipping this batch (1 of trainer.nan_skip_limit=1)" in out
+    ck = step1(run_dir)
+    assert ck["iter"] == 4 and not checkpoint.nonfinite_tensors(ck["model"])
+    monkeypatch.setenv("MDK_FAULT", "nan:iter:5,nan:iter:6")
+    status, _, err = cli(run_dir, "trainer.epochs=3", "trainer.nan_skip_limit=1", capsys=capsys)
+    one_error_line(status, err, "loss is not finite at iteration 6",
+                   "(trainer.nan_skip_limit=1 bad batches were already skipped)")
