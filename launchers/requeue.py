@@ -92,8 +92,8 @@ def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequen
 
 @contextlib.contextmanager
 def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
-    """While inside: the signals ask the training loop to save and stop; ``got`` (yielded) maps
-    to the previous handlers and records which signal arrived under key ``"received"``."""
+    """While inside: the signals ask the training loop to save and stop. Yields a dict of the
+    previous handlers by signal number, plus the signal that arrived under ``"received"``."""
     from mdk.engine.stop import arm, request_stop  # here: Hydra imports this module at every start
 
     prev: dict[Any, Any] = {s: signal.getsignal(s) for s in signums}

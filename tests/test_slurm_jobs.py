@@ -81,9 +81,20 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
     from mdk.engine.runner import run_stage
 
     sweep = tmp_path / "sweep"
-    res = subprocess.run(_cmd(slurm_cluster, data, sweep, "trainer.epochs=1", "dist.gpus=2"),
-                         env=_env(slurm_cluster), capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=1", "dist.gpus=2"),
+                            env=_env(slurm_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        # Meanwhile (the SLURM job spends most of its time queued and starting up): the same run
+        # started by our own spawner, not SLURM.
+        cfg = compose([*TINY, f"paths.data={data}", f"paths.checkpoints={tmp_path / 'local'}",
+                       "trainer.epochs=1", "dist.gpus=2"])
+        run_ranks(cfg, tmp_path / "local_run", run_stage)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
     job = sweep / "0"
     assert [(j["job"], j["status"]) for j in _jobs(sweep)] == [("0", "completed")]
     # Rank/world came from the SLURM task environment (launchers/env.py), one run dir for both.
@@ -94,13 +105,9 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
     assert ck["world_size"] == 2 and sorted(ck["rng"]) == [0, 1] and ck["iter"] == 6
     vals = [re.findall(r"val mAP@0.5 \S+  val loss \S+", read_text(job / f"rank{r}.log")) for r in (0, 1)]
     assert vals[0] and vals[0] == vals[1]  # the ranks agree on the all-reduced validation numbers
-    # The same run started by our own spawner (not SLURM) trains the same model. Not compared:
-    # conv biases in front of BatchNorm (BN cancels them, so they only get rounding-noise
-    # gradients, which Adam turns into lr-sized steps that depend on the thread count) and the BN
-    # running means that carry those biases.
-    cfg = compose([*TINY, f"paths.data={data}", f"paths.checkpoints={tmp_path / 'local'}",
-                   "trainer.epochs=1", "dist.gpus=2"])
-    run_ranks(cfg, tmp_path / "local_run", run_stage)
+    # The locally spawned run trains the same model. Not compared: conv biases in front of
+    # BatchNorm (BN cancels them, so they only get rounding-noise gradients, which Adam turns into
+    # lr-sized steps that depend on the thread count) and the BN running means that carry them.
     local = torch.load(tmp_path / "local" / "step1" / "last.pth", map_location="cpu", weights_only=False)
     bn = {k.split(".bn.")[0] for k in local["model"] if ".bn." in k}
     noisy = {f"{p}.conv.bias" for p in bn} | {f"{p}.bn.running_mean" for p in bn}
