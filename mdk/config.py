@@ -66,7 +66,7 @@ def validate(cfg: DictConfig) -> None:
         _int(cfg, "trainer.batch_size", 1)
         _int(cfg, "trainer.limit_train_batches", 1, optional=True)
         _int(cfg, "trainer.limit_val_batches", 1, optional=True)
-        _int(cfg, "trainer.num_workers", 0)
+        _int(cfg, "trainer.num_workers", 0, optional=True)
         _int(cfg, "trainer.eval_every", 1)
         _int(cfg, "trainer.checkpoint_every_iters", 0)
         for k in ("resume", "amp", "activation_checkpointing", "progress"):

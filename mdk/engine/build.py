@@ -80,9 +80,11 @@ def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, Glob
     sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, dist.get_rank(),
                                  dist.world_size(), cfg.seed, shuffle=True,
                                  limit_batches=cfg.trainer.limit_train_batches)
-    nw = int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0))
+    nw = cfg.trainer.num_workers
+    nw = int(cfg.dataset.get("num_workers", 0) if nw is None else nw)
+    # Not persistent: each epoch's workers must see dataset.set_epoch() (seeded augmentation).
     loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw,
-                        pin_memory=torch.cuda.is_available(), persistent_workers=nw > 0)
+                        pin_memory=torch.cuda.is_available())
     return loader, sampler
 
 
