@@ -27,6 +27,7 @@ def test_alignment_config_switches_off_what_depends_on_the_split(tmp_path):
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 def test_world1_and_world2_train_the_same_weights(tmp_path):
     cfg = _tiny(tmp_path)
     report = run_alignment(cfg, [2], batch_size=8, iters=4, out=tmp_path / "al")
