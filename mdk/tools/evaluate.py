@@ -1,0 +1,256 @@
+"""Evaluate any stage's checkpoint, or the exported chip model, on a dataset split.
+
+    python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step3/best.pth
+    python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step4/chip_model --runtime onnx
+    python -m mdk.tools.evaluate <path> --split train trainer.limit_val_batches=5 trainer.batch_size=32
+
+Prints mAP@0.5 and the mean loss (the same YOLO loss as training, so the numbers compare with the
+stage table of ``python run.py pipeline=[...]``). Hydra overrides compose the real ``conf/``.
+
+- A checkpoint is evaluated in its stage's mode: step1 float, step2 quantized weights, step3/step4
+  quantized weights + 5-bit activations. A ``cal`` checkpoint is evaluated as the cal stage reports
+  it: step2 weights with 5-bit activations at the calibrated caps (what step3 starts from).
+  The model architecture and ``chip`` come from the config saved in the checkpoint (so the net
+  always fits), unless ``model...``/``chip`` overrides are given.
+- A chip model directory (``chip_model.json`` + ``weights.npz`` [+ ``model.onnx``]) runs either
+  through the integer-only reference (``--runtime integer``, default, bit-exact with step4) or the
+  exported ONNX file in onnxruntime (``--runtime onnx``). Both run on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIMES = ("integer", "onnx")
+# The mode a checkpoint of each stage is evaluated in (cal: as step3 starts from it).
+EVAL_MODE = {"step0": "step1", "step1": "step1", "step2": "step2", "cal": "step3",
+             "step3": "step3", "step4": "step4"}
+
+
+class ToolError(ValueError):
+    """A user error (bad path, file or override): printed as one line, exit status 1."""
+
+
+@dataclass
+class Loaded:
+    """What a tool needs to run a model: the module (eval mode) and how to describe it."""
+    model: nn.Module
+    cfg: DictConfig          # the config the data and thresholds come from
+    device: torch.device
+    description: str
+    kind: str                # "checkpoint" | "chip_model"
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The real ``conf/`` composed with Hydra's compose API and ``overrides``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from mdk.config import register_resolvers
+
+    register_resolvers()
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            return compose("config", overrides=list(overrides))
+    except HydraException as e:
+        raise ToolError(f"bad override in {list(overrides)}: {e}") from None
+
+
+def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
+    names = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    return any(n == k or n.startswith(k + ".") for n in names for k in keys)
+
+
+def _with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -> DictConfig:
+    """``cfg`` with the checkpoint's own model/chip config unless the user overrode them."""
+    saved = ck.get("config")
+    if not isinstance(saved, dict) or _overrides_key(overrides, "model", "chip"):
+        return cfg
+    patch: dict[str, Any] = {}
+    if "model" in saved:
+        patch["model"] = saved["model"]
+    if "chip" in saved:
+        patch["chip"] = saved["chip"]
+    merged = OmegaConf.merge(cfg, {"model": None}) if "model" in patch else cfg.copy()
+    return OmegaConf.merge(merged, patch)
+
+
+def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
+    """A stage checkpoint as a model in its stage's evaluation mode (see EVAL_MODE)."""
+    from mdk.checkpoint import load_checkpoint, load_model_weights
+    from mdk.engine.build import build_model, pick_device
+    from mdk.quant.stages import apply_stage, prepare_structure
+
+    ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
+    cfg = _with_checkpoint_model(compose_config(overrides), ck, overrides)
+    stage = str(ck.get("stage", "step1"))
+    if stage not in EVAL_MODE:
+        raise ToolError(f"checkpoint {path} has unknown stage {stage!r}; expected one of "
+                        f"{sorted(EVAL_MODE)}")
+    model = build_model(cfg)
+    if model.num_classes != int(cfg.dataset.num_classes):
+        raise ToolError(f"checkpoint {path} predicts {model.num_classes} classes but "
+                        f"dataset={cfg.dataset.name} has {cfg.dataset.num_classes}; choose the "
+                        "dataset it was trained on (dataset=...)")
+    prepare_structure(model, stage)
+    load_model_weights(model, ck["model"], path)
+    mode = EVAL_MODE[stage]
+    apply_stage(model, mode, str(cfg.chip))
+    device = pick_device(cfg)
+    return Loaded(model.to(device).eval(), cfg, device,
+                  f"checkpoint {path} (stage {stage}, evaluated as {mode})", "checkpoint")
+
+
+class ChipModelNet(nn.Module):
+    """An exported chip model behind the usual ``model(images)`` call (CPU only).
+
+    ``integer``: mdk.quant.integer_ref.integer_forward (int64 throughout), output cast to float32 —
+    exact, because every output is a 5-bit level times the float32 ``out_scale``. ``onnx``: the
+    exported ``model.onnx`` in onnxruntime (one session, reused for every batch).
+    """
+
+    def __init__(self, directory: Path, runtime: str = "integer") -> None:
+        super().__init__()
+        from mdk.quant.chip_model import load_chip_model
+        from mdk.quant.export import ONNX_FILE
+
+        if runtime not in RUNTIMES:
+            raise ToolError(f"--runtime {runtime!r}: use one of {RUNTIMES}")
+        self.cm = load_chip_model(directory)
+        self.runtime = runtime
+        self.session = None
+        if runtime == "onnx":
+            import onnxruntime as ort
+
+            onnx_path = Path(directory) / ONNX_FILE
+            if not onnx_path.is_file():
+                raise ToolError(f"{onnx_path} is missing: export again with step=step4, or use "
+                                "--runtime integer")
+            try:
+                self.session = ort.InferenceSession(str(onnx_path),
+                                                    providers=["CPUExecutionProvider"])
+            except Exception as e:  # onnxruntime raises its own Fail/InvalidProtobuf types
+                raise ToolError(f"{onnx_path} cannot be loaded by onnxruntime ({e}); export again "
+                                "with step=step4") from None
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.session is not None:
+            u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
+            out = self.session.run(None, {"image_u8": u8.cpu().numpy()})[0]
+            return torch.from_numpy(out).float()
+        from mdk.quant.integer_ref import integer_forward
+
+        return integer_forward(self.cm, images.cpu())[0].float()
+
+
+def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
+                        runtime: str = "integer") -> Loaded:
+    """An exported chip model directory as a model; the geometry comes from its meta."""
+    net = ChipModelNet(directory, runtime)
+    cfg = compose_config(overrides)
+    meta = net.cm.meta
+    patch: dict[str, Any] = {}
+    if "image_size" in meta:
+        patch["image_size"] = int(meta["image_size"])
+    if "boxes_per_cell" in meta:
+        patch["net"] = {"boxes_per_cell": int(meta["boxes_per_cell"])}
+    cfg = OmegaConf.merge(cfg, {"model": patch})
+    n_cls = meta.get("num_classes")
+    if n_cls is not None and int(n_cls) != int(cfg.dataset.num_classes):
+        raise ToolError(f"chip model {directory} predicts {n_cls} classes but "
+                        f"dataset={cfg.dataset.name} has {cfg.dataset.num_classes}; choose the "
+                        "dataset it was trained on (dataset=...)")
+    net.grid = int(meta.get("grid", 0)) or None
+    return Loaded(net.eval(), cfg, torch.device("cpu"),
+                  f"chip model {directory} ({net.cm.chip}, {len(net.cm.layers)} layers, "
+                  f"{runtime} runtime)", "chip_model")
+
+
+def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer") -> Loaded:
+    """A checkpoint file or an exported chip model directory, with a clear error otherwise."""
+    from mdk.checkpoint import CheckpointError
+
+    p = Path(path).expanduser()
+    try:
+        if p.is_dir():
+            return load_chip_model_net(p, overrides, runtime)
+        if not p.exists():
+            raise ToolError(f"{p} does not exist: pass a stage checkpoint (<paths.checkpoints>/"
+                            "<step>/best.pth) or an exported chip model directory (.../step4/"
+                            "chip_model)")
+        return load_checkpoint_model(p, overrides)
+    except (CheckpointError, FileNotFoundError) as e:
+        raise ToolError(str(e)) from None
+    except (ValueError, KeyError) as e:  # malformed chip_model.json, mismatching weights, ...
+        if isinstance(e, ToolError):
+            raise
+        raise ToolError(f"{p}: {e}") from None
+
+
+def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) -> Any:
+    """The evaluation dataset: ``split`` (an ImageSets/Main name) or ``dataset.val_split``."""
+    from mdk.engine.build import build_data
+
+    patch: dict[str, Any] = {}
+    if split:
+        patch["val_split"] = split
+    image_size = int(cfg.model.image_size)
+    grid = getattr(model, "grid", None) or image_size // 2 ** sum(
+        1 for c in cfg.model.net.channels if c == "M")
+    cfg = OmegaConf.merge(cfg, {"dataset": patch}) if patch else cfg
+    _, val = build_data(cfg, grid)
+    return val
+
+
+def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer",
+                  split: Optional[str] = None) -> dict[str, Any]:
+    """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process)."""
+    from mdk.evaluation import evaluate
+    from mdk.models.loss import YoloLoss
+
+    loaded = load_any(path, overrides, runtime)
+    cfg = loaded.cfg
+    ds = build_split(cfg, loaded.model, split)
+    loss_fn = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
+    res = evaluate(loaded.model, ds, int(cfg.trainer.batch_size), loaded.device,
+                   cfg.trainer.conf_thresh, cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
+                   loss_fn=loss_fn, progress=bool(cfg.trainer.progress))
+    res.update(description=loaded.description, split=ds.split, dataset=str(cfg.dataset.name))
+    return res
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mdk.tools.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="a stage checkpoint (.pth) or an exported chip_model directory")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. dataset=voc trainer.batch_size=32")
+    ap.add_argument("--runtime", choices=RUNTIMES, default="integer",
+                    help="how a chip model runs: integer reference (exact) or onnxruntime")
+    ap.add_argument("--split", default=None, help="dataset split (default: dataset.val_split)")
+    args = ap.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        res = evaluate_path(args.path, args.overrides, args.runtime, args.split)
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{res['description']}")
+    print(f"dataset {res['dataset']} split {res['split']!r}: {res['images']} images")
+    print(f"mAP@0.5 {res['map50']:.4f}  loss {res['loss']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
