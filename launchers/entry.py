@@ -62,5 +62,8 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
         scfg = stage_config(resolved, s)
         log.info("=== %s ===", s)
         results.append(run_ranks(scfg, run_dir, run_stage))
-    print_summary(results, cfg, run_dir)
+    from launchers.env import detect
+
+    if detect().rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
+        print_summary(results, cfg, run_dir)
     return results

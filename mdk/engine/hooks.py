@@ -46,8 +46,9 @@ class EvalHook(HookBase):
 class CheckpointHook(HookBase):
     """Writes last.pth every epoch (and every ``every_iters``), best.pth when mAP improves.
 
-    Only rank 0 writes; ``state_fn`` builds the full training state (model, optimizer,
-    scheduler, counters, RNG, config)."""
+    ``state_fn`` builds the full training state (model, optimizer, scheduler, counters, RNG,
+    config); it runs on every rank (gathering per-rank RNG states is a collective), and only
+    rank 0 writes."""
 
     def __init__(self, stage_dir: Path, state_fn: Callable[[], dict], save_fn: Callable,
                  every_iters: int = 0, best: float = float("-inf"), best_epoch: int = -1) -> None:
@@ -55,10 +56,13 @@ class CheckpointHook(HookBase):
         self.every_iters = every_iters
         self.best, self.best_epoch = best, best_epoch
 
+    def save_last(self) -> None:
+        self._save(["last.pth"], epoch_done=False)
+
     def _save(self, names: list[str], epoch_done: bool) -> None:
+        state = self.state_fn()
         if not dist.is_main_process():
             return
-        state = self.state_fn()
         state.update(best_metric=self.best, best_epoch=self.best_epoch, epoch_done=epoch_done)
         for n in names:
             self.save_fn(state, self.dir / n)
@@ -125,7 +129,11 @@ class MetricsHook(HookBase):
         t = self.trainer
         log_now = t.iter % self.every == 0 or t.batch_in_epoch == t.iters_per_epoch
         if log_now:
-            self.last = {f"loss/{k}": float(v.detach()) for k, v in t.loss_terms.items()}
+            # Mean over ranks (each rank's loss is its share of the global batch): the logged
+            # loss is then the same for 1 process and W processes. One small collective.
+            vals = torch.stack([v.detach().float() for v in t.loss_terms.values()])
+            vals = dist.all_reduce_sum(vals) / dist.world_size()
+            self.last = {f"loss/{k}": float(v) for k, v in zip(t.loss_terms, vals.tolist())}
             self.last["lr"] = t.optimizer.param_groups[0]["lr"]
             self.sink.log(self.last, t.iter)
 

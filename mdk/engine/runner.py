@@ -117,28 +117,18 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
             build.set_rng_state(rng)
     config = to_container(cfg)
 
-    rngs: list = []
-
-    class _GatherRngThenSave(CheckpointHook):
-        """CheckpointHook calls state_fn on rank 0 only; the RNG gather is a collective, so every
-        rank runs it here first (else rank 0 waits forever for the others)."""
-
-        def _save(self, names: list[str], epoch_done: bool) -> None:
-            rngs[:] = dist.all_gather_object(build.rng_state())
-            super()._save(names, epoch_done)
-
     def state_fn() -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "epoch": trainer.epoch, "iter": trainer.iter,
                 "stage": cfg.step.name, "metric": getattr(trainer, "metrics", {}),
-                "rng": dict(enumerate(rngs)), "config": config,
+                "rng": dict(enumerate(dist.all_gather_object(build.rng_state()))), "config": config,
                 "scaler": trainer.scaler.state_dict() if trainer.scaler else None,
                 "world_size": dist.world_size()}
 
     sink = build_sinks(cfg.logger, run_dir, config, dist.is_main_process())
     metrics = MetricsHook(sink, cfg.logger.log_every)
-    ckpt = _GatherRngThenSave(out_dir, state_fn, save_checkpoint, cfg.trainer.checkpoint_every_iters,
-                               best, best_epoch)
+    ckpt = CheckpointHook(out_dir, state_fn, save_checkpoint, cfg.trainer.checkpoint_every_iters,
+                          best, best_epoch)
     # Order matters: metrics read the LR before it steps; checkpoints see the evaluated metric.
     # faults.make_hook() is None unless MDK_FAULT is set (kill/NaN injection for the tests).
     trainer.register_hooks([faults.make_hook(), sampler_epoch_hook(sampler, train_ds),
@@ -148,7 +138,7 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
                             EvalHook(eval_fn, cfg.trainer.eval_every), ckpt,
                             # after ckpt: a stop request (preemption signal, launchers/requeue.py)
                             # writes last.pth at the next step and leaves the loop
-                            StopOnRequestHook(lambda: ckpt._save(["last.pth"], epoch_done=False))])
+                            StopOnRequestHook(ckpt.save_last)])
     if dist.is_main_process() and resume is None:
         from mdk.tools.plot_lr import plot_lr_curve
         try:
