@@ -3,8 +3,9 @@
 * a 2-job scheduler sweep finishes and both jobs are in the sweep table;
 * a 2-task job (dist.gpus=2, two CPU workers with gloo, rank/world from the SLURM environment)
   is one DDP run: the same model as the same run started by our own local spawner;
-* a job requeued mid-training (`scontrol requeue`) comes back to the same job dir, resumes from
-  its last.pth and ends with weights bit-identical to an uninterrupted twin job.
+* a job preempted (SIGUSR2, submitit requeues it) and then requeued (`scontrol requeue`, SIGTERM)
+  mid-training comes back to the same job dir each time, resumes from the last.pth saved on the
+  signal and ends with weights bit-identical to an uninterrupted twin job.
 
 Every wait is bounded (see slurm_fixture.wait_for).
 """
@@ -119,17 +120,23 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
 
 
 @pytest.mark.slow
-def test_requeued_job_resumes_in_same_dir_to_identical_weights(slurm_cluster, data, tmp_path):
+def test_preempted_and_requeued_job_resumes_in_same_dir_to_identical_weights(slurm_cluster, data, tmp_path):
+    """Job 0 gets SIGUSR2 (submitit's time-out/preemption signal: save, submitit requeues it) in
+    its first run and `scontrol requeue` (SIGTERM: save, SLURM requeues it) in its second; job 1
+    of the same array (seed=0,0: identical) runs uninterrupted."""
     sweep = tmp_path / "sweep"
-    # Two identical jobs of one array (seed=0,0): job 0 is requeued, job 1 is the uninterrupted twin.
     proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=3",
                                  "trainer.checkpoint_every_iters=2", "seed=0,0"),
                             env=_env(slurm_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    last, log_path = sweep / "0" / "checkpoints" / "step1" / "last.pth", sweep / "0" / "run.log"
     try:
-        last = sweep / "0" / "checkpoints" / "step1" / "last.pth"
         wait_for(last.exists, 180, "job 0's first periodic last.pth (iteration 2)", slurm_cluster)
         job_id = json.loads(read_text(sweep / "0" / "result.json"))["job_id"]
+        slurm_cluster.run("scancel", "--signal=USR2", job_id)
+        wait_for(lambda: "resuming step1" in read_text(log_path), 180, "job 0's second run", slurm_cluster)
+        seen = last.stat().st_mtime_ns
+        wait_for(lambda: last.stat().st_mtime_ns != seen, 120, "a checkpoint of the second run", slurm_cluster)
         slurm_cluster.run("scontrol", "requeue", job_id)
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -137,14 +144,15 @@ def test_requeued_job_resumes_in_same_dir_to_identical_weights(slurm_cluster, da
             proc.kill()
     assert proc.returncode == 0, out[-4000:] + slurm_cluster.logs(10)
     jobs = _jobs(sweep)
-    assert [(j["job"], j["status"], j["attempts"]) for j in jobs] == [("0", "completed", 2), ("1", "completed", 1)]
-    log = read_text(sweep / "0" / "run.log")
-    stopped = re.search(r"stop requested \(SIGTERM\): saved last.pth after iteration (\d+)", log)
-    resumed = re.search(r"resuming step1 from (\S+) \(iteration (\d+)\)", log)
-    assert stopped and resumed, log[-3000:]
-    # The rerun used the first run's dir and the state saved on SIGTERM, mid-training.
-    assert resumed.group(1) == str(last) and resumed.group(2) == stopped.group(1)
-    assert 2 <= int(stopped.group(1)) < 18
+    assert [(j["job"], j["status"], j["attempts"]) for j in jobs] == [("0", "completed", 3), ("1", "completed", 1)]
+    log = read_text(log_path)
+    stops = re.findall(r"stop requested \((SIG\w+)\): saved last.pth after iteration (\d+)", log)
+    resumes = re.findall(r"resuming step1 from (\S+) \(iteration (\d+)\)", log)
+    assert [s for s, _ in stops] == ["SIGUSR2", "SIGTERM"], log[-3000:]
+    # Each rerun ran in the first run's dir and started from the state saved on the signal.
+    assert resumes == [(str(last), it) for _, it in stops]
+    assert 2 <= int(stops[0][1]) < int(stops[1][1]) < 18
+    assert f"Requeued job {job_id}" in log  # USR2: submitit's own requeue, after our save
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
     a, b = _weights(sweep / "0"), _weights(sweep / "1")
     assert a["iter"] == b["iter"] == 18
