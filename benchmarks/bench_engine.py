@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10, help="timed blocks per competitor")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
     ap.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
+    ap.add_argument("--amp-speed", action="store_true",
+                    help="also time the raw loop under AMP (bf16 CPU / fp16 CUDA) vs float32")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. model=gnetdet")
     a = ap.parse_args()
 
@@ -100,10 +102,14 @@ def main() -> None:
         trainer.train()
 
     # --- raw: what one would write by hand -------------------------------------------------
-    raw_opt, raw_sched = build.build_optim_sched(cfg, raw_model, a.iters)
-    amp_dtype = trainer.amp_dtype
+    def make_raw(raw_model, amp_dtype):
+        raw_opt, raw_sched = build.build_optim_sched(cfg, raw_model, a.iters)
 
-    def raw_block() -> None:
+        def raw_block() -> None:
+            _raw(raw_model, raw_opt, raw_sched, amp_dtype)
+        return raw_block
+
+    def _raw(raw_model, raw_opt, raw_sched, amp_dtype) -> None:
         raw_model.train()
         for images, targets in batches:
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -119,12 +125,21 @@ def main() -> None:
             raw_opt.step()
             raw_sched.step()
 
+    fns = {"engine": engine_block, "raw": make_raw(raw_model, trainer.amp_dtype)}
+    if a.amp_speed:
+        amp = torch.float16 if device.type == "cuda" else torch.bfloat16
+        fns["raw_amp"] = make_raw(copy.deepcopy(raw_model), None if trainer.amp_dtype else amp)
     clk = common.clock(a.cpu_time)
-    ts = common.interleaved({"engine": engine_block, "raw": raw_block}, a.reps, clk)
+    ts = common.interleaved(fns, a.reps, clk)
     sink.close()
     eng, raw = common.median(ts["engine"]) / a.iters, common.median(ts["raw"]) / a.iters
     print(f"engine {1e3 * eng:.1f} ms/iter  raw {1e3 * raw:.1f} ms/iter  ratio {eng / raw:.3f} "
           f"(goal <= 1.02)  {common.load()}")
+    if a.amp_speed:
+        other = common.median(ts["raw_amp"]) / a.iters
+        fp32, amp_t = (other, raw) if trainer.amp_dtype else (raw, other)
+        print(f"raw loop float32 {1e3 * fp32:.1f} ms/iter, AMP {1e3 * amp_t:.1f} ms/iter: AMP speed-up "
+              f"{fp32 / amp_t:.2f}x  {common.load()}")
     pairs = sorted(e / r for e, r in zip(ts["engine"], ts["raw"]))
     print(f"  per-repetition ratios: min {pairs[0]:.3f}  median {common.median(pairs):.3f}  "
           f"max {pairs[-1]:.3f}")
