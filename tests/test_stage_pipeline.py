@@ -1,0 +1,63 @@
+"""`pipeline=[...]`: one command runs the stages in order and ends with the stage table; the same
+override composes inside a sweep."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY, compose, run_cmd_env
+from launchers.entry import stage_config
+from mdk.config import validate
+
+CHAIN = ["step1", "step2", "cal", "step3", "step4"]
+NUM = r"(\d+\.\d+)"
+
+
+@pytest.mark.slow
+def test_pipeline_command_runs_every_stage_and_prints_the_table(tmp_path):
+    cmd = [sys.executable, str(REPO / "run.py"), f"pipeline=[{','.join(CHAIN)}]", *TINY,
+           "trainer.epochs=1", "trainer.limit_train_batches=2", f"paths.data={tmp_path}/data",
+           f"paths.checkpoints={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/run"]
+    p = subprocess.run(cmd, cwd=REPO, env=run_cmd_env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    table = (tmp_path / "run" / "summary.txt").read_text().splitlines()
+    assert table[0].split()[:4] == ["stage", "mAP@0.5", "best", "ep"]
+    assert "loss" in table[0] and "time s" in table[0]
+    rows = table[1:1 + len(CHAIN)]
+    for stage, row in zip(CHAIN, rows):
+        # stage, mAP, [best epoch], loss, time, checkpoint dir of that stage
+        m = re.match(rf"^{stage}\s+{NUM}\s+(\d+|-)\s+{NUM}\s+{NUM}\s+(\S+)$", row)
+        assert m, row
+        assert 0.0 <= float(m.group(1)) <= 1.0 and float(m.group(3)) > 0 and float(m.group(4)) > 0
+        assert m.group(5) == f"{tmp_path}/ckpt/{stage}"
+    assert f"chip model exported to {tmp_path}/ckpt/step4/chip_model" in table
+    for s in CHAIN:
+        assert (tmp_path / "ckpt" / s / "best.pth").is_file(), s
+    # the table is also logged to the run's log (what the user sees on the console)
+    shown = p.stdout + p.stderr + (tmp_path / "run" / "run.log").read_text()
+    assert all(row in shown for row in rows)
+
+
+def test_pipeline_composes_inside_a_sweep():
+    # `python run.py -m pipeline=[...] scheduler=step,cosine` and a sweep over pipelines themselves:
+    # expand the sweep as Hydra's basic sweeper does, compose each job with the real conf/.
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    sweep = parser.parse_overrides([f"pipeline=[{','.join(CHAIN)}]", "scheduler=step,cosine"])
+    jobs = BasicSweeper.split_arguments(sweep, max_batch_size=None)[0]
+    assert len(jobs) == 2
+    for job in jobs:
+        cfg = compose(TINY + list(job))
+        validate(cfg)
+        assert list(cfg.pipeline) == CHAIN
+        for s in CHAIN:  # every stage of every job keeps the job's swept scheduler
+            scfg = stage_config(cfg, s)
+            assert scfg.step.name == s and scfg.scheduler == cfg.scheduler
+    sweep = parser.parse_overrides(["pipeline=choice([step1,step2],[step1,step2,cal,step3])"])
+    jobs = BasicSweeper.split_arguments(sweep, max_batch_size=None)[0]
+    assert [list(compose(TINY + list(j)).pipeline) for j in jobs] == [CHAIN[:2], CHAIN[:4]]
