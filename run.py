@@ -3,8 +3,10 @@
 On first use this installs what it needs into ./.venv and re-runs itself there.
 """
 from launchers.bootstrap import ensure_environment
+from launchers.plugin_path import add_plugin_path
 
 ensure_environment()
+add_plugin_path()  # our submitit launchers (Hydra takes launchers only from hydra_plugins.*)
 
 import warnings  # noqa: E402
 

@@ -67,12 +67,11 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
 
 def _export_repo_on_pythonpath() -> None:
     """Jobs unpickle this launcher and the task, which import ``launchers``/``mdk``/``hydra_plugins``
-    from the repo: put it on PYTHONPATH, which sbatch (--export=ALL) and the local executor pass
-    on, so `python /path/to/run.py -m ...` also works when started from another directory."""
-    repo = str(Path(__file__).resolve().parents[1])
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if repo not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([repo, *parts])
+    from the repo: PYTHONPATH (passed on by sbatch --export=ALL and the local executor) gets the
+    repo and the plugin folder, so `python /path/to/run.py -m ...` works from any directory."""
+    from launchers.plugin_path import add_plugin_path
+
+    add_plugin_path(export=True)
 
 
 def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequence[str]]) -> None:
@@ -121,7 +120,7 @@ def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
 
 
 class RequeueMixin:
-    """Mixed into the plugin's launchers: ``hydra_plugins/mdk_submitit.py`` declares them (Hydra
+    """Mixed into the plugin's launchers: ``launchers/plugins/hydra_plugins/mdk_submitit.py`` declares them (Hydra
     only accepts launcher classes from the ``hydra_plugins`` namespace); the presets use those."""
 
     config: DictConfig

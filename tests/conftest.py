@@ -10,6 +10,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from launchers.plugin_path import add_plugin_path  # noqa: E402
+
+add_plugin_path()  # our submitit launchers, for compose tests and the jobs they start
 pytest_plugins = ["slurm_fixture"]
 
 # A model and dataset small enough that a whole stage runs in seconds on one core.

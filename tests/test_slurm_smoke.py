@@ -195,9 +195,10 @@ def test_hydra_sweep_through_submitit_slurm_preset(slurm_cluster, tmp_path):
            f"hydra.launcher.partition={slurm_cluster.partition}", "hydra.launcher.gpus_per_node=0",
            "hydra.launcher.timeout_min=5", "x=1,2"]
     # Bounded: the launcher waits on the jobs itself and would hang if one were lost.
-    # The presets' launcher class lives in the repo's hydra_plugins/ namespace folder: the app
-    # (outside the repo) must see the repo on its path, as run.py does.
-    env = dict(slurm_cluster.env, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # The presets' launcher class lives in launchers/plugins/hydra_plugins/: the app (outside the
+    # repo) must see the repo and that folder on its path, as run.py arranges.
+    env = dict(slurm_cluster.env, PYTHONPATH=os.pathsep.join(
+        [str(REPO), str(REPO / "launchers" / "plugins"), os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
     results = [json.loads(read_text(tmp_path / "results" / f"x{x}.json")) for x in (1, 2)]

@@ -1,0 +1,27 @@
+"""Where the project's Hydra launcher plugin lives, and putting it on the import path.
+
+Hydra accepts launcher classes only from the ``hydra_plugins`` namespace package. The repository's
+top level is fixed, so that namespace portion lives in ``launchers/plugins/hydra_plugins/`` and
+this module puts ``launchers/plugins`` on ``sys.path`` (this process) and on ``PYTHONPATH``
+(SLURM/submitit jobs, which unpickle the launcher) next to the repository root.
+Standard library only: run.py calls it before importing Hydra.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+
+
+def add_plugin_path(export: bool = True) -> None:
+    for p in (str(REPO), str(PLUGINS)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    if export:
+        parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        new = [p for p in (str(REPO), str(PLUGINS)) if p not in parts]
+        if new:
+            os.environ["PYTHONPATH"] = os.pathsep.join([*new, *parts])
