@@ -115,9 +115,11 @@ def test_two_processes_kill_a_rank_then_resume_equals_uninterrupted(reference):
     two = ("dist.gpus=2", "trainer.epochs=2")
     p = run(tmp, "ref2", data, "", *two)
     assert p.returncode == 0, p.stderr[-3000:]
-    # Rank 1 dies by SIGKILL after step 5; the parent stops rank 0 and exits non-zero.
+    # Rank 1 dies by SIGKILL after step 5; the parent stops rank 0 and exits non-zero. (Which
+    # rank's report wins the race, the SIGKILL or rank 0's "connection reset", is not asserted.)
     p = run(tmp, "w2", data, "kill:iter:5:1", *two)
-    assert p.returncode != 0 and "SIGKILL" in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 1 and ("SIGKILL" in p.stderr or "lost its connection" in p.stderr), \
+        p.stderr[-2000:]
     assert ckpt(tmp, "w2")["iter"] == 4
     p = run(tmp, "w2", data, "", *two)
     assert p.returncode == 0, p.stderr[-3000:]
