@@ -83,8 +83,11 @@ def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, Glob
     nw = cfg.trainer.num_workers
     nw = int(cfg.dataset.get("num_workers", 0) if nw is None else nw)
     # Not persistent: each epoch's workers must see dataset.set_epoch() (seeded augmentation).
+    # Own generator: each iter() of a DataLoader draws a worker base seed; from the global RNG
+    # that would make a resumed run's torch RNG state drift from an uninterrupted one.
     loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw,
-                        pin_memory=torch.cuda.is_available())
+                        pin_memory=torch.cuda.is_available(),
+                        generator=torch.Generator().manual_seed(int(cfg.seed)))
     return loader, sampler
 
 
