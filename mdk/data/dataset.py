@@ -86,7 +86,12 @@ class DetectionDataset(Dataset):
         if cache_images:
             # Decoded once, before any DataLoader worker forks: workers share these pages
             # (copy-on-write, never written) instead of each filling a private cache.
-            self.images = torch.stack([self._read(i) for i in range(len(self))])
+            # Filled in numpy, not torch.stack: torch's threaded copy spins its thread pool on a
+            # busy machine (~7 s of CPU for the 2000 built-in images with 2 threads, vs ~0.1 s).
+            buf = np.empty((len(self), 3, self.image_size, self.image_size), dtype=np.uint8)
+            for i in range(len(self)):
+                buf[i] = self._read(i).numpy()
+            self.images = torch.from_numpy(buf)
             log.info("cached %d %s images (%.0f MB)", len(self), split, self.images.numel() / 2**20)
         log.info("%s split %r: %d images, %d objects", self.root, split, len(self),
                  sum(len(b) for b in self._boxes))
