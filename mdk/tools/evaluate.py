@@ -203,13 +203,14 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
     """The evaluation dataset: ``split`` (an ImageSets/Main name) or ``dataset.val_split``."""
     from mdk.engine.build import build_data
 
-    patch: dict[str, Any] = {}
+    # One pass reads each image once anyway; caching would also decode the whole train split.
+    patch: dict[str, Any] = {"cache_images": False}
     if split:
         patch["val_split"] = split
     image_size = int(cfg.model.image_size)
     grid = getattr(model, "grid", None) or image_size // 2 ** sum(
         1 for c in cfg.model.net.channels if c == "M")
-    cfg = OmegaConf.merge(cfg, {"dataset": patch}) if patch else cfg
+    cfg = OmegaConf.merge(cfg, {"dataset": patch})
     _, val = build_data(cfg, grid)
     return val
 
