@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from torchmetrics.detection import MeanAveragePrecision
 
 from mdk import dist
 from mdk.engine.sampler import ShardSampler
@@ -51,6 +50,9 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
 
 
 def map50(dataset: Any, detections: dict[int, dict]) -> dict[str, float]:
+    # Imported here: torchmetrics' detection module costs ~2 s of startup (it pulls in scipy).
+    from torchmetrics.detection import MeanAveragePrecision
+
     metric = MeanAveragePrecision(iou_type="bbox", iou_thresholds=[0.5], class_metrics=False)
     preds, gts = [], []
     for i in sorted(detections):
