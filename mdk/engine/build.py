@@ -5,6 +5,7 @@ import fnmatch
 import logging
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,10 @@ def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, Glob
     # Not persistent: each epoch's workers must see dataset.set_epoch() (seeded augmentation).
     # Own generator: each iter() of a DataLoader draws a worker base seed; from the global RNG
     # that would make a resumed run's torch RNG state drift from an uninterrupted one.
-    loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw,
+    # fork where available: ranks started by spawn inherit 'spawn' as the default, which would
+    # pickle the whole in-memory image cache into every worker every epoch.
+    ctx = "fork" if nw > 0 and sys.platform == "linux" else None
+    loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
                         pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(int(cfg.seed)))
     return loader, sampler
