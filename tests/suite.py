@@ -3,12 +3,20 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from launchers.bootstrap import ensure_environment  # noqa: E402
 
-ensure_environment()
+def main() -> int:
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo))
+    from launchers.bootstrap import ensure_environment
 
-import pytest  # noqa: E402
+    ensure_environment()
+    import pytest
 
-os.chdir(Path(__file__).resolve().parents[1])
-sys.exit(pytest.main(["tests", *sys.argv[1:]]))
+    os.chdir(repo)
+    return pytest.main(["tests", *sys.argv[1:]])
+
+
+# Guarded: worker processes started with 'spawn' re-import the main module, and must not start
+# the whole suite again inside themselves.
+if __name__ == "__main__":
+    sys.exit(main())
