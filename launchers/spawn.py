@@ -128,6 +128,9 @@ def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) 
                 log.info("%s: %d CPU worker processes with gloo", env.source, env.world_size)
         out = [fn(cfg, run_dir)]
         tdist.broadcast_object_list(out, src=0)
+        # Leave together: a rank still tearing down gloo while a peer has exited can abort
+        # ("terminate called without an active exception") and fail the whole torchrun job.
+        tdist.barrier()
         return out[0]
     finally:
         remove_rank_file_handler(env.rank)
