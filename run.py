@@ -28,3 +28,6 @@ def main(cfg: DictConfig) -> list:
 
 if __name__ == "__main__":
     main()
+    from launchers.env import leave_torchrun_rank
+
+    leave_torchrun_rank()

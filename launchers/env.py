@@ -46,3 +46,23 @@ def detect() -> ProcessEnv:
         return ProcessEnv("submitit_local", te.rank, te.local_rank, te.world_size, "127.0.0.1",
                           int(te.master_port))
     return ProcessEnv("none")
+
+
+def leave_torchrun_rank() -> None:
+    """End a finished torchrun rank without running interpreter teardown.
+
+    With gloo, a torchrun rank that finished cleanly (group destroyed, result returned) can still
+    abort in C++ static destructors at interpreter exit ("terminate called without an active
+    exception", SIGABRT), which torchrun reports as a failed job. Nothing is left to do at that
+    point, so flush and exit with status 0 directly. Other ways of starting are untouched
+    (submitit must still write its result after the task returns).
+    """
+    if detect().source != "torchrun":
+        return
+    import logging
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
