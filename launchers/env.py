@@ -57,8 +57,12 @@ def leave_torchrun_rank() -> None:
     point, so flush and exit with status 0 directly. Other ways of starting are untouched
     (submitit must still write its result after the task returns).
     """
-    if detect().source != "torchrun":
-        return
+    if detect().source == "torchrun":
+        leave_process()
+
+
+def leave_process() -> None:
+    """Flush logs and std streams, then exit with status 0 skipping interpreter teardown."""
     import logging
     import sys
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.env import ProcessEnv, detect
+from launchers.env import ProcessEnv, detect, leave_process
 from launchers.logs import remove_rank_file_handler, setup_worker_logging
 from launchers.rendezvous import connect, host_store, init_group, parse_url
 
@@ -88,13 +88,17 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
         out = fn(cfg, Path(run_dir))
         if rank == 0:
             (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out, default=str))
+        tdist.barrier()  # leave together: no rank tears gloo down under a peer still using it
     except BaseException:
         logging.getLogger(__name__).exception("rank %d failed", rank)
         _record_failure(Path(run_dir), tag, rank)
-        raise
-    finally:
         if tdist.is_initialized():
             tdist.destroy_process_group()
+        raise
+    # Finished: exit without interpreter teardown. Destroying a gloo group (or its C++ statics at
+    # exit) can abort a rank that did all its work ("terminate called without an active
+    # exception", SIGABRT; ~1 in 12 two-rank runs here), and the parent would report a failure.
+    leave_process()
 
 
 def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) -> dict:
@@ -146,6 +150,7 @@ def _run_inline(cfg: DictConfig, run_dir: Path, fn: StageFn, addr: str, port: in
         init_group(backend_for(cfg), rank, cfg.dist.nodes, addr, port, float(cfg.dist.timeout_s),
                    f"mdk/{cfg.step.name}", store)
         out = fn(cfg, run_dir)
+        tdist.barrier()  # leave together (see _worker)
         return out if rank == 0 else {"stage": cfg.step.name, "rank": rank}
     finally:
         remove_rank_file_handler(rank)
