@@ -3,9 +3,11 @@
 On first use this installs what it needs into ./.venv and re-runs itself there.
 """
 from launchers.bootstrap import ensure_environment
+from launchers.malloc import tune_malloc
 from launchers.plugin_path import add_plugin_path
 
 ensure_environment()
+tune_malloc()  # before torch allocates anything; see launchers/malloc.py
 add_plugin_path()  # our submitit launchers (Hydra takes launchers only from hydra_plugins.*)
 
 import warnings  # noqa: E402
