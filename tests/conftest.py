@@ -28,6 +28,7 @@ TINY = [
     "trainer.progress=false",
     "logger=none",
     "scheduler.warmup.iters=2",
+    "dataset.num_workers=0",  # in-process loading: tests can count and patch what is loaded
 ]
 
 

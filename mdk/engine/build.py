@@ -5,6 +5,7 @@ import fnmatch
 import logging
 import os
 import random
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,19 @@ def build_data(cfg: DictConfig, grid: int) -> tuple[Any, Any]:
     return out
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader worker init: leave SIGTERM / SIGUSR2 to the training process.
+
+    SLURM signals every process of a job step on preemption or time-out (SIGTERM, and submitit's
+    SIGUSR2, whose default action is to terminate). A worker killed that way makes the next batch
+    fetch raise "DataLoader worker ... killed by signal" before the trainer, which got the same
+    signal, can write last.pth at the step boundary. Ignored here, the worker lives on until the
+    trainer shuts the loader down or exits (workers also exit when their parent dies)."""
+    for s in (signal.SIGTERM, getattr(signal, "SIGUSR2", None)):
+        if s is not None:
+            signal.signal(s, signal.SIG_IGN)
+
+
 def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, GlobalBatchSampler]:
     sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, dist.get_rank(),
                                  dist.world_size(), cfg.seed, shuffle=True,
@@ -90,6 +104,7 @@ def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, Glob
     # pickle the whole in-memory image cache into every worker every epoch.
     ctx = "fork" if nw > 0 and sys.platform == "linux" else None
     loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
+                        worker_init_fn=ignore_stop_signals if nw > 0 else None,
                         pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(int(cfg.seed)))
     return loader, sampler

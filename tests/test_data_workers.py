@@ -1,0 +1,44 @@
+"""DataLoader workers (the built-in dataset's default is one): same numbers as loading in the
+training process, and a worker survives the signals SLURM sends to a whole job step."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import torch
+
+from mdk.checkpoint import load_checkpoint
+from mdk.engine import build
+from mdk.engine.runner import run_stage
+
+
+def test_workers_give_the_same_weights_as_in_process_loading(tiny_cfg, tmp_path):
+    def weights(name: str, workers: int) -> dict:
+        cfg = tiny_cfg("trainer.epochs=2", f"dataset.num_workers={workers}",
+                       f"paths.checkpoints={tmp_path}/{name}")
+        run_stage(cfg, tmp_path / name)
+        return load_checkpoint(Path(cfg.paths.checkpoints) / "step1" / "last.pth")["model"]
+
+    a, b = weights("in_process", 0), weights("two_workers", 2)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_default_dataset_uses_a_worker(tiny_cfg):
+    from conftest import compose
+
+    assert compose([]).dataset.num_workers == 1  # the built-in dataset as a user runs it
+
+
+def test_worker_ignores_preemption_signals(tiny_cfg):
+    cfg = tiny_cfg("dataset.num_workers=1")
+    train_ds, _ = build.build_data(cfg, grid=2)
+    loader, _ = build.build_train_loader(cfg, train_ds)
+    it = iter(loader)
+    first = next(it)
+    (worker,) = it._workers  # noqa: SLF001 - the one worker process of this epoch
+    for s in (signal.SIGUSR2, signal.SIGTERM):
+        os.kill(worker.pid, s)
+    rest = list(it)  # a killed worker would raise "DataLoader worker ... exited unexpectedly"
+    assert worker.exitcode in (None, 0)
+    assert len(rest) + 1 == len(loader) == 48 // 8 and first[0].shape == (8, 3, 64, 64)
