@@ -15,13 +15,41 @@ log = logging.getLogger(__name__)
 
 
 def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
-    """A new config whose `step` group is conf/step/<stage>.yaml (cfg itself is not mutated)."""
+    """A new config whose `step` group is conf/step/<stage>.yaml (cfg itself is not mutated).
+
+    The stage's own ``epochs`` (when not null) replaces ``trainer.epochs`` and ``lr_scale``
+    multiplies ``optim.lr``: the fine-tuning stages after step1 are short and need their own
+    length. Call it on the unresolved config so ``${trainer.epochs}`` (e.g. the cosine T_max)
+    follows the stage's value."""
     if cfg.step.name == stage:
-        return cfg
-    step = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "step" / f"{stage}.yaml")
-    new = OmegaConf.merge(cfg, {"step": None})
-    new.step = step
+        new = cfg
+    else:
+        step = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "step" / f"{stage}.yaml")
+        new = OmegaConf.merge(cfg, {"step": None})
+        new.step = step
+    epochs, scale = new.step.get("epochs"), new.step.get("lr_scale", 1.0)
+    if epochs is None and scale == 1.0:
+        return new
+    if new is cfg:
+        new = OmegaConf.merge(cfg, {})  # a copy (keeps interpolations and the struct flag)
+    if epochs is not None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            from mdk.config import ConfigError
+
+            raise ConfigError(f"step.epochs={epochs!r} ({stage}) must be an integer >= 1, or null "
+                              "for trainer.epochs")
+        new.trainer.epochs = epochs
+    if scale != 1.0:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            from mdk.config import ConfigError
+
+            raise ConfigError(f"step.lr_scale={scale!r} ({stage}) must be a number > 0")
+        new.optim.lr = float(cfg.optim.lr) * float(scale)
     return new
+
+
+def _resolved(cfg: DictConfig) -> DictConfig:
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
 def run(cfg: DictConfig) -> list[dict[str, Any]]:
@@ -55,14 +83,17 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     register_resolvers()
     validate(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # Resolve once, here: workers get plain values (no Hydra resolvers in spawned processes).
-    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     stages = list(cfg.pipeline) or [cfg.step.name]
-    preflight(stage_config(resolved, stages[0]))  # before any process is spawned
+    # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
+    # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
+    configs = [_resolved(stage_config(cfg, s)) for s in stages]
+    preflight(configs[0])  # before any process is spawned
     results = []
-    for s in stages:
-        scfg = stage_config(resolved, s)
-        log.info("=== %s ===", s)
+    for s, scfg in zip(stages, configs):
+        if scfg.step.train:
+            log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
+        else:
+            log.info("=== %s ===  one pass, no training", s)
         results.append(run_ranks(scfg, run_dir, run_stage))
     from launchers.env import detect
 

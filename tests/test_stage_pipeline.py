@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, TINY, compose, run_cmd_env
 from launchers.entry import stage_config
 from mdk.config import validate
+from omegaconf import OmegaConf
 
 CHAIN = ["step1", "step2", "cal", "step3", "step4"]
 NUM = r"(\d+\.\d+)"
@@ -57,7 +58,33 @@ def test_pipeline_composes_inside_a_sweep():
         assert list(cfg.pipeline) == CHAIN
         for s in CHAIN:  # every stage of every job keeps the job's swept scheduler
             scfg = stage_config(cfg, s)
-            assert scfg.step.name == s and scfg.scheduler == cfg.scheduler
+            assert scfg.step.name == s and scfg.scheduler._target_ == cfg.scheduler._target_
+            assert scfg.scheduler.warmup == cfg.scheduler.warmup
     sweep = parser.parse_overrides(["pipeline=choice([step1,step2],[step1,step2,cal,step3])"])
     jobs = BasicSweeper.split_arguments(sweep, max_batch_size=None)[0]
     assert [list(compose(TINY + list(j)).pipeline) for j in jobs] == [CHAIN[:2], CHAIN[:4]]
+
+
+def test_stage_epochs_and_lr_scale_follow_the_stage():
+    cfg = compose(TINY + ["trainer.epochs=7", "optim.lr=0.004"])
+    one = stage_config(cfg, "step1")  # epochs: null -> trainer.epochs
+    assert one.trainer.epochs == 7 and one.scheduler.T_max == 7 and one.optim.lr == 0.004
+    for s in ("step2", "step3", "step4"):
+        step = OmegaConf.load(REPO / "conf" / "step" / f"{s}.yaml")
+        scfg = stage_config(cfg, s)
+        # the stage's own length, and the cosine schedule anneals over it (interpolation follows)
+        assert scfg.trainer.epochs == step.epochs and scfg.scheduler.T_max == step.epochs
+        assert scfg.optim.lr == pytest.approx(0.004 * step.lr_scale)
+    assert cfg.trainer.epochs == 7 and cfg.optim.lr == 0.004  # the input is not changed
+    # step=step2 from the command line: its step.* overrides apply
+    two = stage_config(compose(TINY + ["step=step2", "step.epochs=2", "step.lr_scale=0.5",
+                                       "optim.lr=0.004"]), "step2")
+    assert two.trainer.epochs == 2 and two.scheduler.T_max == 2 and two.optim.lr == 0.002
+
+
+@pytest.mark.parametrize("bad", ["step.epochs=0", "step.lr_scale=-1"])
+def test_bad_stage_schedule_names_the_key(bad):
+    from mdk.config import ConfigError
+
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
+        stage_config(compose(TINY + ["step=step2", bad]), "step2")
