@@ -9,7 +9,10 @@ comma-separated list of ``<action>:<point>:<n>[:<rank>]``
 * ``kill:eval:N``  SIGKILL on entering the N-th evaluation of this process;
 * ``kill:save:N``  SIGKILL in the N-th checkpoint write of this process, after the temp file is
   written and fsynced but before it is renamed over the old file;
-* ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN.
+* ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
+* ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
+  mdk.engine.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
+  iteration however fast the job runs (the hold changes no numbers).
 
 ``rank`` (default 0) picks the process of a distributed run that takes the fault.
 Nothing here is used in normal runs; the cost when off is one dictionary lookup per call.
@@ -27,6 +30,7 @@ import torch
 log = logging.getLogger(__name__)
 
 ENV = "MDK_FAULT"
+HOLD_S = 20.0
 _calls: Counter = Counter()
 
 
@@ -35,9 +39,9 @@ def _specs() -> list[tuple[str, str, int, int]]:
     out = []
     for item in filter(None, (s.strip() for s in raw.split(","))):
         parts = item.split(":")
-        if len(parts) not in (3, 4) or parts[0] not in ("kill", "nan") or \
+        if len(parts) not in (3, 4) or parts[0] not in ("kill", "nan", "hold") or \
                 parts[1] not in ("iter", "eval", "save"):
-            raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use <kill|nan>:<iter|eval|save>:<n>[:rank]")
+            raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use <kill|nan|hold>:<iter|eval|save>:<n>[:rank]")
         out.append((parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0))
     return out
 
@@ -69,6 +73,19 @@ def at(point: str, n: int | None = None) -> None:
     for action, p, k, rank in _specs():
         if action == "kill" and p == point and k == n and rank == _rank():
             _kill(f"at {point} {n}")
+        if action == "hold" and p == point and k == n and rank == _rank():
+            _hold(f"at {point} {n}")
+
+
+def _hold(where: str) -> None:
+    import time
+
+    from mdk.engine.stop import stop_requested
+
+    log.warning("%s: holding %s until a stop is requested (at most %.0f s)", ENV, where, HOLD_S)
+    end = time.monotonic() + HOLD_S
+    while stop_requested() is None and time.monotonic() < end:
+        time.sleep(0.02)
 
 
 def wrap(point: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -136,3 +136,32 @@ def test_nan_skip_limit_skips_then_stops(run_dir, capsys, monkeypatch):
     status, _, err = cli(run_dir, "trainer.epochs=3", "trainer.nan_skip_limit=1", capsys=capsys)
     one_error_line(status, err, "loss is not finite at iteration 6",
                    "(trainer.nan_skip_limit=1 bad batches were already skipped)")
+
+
+def test_hold_fault_waits_for_a_stop_request(monkeypatch):
+    """The ``hold`` fault the SLURM requeue test relies on: it returns once a stop is requested,
+    and by itself after HOLD_S seconds."""
+    import threading
+    import time
+
+    from mdk import faults
+    from mdk.engine import stop
+
+    monkeypatch.setenv(faults.ENV, "hold:iter:3")
+    monkeypatch.setattr(faults, "HOLD_S", 0.5)
+    stop.clear_stop()
+    t0 = time.monotonic()
+    faults.at("iter", 2)  # not the held iteration: no wait
+    assert time.monotonic() - t0 < 0.1
+    faults.at("iter", 3)  # nobody asks to stop: waits HOLD_S, then goes on
+    assert 0.5 <= time.monotonic() - t0 < 2.0
+    timer = threading.Timer(0.1, stop.request_stop, args=("SIGTERM",))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        monkeypatch.setattr(faults, "HOLD_S", 30.0)
+        faults.at("iter", 3)  # released by the stop request, long before HOLD_S
+        assert time.monotonic() - t0 < 5.0 and stop.stop_requested() == "SIGTERM"
+    finally:
+        timer.cancel()
+        stop.clear_stop()
