@@ -17,6 +17,10 @@ from torch.utils.checkpoint import checkpoint
 from mdk.quant.layers import ChipConv
 
 LayerSpec = Sequence[Union[int, str]]
+# trainer.activation_checkpointing: batch slices recomputed one at a time in backward (layers
+# without training-mode BN or 5-bit activations). 4 took GNetDet-448 at batch 8 from 1500 to
+# 641 MB training-step peak (benchmarks/bench_memory.py).
+CHECKPOINT_SLICES = 4
 
 
 def quantize_input(images: torch.Tensor) -> torch.Tensor:
@@ -94,13 +98,33 @@ class GNetDet(nn.Module):
             x = layer(x)
         return x
 
+    def _can_slice(self, lo: int, hi: int) -> bool:
+        """True when layers [lo, hi) may run on slices of the batch with the same results up to
+        float rounding: no BatchNorm computing batch statistics (training-mode BN couples the
+        images; folded or eval-mode BN does not), and no 5-bit activations. A conv on fewer
+        images can differ in the last bit (another kernel blocking), and the activation
+        quantizer turns a last-bit difference at a rounding tie into a whole level (cap/31)."""
+        return not any((isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training)
+                       or (isinstance(m, ChipConv) and m.quant_act)
+                       for m in self.layers[lo:hi].modules())
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images: [B, 3, H, W] uint8 (or float 0..255) -> [B, 5*boxes+C, grid, grid]."""
         x = quantize_input(images)
         if self.activation_checkpointing and self.training and torch.is_grad_enabled():
             for lo, hi in self.segments():
-                x = checkpoint(self._run, x, lo, hi, use_reentrant=False,
-                               context_fn=lambda lo=lo, hi=hi: (nullcontext(), self._frozen_bn(lo, hi)))
+                ctx = lambda lo=lo, hi=hi: (nullcontext(), self._frozen_bn(lo, hi))  # noqa: E731
+                if self._can_slice(lo, hi) and x.shape[0] > 1:
+                    # Checkpoint each slice of the batch on its own: the backward then recomputes
+                    # one slice's activations at a time. Storing less between forward and
+                    # backward is not enough here: the backward of a 448-px layer needs several
+                    # full-batch activation-sized buffers at once, and that, not what is stored,
+                    # sets the peak (benchmarks/README.md). Results change only by float rounding.
+                    x = torch.cat([checkpoint(self._run, xc, lo, hi, use_reentrant=False,
+                                              context_fn=ctx)
+                                   for xc in x.chunk(CHECKPOINT_SLICES)])
+                else:
+                    x = checkpoint(self._run, x, lo, hi, use_reentrant=False, context_fn=ctx)
         else:
             x = self._run(x, 0, len(self.layers))
         return x * self.out_scale
