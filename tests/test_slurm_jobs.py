@@ -130,8 +130,11 @@ def test_preempted_and_requeued_job_resumes_in_same_dir_to_identical_weights(slu
     until the signal arrives (at most 20 s; the twin job just waits them out)."""
     sweep = tmp_path / "sweep"
     env = dict(_env(slurm_cluster), MDK_FAULT="hold:iter:6,hold:iter:12")
+    # dataset.num_workers=1 (the built-in dataset's default): SLURM signals the loader worker
+    # too, and it must not die before the trainer has saved.
     proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=3",
-                                 "trainer.checkpoint_every_iters=2", "seed=0,0"),
+                                 "trainer.checkpoint_every_iters=2", "seed=0,0",
+                                 "dataset.num_workers=1"),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     last, log_path = sweep / "0" / "checkpoints" / "step1" / "last.pth", sweep / "0" / "run.log"
