@@ -30,10 +30,13 @@ def test_alignment_config_switches_off_what_depends_on_the_split(tmp_path):
 @pytest.mark.slow
 def test_world1_and_world2_train_the_same_weights(tmp_path):
     cfg = _tiny(tmp_path)
-    report = run_alignment(cfg, [2], batch_size=8, iters=4, out=tmp_path / "al")
+    report = run_alignment(cfg, [2], batch_size=8, iters=4, out=tmp_path / "al", noise_floor=1e-6)
     diffs = report[2]
     worst = max(d.max_rel for d in diffs)
     assert worst <= 1e-6, ckpt_diff.format_table(diffs, 5)
+    # the noise floor: world 1 again from init x (1 + 1e-6 N(0,1)); it moved, but stayed close
+    floor = max(d.max_rel for d in report["floor"])
+    assert 1e-8 < floor < 1e-3, floor
     # ... and training really moved the weights (the comparison is not of two copies of init)
     init = torch.load(tmp_path / "al" / "init.pth")
     w1 = torch.load(tmp_path / "al" / "world1.pth")["model"]
@@ -64,3 +67,15 @@ def test_ckpt_diff_reports_and_exits_by_tolerance(tmp_path, capsys):
     assert "w: shape (3,) vs (4,)" in out and "b: only in the first" in out
     with pytest.raises(SystemExit, match="no 'optimizer' entry"):
         ckpt_diff.main([str(pa), str(pb), "--key", "optimizer"])
+
+
+def test_perturb_scales_floating_tensors_only():
+    from mdk.tools.align import perturb
+
+    state = {"w": torch.full((1000,), 2.0), "n": torch.tensor(7)}
+    out = perturb(state, 1e-3, seed=3)
+    rel = (out["w"] - 2.0) / 2.0
+    assert 0.5e-3 < float(rel.std()) < 2e-3 and torch.equal(out["n"], state["n"])
+    assert torch.equal(out["w"], perturb(state, 1e-3, seed=3)["w"])  # seeded
+    assert torch.equal(state["w"], torch.full((1000,), 2.0))  # input untouched
+

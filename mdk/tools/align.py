@@ -96,7 +96,8 @@ def train_rank(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     build.seed_everything(cfg.seed + dist.get_rank())
     device = build.pick_device(cfg)
     model = build.build_model(cfg)
-    model.load_state_dict(torch.load(Path(cfg.align.out) / "init.pth", weights_only=True))
+    tag = str(cfg.align.get("tag", ""))
+    model.load_state_dict(torch.load(Path(cfg.align.out) / f"init{tag}.pth", weights_only=True))
     if cfg.align.dtype == "float64":
         model.double()
         _double_inputs(model)
@@ -122,15 +123,28 @@ def train_rank(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     trainer.register_hooks([sampler_epoch_hook(sampler, train_ds), LRSchedulerHook(scheduler),
                             StopAfter()])
     trainer.train()
-    path = Path(cfg.align.out) / f"world{world}.pth"
+    path = Path(cfg.align.out) / f"world{world}{tag}.pth"
     if dist.is_main_process():
         torch.save({"model": model.state_dict()}, path)
     return {"path": str(path), "iters": trainer.iter, "loss": float(trainer.loss_terms["total"].detach())}
 
 
+def perturb(state: dict[str, torch.Tensor], rel: float, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Every floating tensor times (1 + rel * N(0, 1)) elementwise (a seeded copy)."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v * (1 + rel * torch.randn(v.shape, generator=g, dtype=v.dtype))
+            if v.is_floating_point() else v.clone() for k, v in state.items()}
+
+
 def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: int,
-                  dtype: str = "float32", out: Optional[Path] = None) -> dict[int, list]:
-    """Train world 1 and every W in ``worlds`` from the same weights; {W: [TensorDiff, ...]}."""
+                  dtype: str = "float32", out: Optional[Path] = None,
+                  noise_floor: float = 0.0) -> dict[Any, list]:
+    """Train world 1 and every W in ``worlds`` from the same weights; {W: [TensorDiff, ...]}.
+
+    ``noise_floor > 0`` adds the key ``"floor"``: world 1 once more, from the initial weights
+    times (1 + noise_floor * N(0, 1)), against world 1. That is how far this configuration's
+    training carries a rounding-sized change without any DDP involved: no split can be expected
+    to end closer than that."""
     from launchers.spawn import run_ranks
     from mdk.engine import build
     from mdk.tools.ckpt_diff import diff_state_dicts
@@ -144,6 +158,8 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     build.seed_everything(acfg.seed)
     model = build.build_model(acfg)
     torch.save(model.state_dict(), out / "init.pth")
+    if noise_floor > 0:
+        torch.save(perturb(model.state_dict(), noise_floor), out / "init_floor.pth")
     build.build_data(acfg, model.grid)  # generate the built-in data once, before any spawning
     states = {}
     for w in sorted(set([1, *worlds])):
@@ -154,8 +170,13 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
         log.info("world %d x batch %d: %d iterations, last loss %.6f", w, batch_size // w,
                  res["iters"], res["loss"])
         states[w] = torch.load(res["path"], weights_only=True)["model"]
+    if noise_floor > 0:
+        fcfg = OmegaConf.merge(acfg, {"dist": {"gpus": 1}, "align": {"tag": "_floor"}})
+        from mdk.tools.align import train_rank as fn
+        res = run_ranks(fcfg, out, fn)
+        states["floor"] = torch.load(res["path"], weights_only=True)["model"]
     report = {}
-    for w in worlds:
+    for w in [*worlds, *(["floor"] if noise_floor > 0 else [])]:
         if w == 1:
             continue
         diffs, problems = diff_state_dicts(states[1], states[w])
@@ -178,14 +199,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="max relative parameter difference (default 1e-6, float64: 1e-12)")
     ap.add_argument("--out", type=Path, default=None, help="where the states and logs go")
     ap.add_argument("--top", type=int, default=10, help="tensors listed per world (worst first)")
+    ap.add_argument("--noise-floor", type=float, default=None, metavar="REL",
+                    help="also train world 1 from the initial weights perturbed by REL "
+                         "(default 1e-7 in float32, off in float64) and print how far that drifts: "
+                         "the float32 noise floor of this configuration")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.image_size=96")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     tol = args.tol if args.tol is not None else (1e-12 if args.dtype == "float64" else 1e-6)
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    floor = args.noise_floor if args.noise_floor is not None else (
+        1e-7 if args.dtype == "float32" else 0.0)
     report = run_alignment(compose_config(args.overrides), worlds, args.batch_size, args.iters,
-                           args.dtype, args.out)
+                           args.dtype, args.out, floor)
     ok = True
+    floor_diffs = report.pop("floor", None)
     for w, diffs in report.items():
         worst = max(diffs, key=lambda d: d.max_rel)
         print(f"\n== world 1 x {args.batch_size} vs world {w} x {args.batch_size // w} "
@@ -194,6 +222,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"largest relative difference {worst.max_rel:.3e} ({worst.name}); largest absolute "
               f"{max(d.max_abs for d in diffs):.3e}")
         ok &= worst.max_rel <= tol
+    if floor_diffs is not None:
+        f = max(floor_diffs, key=lambda d: d.max_rel)
+        print(f"\nnoise floor: world 1 from initial weights x (1 + {floor:g} N(0,1)) vs world 1 "
+              f"after {args.iters} iterations: largest relative difference {f.max_rel:.3e} "
+              f"({f.name}). A split cannot be expected to end closer than this; a DDP difference "
+              "far above it points at a real bug (gradient averaging, batch split, seeding).")
     print("OK: all within" if ok else "FAIL: above", f"tol={tol:g}")
     return 0 if ok else 1
 
