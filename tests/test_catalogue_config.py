@@ -23,6 +23,8 @@ CASES = {
     # id: (overrides, needles in the one line)
     "wrong_type": (["trainer.epochs=abc"], ["config error: trainer.epochs='abc' must be an integer"]),
     "zero_epochs": (["trainer.epochs=0"], ["config error: trainer.epochs=0 must be >= 1"]),
+    "zero_stage_epochs": (["step=step2", "step.epochs=0"],
+                          ["config error: step.epochs=0 (step2) must be an integer >= 1, or null"]),
     "negative_batch": (["trainer.batch_size=-8"], ["config error: trainer.batch_size=-8 must be >= 1"]),
     "negative_lr": (["optim.lr=-1"], ["config error: optim.lr=-1 must be > 0"]),
     "class_count": (["dataset.num_classes=3"],
