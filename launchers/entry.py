@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.config import register_resolvers, validate
+from mdk.config import register_resolvers, stage_schedule, validate
 
 log = logging.getLogger(__name__)
 
@@ -27,24 +27,14 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
         step = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "step" / f"{stage}.yaml")
         new = OmegaConf.merge(cfg, {"step": None})
         new.step = step
-    epochs, scale = new.step.get("epochs"), new.step.get("lr_scale", 1.0)
+    epochs, scale = stage_schedule(new.step, stage)
     if epochs is None and scale == 1.0:
         return new
     if new is cfg:
         new = OmegaConf.merge(cfg, {})  # a copy (keeps interpolations and the struct flag)
     if epochs is not None:
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            from mdk.config import ConfigError
-
-            raise ConfigError(f"step.epochs={epochs!r} ({stage}) must be an integer >= 1, or null "
-                              "for trainer.epochs")
         new.trainer.epochs = epochs
-    if scale != 1.0:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-            from mdk.config import ConfigError
-
-            raise ConfigError(f"step.lr_scale={scale!r} ({stage}) must be a number > 0")
-        new.optim.lr = float(cfg.optim.lr) * float(scale)
+    new.optim.lr = float(cfg.optim.lr) * scale
     return new
 
 

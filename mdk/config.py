@@ -114,6 +114,17 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"bad configuration: {e}") from e
 
 
+def stage_schedule(step: DictConfig, stage: str) -> tuple[Optional[int], float]:
+    """(epochs or None for trainer.epochs, lr factor) of a stage's conf/step node, checked."""
+    epochs, scale = step.get("epochs"), step.get("lr_scale", 1.0)
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ConfigError(f"step.epochs={epochs!r} ({stage}) must be an integer >= 1, or null for "
+                          "trainer.epochs")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ConfigError(f"step.lr_scale={scale!r} ({stage}) must be a number > 0")
+    return epochs, float(scale)
+
+
 def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
                       device_count: Optional[int] = None) -> None:
     """Checks against this machine (before any process is spawned): CUDA asked for but absent,
