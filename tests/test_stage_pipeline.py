@@ -28,12 +28,15 @@ def test_pipeline_command_runs_every_stage_and_prints_the_table(tmp_path):
     assert table[0].split()[:4] == ["stage", "mAP@0.5", "best", "ep"]
     assert "loss" in table[0] and "time s" in table[0]
     rows = table[1:1 + len(CHAIN)]
+    times = []
     for stage, row in zip(CHAIN, rows):
         # stage, mAP, [best epoch], loss, time, checkpoint dir of that stage
         m = re.match(rf"^{stage}\s+{NUM}\s+(\d+|-)\s+{NUM}\s+{NUM}\s+(\S+)$", row)
         assert m, row
-        assert 0.0 <= float(m.group(1)) <= 1.0 and float(m.group(3)) > 0 and float(m.group(4)) > 0
+        assert 0.0 <= float(m.group(1)) <= 1.0 and float(m.group(3)) > 0
+        times.append(float(m.group(4)))  # seconds, one decimal: a tiny stage can show 0.0
         assert m.group(5) == f"{tmp_path}/ckpt/{stage}"
+    assert sum(times) > 0
     assert f"chip model exported to {tmp_path}/ckpt/step4/chip_model" in table
     for s in CHAIN:
         assert (tmp_path / "ckpt" / s / "best.pth").is_file(), s
