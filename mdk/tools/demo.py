@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mdk.tools.evaluate import RUNTIMES, ToolError, load_any
+from mdk.tools.evaluate import ToolError, add_model_args, load_any
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +101,9 @@ def run_demo(path: str | Path, image_path: str | Path, out: str | Path,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mdk.tools.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", help="a stage checkpoint (.pth) or an exported chip_model directory")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. dataset=voc")
+    add_model_args(ap)
     ap.add_argument("--image", required=True, help="input image (any format PIL reads)")
     ap.add_argument("--out", required=True, help="output PNG")
-    ap.add_argument("--runtime", choices=RUNTIMES, default="integer",
-                    help="how a chip model runs: integer reference or onnxruntime")
     ap.add_argument("--score-thresh", type=float, default=0.3,
                     help="draw detections scoring above this (box conf x class score)")
     args = ap.parse_intermixed_args(argv)

@@ -232,13 +232,18 @@ def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str 
     return res
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mdk.tools.evaluate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments every tool that loads ``load_any``'s inputs takes (evaluate, demo)."""
     ap.add_argument("path", help="a stage checkpoint (.pth) or an exported chip_model directory")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. dataset=voc trainer.batch_size=32")
     ap.add_argument("--runtime", choices=RUNTIMES, default="integer",
                     help="how a chip model runs: integer reference (exact) or onnxruntime")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mdk.tools.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
     ap.add_argument("--split", default=None, help="dataset split (default: dataset.val_split)")
     args = ap.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
