@@ -161,24 +161,20 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     if noise_floor > 0:
         torch.save(perturb(model.state_dict(), noise_floor), out / "init_floor.pth")
     build.build_data(acfg, model.grid)  # generate the built-in data once, before any spawning
+    runs: list[tuple[Any, dict]] = [(w, {"dist": {"gpus": w}}) for w in sorted(set([1, *worlds]))]
+    if noise_floor > 0:  # world 1 again, from init_floor.pth
+        runs.append(("floor", {"dist": {"gpus": 1}, "align": {"tag": "_floor"}}))
+    # By module path, so spawned workers find it also when this file runs as __main__.
+    from mdk.tools.align import train_rank as fn
     states = {}
-    for w in sorted(set([1, *worlds])):
-        wcfg = OmegaConf.merge(acfg, {"dist": {"gpus": w}})
-        # By module path, so spawned workers find it also when this file runs as __main__.
-        from mdk.tools.align import train_rank as fn
-        res = run_ranks(wcfg, out, fn)
-        log.info("world %d x batch %d: %d iterations, last loss %.6f", w, batch_size // w,
+    for key, over in runs:
+        res = run_ranks(OmegaConf.merge(acfg, over), out, fn)
+        w = over["dist"]["gpus"]
+        log.info("%s: world %d x batch %d, %d iterations, last loss %.6f", key, w, batch_size // w,
                  res["iters"], res["loss"])
-        states[w] = torch.load(res["path"], weights_only=True)["model"]
-    if noise_floor > 0:
-        fcfg = OmegaConf.merge(acfg, {"dist": {"gpus": 1}, "align": {"tag": "_floor"}})
-        from mdk.tools.align import train_rank as fn
-        res = run_ranks(fcfg, out, fn)
-        states["floor"] = torch.load(res["path"], weights_only=True)["model"]
+        states[key] = torch.load(res["path"], weights_only=True)["model"]
     report = {}
-    for w in [*worlds, *(["floor"] if noise_floor > 0 else [])]:
-        if w == 1:
-            continue
+    for w in [k for k, _ in runs if k != 1]:
         diffs, problems = diff_state_dicts(states[1], states[w])
         if problems:
             raise RuntimeError(f"world {w} state differs in structure: {problems[:5]}")
