@@ -18,8 +18,8 @@ from mdk.quant.layers import ChipConv
 
 LayerSpec = Sequence[Union[int, str]]
 # trainer.activation_checkpointing: batch slices recomputed one at a time in backward (layers
-# without training-mode BN or 5-bit activations). 4 took GNetDet-448 at batch 8 from 1500 to
-# 641 MB training-step peak (benchmarks/bench_memory.py).
+# without training-mode BN or 5-bit activations). 4 took GNetDet-448 at batch 8 from 1505 to
+# 698 MB training-step peak, -54 % (benchmarks/bench_memory.py).
 CHECKPOINT_SLICES = 4
 
 
