@@ -81,8 +81,7 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
     rank = cfg.dist.rank * cfg.dist.gpus + local_rank
     os.environ["LOCAL_RANK"] = str(local_rank)
     setup_worker_logging(Path(run_dir), rank)
-    # One thread per worker: N workers on N cores, not N x N threads fighting for them.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.dist.gpus))
+    set_cpu_threads(cfg)
     try:
         init_group(backend_for(cfg), rank, world, addr, port, float(cfg.dist.timeout_s), prefix)
         out = fn(cfg, Path(run_dir))
@@ -101,6 +100,15 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
     leave_process()
 
 
+def set_cpu_threads(cfg: DictConfig) -> int:
+    """Intra-op threads of this rank: ``dist.cpu_threads``, or with ``auto`` cores / processes on
+    this machine (N workers on N cores, not N x N threads fighting for them). Returns the count."""
+    n = cfg.dist.get("cpu_threads", "auto")
+    n = max(1, (os.cpu_count() or 1) // cfg.dist.gpus) if n == "auto" else int(n)
+    torch.set_num_threads(n)
+    return n
+
+
 def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) -> dict:
     """torchrun / SLURM started one process per rank already: join the group and run.
 
@@ -110,6 +118,8 @@ def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) 
     world = cfg.dist.gpus * cfg.dist.nodes
     timeout = float(cfg.dist.timeout_s)
     os.environ["LOCAL_RANK"] = str(env.local_rank)
+    if cfg.dist.get("cpu_threads", "auto") != "auto":
+        set_cpu_threads(cfg)
     if env.source == "torchrun":
         # torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT; env:// reuses it.
         tdist.init_process_group(backend_for(cfg), init_method="env://", rank=env.rank,
@@ -165,6 +175,8 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     if env.external:
         return _run_external(cfg, run_dir, fn, env)
     world = cfg.dist.gpus * cfg.dist.nodes
+    if cfg.dist.get("cpu_threads", "auto") != "auto":  # auto: torch's default in this process
+        set_cpu_threads(cfg)
     if world == 1:
         return fn(cfg, run_dir)
     if backend_for(cfg) == "gloo":

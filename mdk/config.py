@@ -92,6 +92,22 @@ def validate(cfg: DictConfig) -> None:
         if cfg.trainer.batch_size % world:
             raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size} is the global batch and "
                               f"must divide by the world size dist.gpus*dist.nodes={world}")
+        _int(cfg, "dist.exact_chunk", 1, optional=True)
+        chunk = cfg.dist.get("exact_chunk")
+        if chunk is not None and (cfg.trainer.batch_size // world) % chunk:
+            raise ConfigError(
+                f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
+                f"world = {cfg.trainer.batch_size}/{world} = {cfg.trainer.batch_size // world}; "
+                f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
+        stages = list(cfg.pipeline) or [cfg.step.name]
+        if chunk is not None and cfg.model.net.get("batch_norm", False) and "step1" in stages:
+            raise ConfigError(
+                f"dist.exact_chunk={chunk} cannot train step1 with BatchNorm "
+                "(model.net.batch_norm=true): each chunk would normalise with its own statistics. "
+                "Add model.net.batch_norm=false, or use exact_chunk from step2 on (BN is folded "
+                "there), or dist.exact_chunk=null")
+        if cfg.dist.get("cpu_threads", "auto") != "auto":
+            _int(cfg, "dist.cpu_threads", 1)
         if cfg.trainer.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"trainer.device={cfg.trainer.device!r} must be auto, cpu or cuda")
         if cfg.step.name not in STAGES:

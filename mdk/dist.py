@@ -49,6 +49,31 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of every rank's ``parts`` in global order (rank 0's parts first), added one at a time
+    from the left; every rank gets the result.
+
+    Float addition is not associative, so an all-reduce (which adds per-rank sums, in an order of
+    the backend's choosing) gives bits that depend on the world size. Here rank r receives the
+    running sum from rank r-1, adds its own parts and passes it on; the last rank broadcasts. The
+    additions are then the same, in the same order, for every world size that holds the same parts
+    in the same global order, and so is the result, bit for bit. ``parts`` must be non-empty, of
+    one shape and dtype, and the same count on every rank."""
+    rank, world = get_rank(), world_size()
+    acc = None
+    if rank > 0:
+        acc = torch.empty_like(parts[0])
+        tdist.recv(acc, src=rank - 1)
+    for p in parts:
+        acc = p.clone() if acc is None else acc.add_(p)
+    assert acc is not None
+    if rank < world - 1:
+        tdist.send(acc, dst=rank + 1)
+    if world > 1:
+        tdist.broadcast(acc, src=world - 1)
+    return acc
+
+
 def all_gather_object(obj: object) -> list:
     """Gather any picklable object from every rank (rank order); [obj] in a single process."""
     if not is_initialized():

@@ -38,6 +38,12 @@ CASES = {
     "bad_port": (["dist.dist_url=node0:70000"], ["dist.dist_url='node0:70000'", "1..65535"]),
     "batch_not_divisible": (["dist.gpus=3"], ["config error: trainer.batch_size=8 is the global batch",
                                               "dist.gpus*dist.nodes=3"]),
+    "exact_chunk_not_dividing": (["dist.gpus=2", "dist.exact_chunk=3", "model.net.batch_norm=false"],
+                                 ["config error: dist.exact_chunk=3 must divide the per-process "
+                                  "batch trainer.batch_size/world = 8/2 = 4"]),
+    "exact_chunk_with_bn": (["dist.exact_chunk=2"],
+                            ["config error: dist.exact_chunk=2 cannot train step1 with BatchNorm",
+                             "model.net.batch_norm=false"]),
     "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
     "nccl_without_cuda": (["dist.backend=nccl"], ["config error: dist.backend=nccl needs CUDA GPUs"]),
     "cuda_without_gpu": (["trainer.device=cuda"], ["config error: trainer.device=cuda but this machine "

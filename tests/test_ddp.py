@@ -63,6 +63,31 @@ def test_two_concurrent_two_process_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_run_py_exact_chunk_two_processes_equal_one_bit_for_bit(tmp_path):
+    """`python run.py dist.exact_chunk=2` on 1 and on 2 processes (global batch 8): the final
+    checkpoints hold the same bits (weights, optimizer moments), and the same val mAP."""
+    import torch
+
+    common = ("model.net.batch_norm=false", "trainer.batch_size=8", "dist.exact_chunk=2",
+              "dist.cpu_threads=1")
+    procs = [_run_py(tmp_path / f"w{g}", tmp_path / "data", f"dist.gpus={g}", *common)
+             for g in (1, 2)]
+    for p in procs:
+        _finish(p)
+    cks = [torch.load(tmp_path / f"w{g}" / "ck" / "step1" / "last.pth", weights_only=False)
+           for g in (1, 2)]
+    assert cks[0]["iter"] == cks[1]["iter"] == 3 and cks[1]["world_size"] == 2
+    for k, v in cks[0]["model"].items():
+        assert torch.equal(v, cks[1]["model"][k]), k
+    st = [c["optimizer"]["state"] for c in cks]
+    assert all(torch.equal(st[0][i]["exp_avg_sq"], st[1][i]["exp_avg_sq"]) for i in st[0])
+    m1, m2 = cks[0]["metric"], cks[1]["metric"]
+    assert m1["map50"] == m2["map50"] and m1["images"] == m2["images"] == 24
+    # The val loss is summed per eval batch (8 images vs 4 per rank): equal up to rounding.
+    assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_torchrun_two_processes_share_rank0_run_dir(tmp_path):
     torchrun = (str(Path(PY).parent / "torchrun"), "--standalone", "--nproc-per-node", "2")
     out = _finish(_run_py(tmp_path / "t", tmp_path / "data", "hydra.run.dir=run",

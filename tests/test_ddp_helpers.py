@@ -82,3 +82,25 @@ class Oracle(torch.nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return torch.stack([self.table[im.numpy().tobytes()] for im in images])
 
+
+
+# float32 values whose sum depends on the order of addition: left to right gives 1,
+# (1e8 + 1) + (-1e8 + 1) gives 0 (1e8 + 1 rounds to 1e8).
+ORDER_SENSITIVE = [1e8, 1.0, -1e8, 1.0]
+
+
+def ordered_sum_rank(cfg: DictConfig, run_dir: Path) -> dict:
+    """This rank's contiguous share of ORDER_SENSITIVE summed with dist.ordered_sum, and the same
+    share's local sum all-reduced, on every rank."""
+    from mdk import dist
+
+    r, w = dist.get_rank(), dist.world_size()
+    k = len(ORDER_SENSITIVE) // w
+    parts = [torch.tensor([v], dtype=torch.float32) for v in ORDER_SENSITIVE[r * k:(r + 1) * k]]
+    ordered = dist.ordered_sum(parts)
+    local = parts[0].clone()
+    for p in parts[1:]:
+        local += p
+    reduced = dist.all_reduce_sum(local)
+    return {"ordered": dist.all_gather_object(ordered.item()),
+            "allreduce": dist.all_gather_object(reduced.item())}

@@ -43,8 +43,12 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, loss_fn: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, loader: Iterable, device: torch.device,
                  epochs: int, iters_per_epoch: int, amp: bool = False,
-                 grad_clip: Optional[float] = None) -> None:
+                 grad_clip: Optional[float] = None, exact_chunk: Optional[int] = None) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.exact_chunk = exact_chunk  # dist.exact_chunk: world-size-invariant gradients
+        if exact_chunk:
+            from mdk.engine.exact_grad import prepare
+            prepare(model, exact_chunk)
         self.loader, self.device = loader, device
         self.epochs, self.iters_per_epoch = epochs, iters_per_epoch
         self.grad_clip = grad_clip
@@ -94,24 +98,32 @@ class Trainer:
         finally:
             self._call("after_train")
 
-    def run_step(self, batch: Any) -> None:
-        self._call("before_step")
-        images, targets = batch[0], batch[1]
-        images = images.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
+    def forward_backward(self, images: torch.Tensor,
+                         targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Loss terms of ``images``; their gradient is added to ``p.grad`` (scaled under fp16)."""
         ctx = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype
                else nullcontext())
         with ctx:
             pred = self.model(images)
         terms = self.loss_fn(pred.float(), targets)
-        self.loss_terms = terms
-        self.optimizer.zero_grad(set_to_none=True)
         loss = terms["total"]
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.unscale_(self.optimizer)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return terms
+
+    def run_step(self, batch: Any) -> None:
+        self._call("before_step")
+        images, targets = batch[0], batch[1]
+        images = images.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.exact_chunk:
+            from mdk.engine.exact_grad import chunked_forward_backward
+            self.loss_terms = chunked_forward_backward(self.model, self.forward_backward, images,
+                                                       targets, self.exact_chunk)
         else:
-            loss.backward()
+            self.loss_terms = self.forward_backward(images, targets)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         self.skip_step = False  # a hook (the NaN guard) may veto this optimizer step
         self._call("after_backward")
         if self.skip_step:

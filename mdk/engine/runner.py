@@ -103,7 +103,8 @@ def _train(cfg: DictConfig, model: torch.nn.Module, net: torch.nn.Module, loss_f
     loader, sampler = build.build_train_loader(cfg, train_ds)
     optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches)
     trainer = Trainer(net, loss_fn, optimizer, loader, device, cfg.trainer.epochs,
-                      sampler.num_batches, amp=cfg.trainer.amp, grad_clip=cfg.trainer.grad_clip)
+                      sampler.num_batches, amp=cfg.trainer.amp, grad_clip=cfg.trainer.grad_clip,
+                      exact_chunk=cfg.dist.get("exact_chunk"))
     best, best_epoch = float("-inf"), -1
     if resume is not None:
         optimizer.load_state_dict(resume["optimizer"])

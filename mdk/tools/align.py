@@ -1,6 +1,7 @@
 """Prove that W processes train the same model as one: ``python -m mdk.tools.align``.
 
-    python -m mdk.tools.align --worlds 1,2,4 --batch-size 8 --iters 20 [--dtype float64] [k=v ...]
+    python -m mdk.tools.align --worlds 2,4 --batch-size 8 --iters 20 [--dtype float64]
+                              [--exact-chunk C | --allreduce] [k=v ...]
 
 Trailing ``key=value`` arguments are Hydra overrides of the real ``conf/`` (composed with the
 compose API). The tool builds one set of initial weights, then for each world size W trains
@@ -18,6 +19,17 @@ What is made equal, and why it holds:
   dist.sync_bn=true; torch's SyncBatchNorm cannot train on CPU, so on CPU the tool switches BN
   off (model.net.batch_norm=false) and says so;
 * AMP is switched off (its rounding depends on the batch split).
+
+Two ways of adding up the gradient, two kinds of result:
+* float32 (default): world-size-invariant gradients (``dist.exact_chunk``, mdk/engine/
+  exact_grad.py) with chunks of batch/max(W) images and one CPU thread per process. Every split
+  then does the same float operations in the same order, so the weights must be *bit-identical*
+  (difference exactly 0): any bug in sampling, seeding, augmentation, loss normalisation, the
+  optimizer or the schedule shows up as a non-zero difference.
+* ``--allreduce`` or ``--dtype float64``: DDP's own all-reduce, the fast path every normal run
+  uses. Its per-rank partial sums round differently from one process's sum (~1e-7 in float32,
+  amplified by training), so the maths is checked in float64 (<= 1e-12) and float32 gets a
+  noise-floor reference (``--noise-floor``).
 """
 from __future__ import annotations
 
@@ -50,13 +62,22 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 def alignment_config(cfg: DictConfig, batch_size: int, iters: int, dtype: str,
-                     out: Path) -> DictConfig:
-    """A new config with what alignment needs switched on/off (``cfg`` is not changed)."""
+                     out: Path, exact_chunk: Optional[int] = None) -> DictConfig:
+    """A new config with what alignment needs switched on/off (``cfg`` is not changed).
+
+    ``exact_chunk``: world-size-invariant gradients in chunks of that many images, one CPU thread
+    per process (a kernel's summation order follows its thread count)."""
     use_cuda = torch.cuda.is_available() and cfg.trainer.device != "cpu"
     net: dict[str, Any] = {}
-    dist: dict[str, Any] = {"nodes": 1, "rank": 0, "dist_url": "auto", "sync_bn": False}
+    dist: dict[str, Any] = {"nodes": 1, "rank": 0, "dist_url": "auto", "sync_bn": False,
+                            "exact_chunk": exact_chunk,
+                            "cpu_threads": 1 if exact_chunk else cfg.dist.get("cpu_threads", "auto")}
     if cfg.model.net.get("batch_norm", False):
-        if use_cuda:
+        if exact_chunk:
+            net["batch_norm"] = False
+            log.info("the model has BatchNorm, which normalises per chunk under dist.exact_chunk: "
+                     "aligning the BN-free variant (model.net.batch_norm=false)")
+        elif use_cuda:
             dist["sync_bn"] = True
             log.info("the model has BatchNorm: using SyncBatchNorm (dist.sync_bn=true)")
         else:
@@ -114,7 +135,7 @@ def train_rank(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     epochs = math.ceil(iters / sampler.num_batches)
     trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
                       optimizer, loader, device, epochs, sampler.num_batches, amp=False,
-                      grad_clip=cfg.trainer.grad_clip)
+                      grad_clip=cfg.trainer.grad_clip, exact_chunk=cfg.dist.get("exact_chunk"))
 
     class StopAfter(HookBase):
         def after_step(self) -> None:
@@ -138,8 +159,10 @@ def perturb(state: dict[str, torch.Tensor], rel: float, seed: int = 1) -> dict[s
 
 def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: int,
                   dtype: str = "float32", out: Optional[Path] = None,
-                  noise_floor: float = 0.0) -> dict[Any, list]:
+                  noise_floor: float = 0.0, exact_chunk: Optional[int] = None) -> dict[Any, list]:
     """Train world 1 and every W in ``worlds`` from the same weights; {W: [TensorDiff, ...]}.
+
+    ``exact_chunk``: world-size-invariant gradients (dist.exact_chunk); None: DDP's all-reduce.
 
     ``noise_floor > 0`` adds the key ``"floor"``: world 1 once more, from the initial weights
     times (1 + noise_floor * N(0, 1)), against world 1. That is how far this configuration's
@@ -152,9 +175,13 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     for w in worlds:
         if batch_size % w:
             raise SystemExit(f"align: --batch-size {batch_size} does not divide by world {w}")
+        if exact_chunk and (batch_size // w) % exact_chunk:
+            raise SystemExit(f"align: --exact-chunk {exact_chunk} does not divide the per-process "
+                             f"batch {batch_size // w} of world {w}; use a divisor of "
+                             f"{batch_size // max(worlds)}")
     out = Path(out or tempfile.mkdtemp(prefix="mdk-align-"))
     out.mkdir(parents=True, exist_ok=True)
-    acfg = alignment_config(cfg, batch_size, iters, dtype, out)
+    acfg = alignment_config(cfg, batch_size, iters, dtype, out, exact_chunk)
     build.seed_everything(acfg.seed)
     model = build.build_model(acfg)
     torch.save(model.state_dict(), out / "init.pth")
@@ -192,31 +219,44 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     ap.add_argument("--tol", type=float, default=None,
-                    help="max relative parameter difference (default 1e-6, float64: 1e-12)")
+                    help="max relative parameter difference (default 0 with world-size-invariant "
+                         "gradients: bit-identical; with --allreduce 1e-6, float64: 1e-12)")
     ap.add_argument("--out", type=Path, default=None, help="where the states and logs go")
     ap.add_argument("--top", type=int, default=10, help="tensors listed per world (worst first)")
+    red = ap.add_mutually_exclusive_group()
+    red.add_argument("--exact-chunk", type=int, default=None, metavar="C",
+                     help="world-size-invariant gradients in chunks of C images (dist.exact_chunk); "
+                          "default in float32: batch-size / max(worlds)")
+    red.add_argument("--allreduce", action="store_true",
+                     help="check DDP's own all-reduce instead (the default in float64)")
     ap.add_argument("--noise-floor", type=float, default=None, metavar="REL",
                     help="also train world 1 from the initial weights perturbed by REL "
-                         "(default 1e-7 in float32, off in float64) and print how far that drifts: "
-                         "the float32 noise floor of this configuration")
+                         "(default 1e-7 with --allreduce in float32, else off) and print how far "
+                         "that drifts: the float32 noise floor of this configuration")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.image_size=96")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
-    tol = args.tol if args.tol is not None else (1e-12 if args.dtype == "float64" else 1e-6)
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    allreduce = args.allreduce or (args.dtype == "float64" and args.exact_chunk is None)
+    chunk = None if allreduce else (args.exact_chunk or args.batch_size // max(worlds, default=1))
+    tol = args.tol if args.tol is not None else (
+        0.0 if chunk else 1e-12 if args.dtype == "float64" else 1e-6)
     floor = args.noise_floor if args.noise_floor is not None else (
-        1e-7 if args.dtype == "float32" else 0.0)
+        1e-7 if args.dtype == "float32" and allreduce else 0.0)
+    how = (f"world-size-invariant gradients, chunks of {chunk} images, 1 CPU thread per process"
+           if chunk else "DDP all-reduce")
     report = run_alignment(compose_config(args.overrides), worlds, args.batch_size, args.iters,
-                           args.dtype, args.out, floor)
+                           args.dtype, args.out, floor, chunk)
     ok = True
     floor_diffs = report.pop("floor", None)
     for w, diffs in report.items():
         worst = max(diffs, key=lambda d: d.max_rel)
         print(f"\n== world 1 x {args.batch_size} vs world {w} x {args.batch_size // w} "
-              f"({args.iters} iterations, {args.dtype}) ==")
+              f"({args.iters} iterations, {args.dtype}, {how}) ==")
         print(format_table(diffs, args.top))
+        same = sum(d.max_abs == 0 for d in diffs)
         print(f"largest relative difference {worst.max_rel:.3e} ({worst.name}); largest absolute "
-              f"{max(d.max_abs for d in diffs):.3e}")
+              f"{max(d.max_abs for d in diffs):.3e}; bit-identical tensors {same}/{len(diffs)}")
         ok &= worst.max_rel <= tol
     if floor_diffs is not None:
         f = max(floor_diffs, key=lambda d: d.max_rel)

@@ -1,0 +1,75 @@
+"""World-size-invariant gradients (``dist.exact_chunk``): the same bits for every split of a batch.
+
+DDP's all-reduce adds per-rank gradient sums, so world 1 x 8 and world 2 x 4 round differently
+(~1e-7 relative) and float32 training amplifies that until runs differ visibly (docs/
+distributed.md). With ``dist.exact_chunk=c`` the global batch is cut into chunks of c images. Each
+chunk's gradient is computed on its own: the same kernels on the same images, whatever the world
+size. The chunk gradients are then added one at a time in global order, rank 0's first
+(``mdk.dist.ordered_sum``), and divided by the number of chunks. Every world size whose
+per-process batch is a whole number of chunks computes the same float32 gradient bits, hence the
+same weights. What it needs: no training-mode BatchNorm (its statistics would be per chunk, and its
+running averages per rank), and on CPU the same ``dist.cpu_threads`` in every run compared (a
+kernel's own summation order follows its thread count). Cost: kernels on smaller batches, one flat
+gradient copy per local chunk, and a chain of W-1 sends plus a broadcast in place of one
+all-reduce. It is for checking and reproducing runs, not for speed.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable
+
+import logging
+
+import torch
+
+from mdk import dist
+from mdk.config import ConfigError
+
+log = logging.getLogger(__name__)
+ForwardBackward = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def prepare(model: torch.nn.Module, chunk: int) -> None:
+    """Refuse what would make chunk gradients depend on the split; make cuDNN pick the same
+    (deterministic) kernels in every process."""
+    bn = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if bn:
+        raise ConfigError(
+            f"dist.exact_chunk needs a model without BatchNorm in training, but {len(bn)} BatchNorm "
+            f"layers are there (e.g. {bn[0]}): each chunk would normalise with its own statistics. "
+            "Use model.net.batch_norm=false, or a stage after step1 (BN is folded from step2 on), "
+            "or dist.exact_chunk=null")
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    log.info("dist.exact_chunk=%d: world-size-invariant gradients (chunks of %d images, added in "
+             "global order); %d CPU threads here: compare runs with the same dist.cpu_threads",
+             chunk, chunk, torch.get_num_threads())
+
+
+def chunked_forward_backward(model: torch.nn.Module, forward_backward: ForwardBackward,
+                             images: torch.Tensor, targets: torch.Tensor,
+                             chunk: int) -> dict[str, torch.Tensor]:
+    """Leave the global-batch gradient in ``p.grad`` (same bits for every split); return the
+    loss terms averaged over this rank's chunks (for logging, like the whole-batch terms)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    parts: list[torch.Tensor] = []
+    sums: dict[str, torch.Tensor] = {}
+    # DDP must not all-reduce each chunk: the reduction below replaces it.
+    no_sync = model.no_sync() if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
+        else nullcontext()
+    with no_sync:
+        for lo in range(0, images.shape[0], chunk):
+            for p in params:
+                p.grad = None
+            # Fresh copies: a chunk's memory starts aligned the same way in every split.
+            terms = forward_backward(images[lo:lo + chunk].clone(), targets[lo:lo + chunk].clone())
+            parts.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                    .reshape(-1) for p in params]))
+            for k, v in terms.items():
+                v = v.detach()
+                sums[k] = v if k not in sums else sums[k] + v
+    total = dist.ordered_sum(parts).div_(len(parts) * dist.world_size())
+    offset = 0
+    for p in params:
+        p.grad = total[offset: offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    return {k: v / len(parts) for k, v in sums.items()}
