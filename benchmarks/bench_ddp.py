@@ -1,9 +1,12 @@
 """Training throughput on CPU: 2 gloo processes vs 1 process, one thread per process.
 
-    python benchmarks/bench_ddp.py [--iters 30] [--batch-size 16] [--world 2] [k=v overrides]
+    python benchmarks/bench_ddp.py [--iters 30] [--batch-size 16] [--world 2] [--exact-chunk C]
+                                   [k=v overrides]
 
 Both runs use the real engine (GlobalBatchSampler, DDP, the training loop) on the same global
-batch; the ratio of images/s is printed (the goal on an idle 2-core machine is >= 1.8x). Timing
+batch; the ratio of images/s is printed (the goal on an idle 2-core machine is >= 1.8x).
+``--exact-chunk C`` also times the W-process run with world-size-invariant gradients
+(dist.exact_chunk=C) and prints what that mode costs against DDP's all-reduce. Timing
 starts after warm-up iterations and is taken on rank 0 between two barriers. Not a test: numbers
 depend on what else runs on the machine, so the load average is printed next to them.
 """
@@ -48,7 +51,8 @@ def bench_rank(cfg: DictConfig, run_dir: Path) -> dict:
     loader, sampler = build.build_train_loader(cfg, train_ds)
     optimizer, _ = build.build_optim_sched(cfg, model, sampler.num_batches)
     trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
-                      optimizer, loader, torch.device("cpu"), 10**6, sampler.num_batches)
+                      optimizer, loader, torch.device("cpu"), 10**6, sampler.num_batches,
+                      exact_chunk=cfg.dist.get("exact_chunk"))
     marks: dict[str, float] = {}
 
     class Clock(HookBase):
@@ -84,6 +88,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=16, help="global batch")
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--exact-chunk", type=int, default=None, metavar="C",
+                    help="also time dist.exact_chunk=C on W processes")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="mdk-bench-ddp-"))
@@ -92,11 +98,16 @@ def main() -> None:
                                  "bench": {"iters": args.iters, "warmup": args.warmup}})
     runs = {"1": (1, args.batch_size), "W": (args.world, args.batch_size),
             "1 small": (1, args.batch_size // args.world)}
+    if args.exact_chunk:
+        runs["W exact"] = (args.world, args.batch_size)
     res = {}
     for key, (w, b) in runs.items():
-        c = OmegaConf.merge(cfg, {"dist": {"gpus": w}, "trainer": {"batch_size": b}})
+        chunk = args.exact_chunk if key == "W exact" else None
+        c = OmegaConf.merge(cfg, {"dist": {"gpus": w, "exact_chunk": chunk},
+                                  "trainer": {"batch_size": b}})
         res[key] = run_ranks(c, out, bench_rank)
-        print(f"world {w}, global batch {b}: {res[key]['images_per_s']:.1f} images/s "
+        print(f"world {w}, global batch {b}{f', exact_chunk={chunk}' if chunk else ''}: "
+              f"{res[key]['images_per_s']:.1f} images/s "
               f"({args.iters} iterations in {res[key]['seconds']:.1f}s, 1 thread per process)",
               flush=True)
     load = "load average %.1f / %.1f / %.1f" % os.getloadavg()
@@ -108,6 +119,11 @@ def main() -> None:
     # first ratio; this one compares processes doing identical per-process work.
     print(f"speed-up at the same per-process batch {args.batch_size // args.world}: "
           f"{same_local:.2f}x (scaling efficiency {100 * same_local / args.world:.0f} %)")
+    if args.exact_chunk:
+        r = res["W exact"]["images_per_s"] / res["W"]["images_per_s"]
+        print(f"dist.exact_chunk={args.exact_chunk} on {args.world} processes runs at {r:.2f}x the "
+              "speed of DDP's all-reduce (world-size-invariant gradients cost "
+              f"{100 * (1 - r):.0f} %)")
 
 if __name__ == "__main__":
     main()
