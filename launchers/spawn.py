@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.env import ProcessEnv, detect, leave_process
 from launchers.logs import remove_rank_file_handler, setup_worker_logging
-from launchers.rendezvous import connect, host_store, init_group, parse_url
+from launchers.rendezvous import RendezvousError, connect, host_store, init_group, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,18 @@ def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) 
         set_cpu_threads(cfg)
     if env.source == "torchrun":
         # torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT; env:// reuses it.
-        tdist.init_process_group(backend_for(cfg), init_method="env://", rank=env.rank,
-                                 world_size=env.world_size, timeout=timedelta(seconds=timeout))
+        try:
+            tdist.init_process_group(backend_for(cfg), init_method="env://", rank=env.rank,
+                                     world_size=env.world_size, timeout=timedelta(seconds=timeout))
+        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / DistStoreError
+            raise RendezvousError(
+                f"rank {env.rank} of {env.world_size}: could not meet the other ranks at "
+                f"MASTER_ADDR:MASTER_PORT={env.master_addr}:{env.master_port} (from the "
+                f"environment: torchrun or the launcher that set RANK/WORLD_SIZE) within "
+                f"dist.timeout_s={timeout:g}: {str(e).splitlines()[0].rstrip('.')}. Check that "
+                "the rank-0 process is running, that every process got the same MASTER_ADDR, MASTER_PORT "
+                "and WORLD_SIZE, and that the port is reachable from this machine (firewall, "
+                "VPN, a network interface that is not the default one)") from e
     else:
         addr, port = env.master_addr or "127.0.0.1", env.master_port or 29500
         store = host_store(f"{addr}:{port}", 2, timeout)[0] if env.rank == 0 else None

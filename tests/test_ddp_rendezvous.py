@@ -133,3 +133,28 @@ def test_sync_bn_converts_the_bn_preset(tmp_path):
         dist.convert_sync_bn(build_model(cfg), torch.device("cpu"), train=True)
     bn_free = build_model(tiny_cfg(tmp_path, "model.net.batch_norm=false"))
     assert dist.convert_sync_bn(bn_free, torch.device("cpu")) is bn_free
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_env_started_rank_that_cannot_meet_the_others_names_master_addr(rank, monkeypatch,
+                                                                        tmp_path):
+    """RANK/WORLD_SIZE/MASTER_* set by torchrun or another launcher: rank 1 facing a closed
+    port, or rank 0 left alone, ends in one RendezvousError naming the address and what to
+    check, after dist.timeout_s, not a torch traceback or a hang."""
+    from launchers.env import ProcessEnv
+    from test_ddp_helpers import tiny_cfg
+
+    port = _closed_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    cfg = tiny_cfg(tmp_path, "dist.timeout_s=2")
+    env = ProcessEnv("torchrun", rank, rank, 2, "127.0.0.1", port)
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError) as e:
+        spawn._run_external(cfg, tmp_path, lambda c, d: {}, env)
+    assert time.monotonic() - t0 < 20
+    msg = str(e.value)
+    assert f"rank {rank} of 2" in msg and f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}" in msg
+    assert "dist.timeout_s=2" in msg and "firewall" in msg
+    if rank == 0:
+        assert "1/2 clients joined" in msg  # torch's count of who arrived, passed on
