@@ -56,7 +56,14 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         return run_guarded(_run, cfg)
     except Exception as e:
         line = user_error_line(e)
-        if line is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if line is None and type(e).__name__ == "RankFailedError":
+            # Its message is the failing rank's own traceback (or how it died); the parent's
+            # frames (run_ranks waiting on the workers) would only bury it.
+            log.error("%s", e)
+            raise SystemExit(1) from None
+        if line is None:
             raise
         log.error("%s", line)
         raise SystemExit(line) from None

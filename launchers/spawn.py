@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 import traceback
 from datetime import timedelta
@@ -67,6 +68,21 @@ def _record_failure(run_dir: Path, tag: str, rank: int) -> None:
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{tag}_rank{rank}.json").write_text(json.dumps(
         {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
+
+
+def _killed_by_signal(procs: list, first_rank: int) -> list[tuple[int, str]]:
+    """(global rank, signal name) of local workers that died by a signal other than the SIGTERM
+    torch's join() sends to the survivors of a failure."""
+    out = []
+    for i, p in enumerate(procs):
+        code = p.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            out.append((first_rank + i, name))
+    return out
 
 
 def _first_failure(run_dir: Path, tag: str) -> dict[str, Any] | None:
@@ -214,12 +230,22 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
             torch.multiprocessing.ProcessExitedException) as e:
         first = _first_failure(run_dir, tag)
         shutil.rmtree(run_dir / ".errors", ignore_errors=True)
-        if first is None:  # killed by a signal (OOM killer, ...) before it could report
+        lost = first is not None and ("closed by peer" in first["traceback"]
+                                      or "Connection reset" in first["traceback"])
+        killed = _killed_by_signal(ctx.processes, int(cfg.dist.rank) * int(cfg.dist.gpus))
+        if killed and (first is None or lost):
+            # The real cause: a local rank died without a word (OOM killer, kill -9); a peer's
+            # "connection reset" is only its consequence.
+            r, sig = killed[0]
+            after = (f"; rank {first['rank']} then lost its connection:\n{first['traceback']}"
+                     if first else "")
+            raise RankFailedError(f"rank {r} was killed by {sig} before it could report (out of "
+                                  f"memory? see `dmesg` or the job's memory limit; log: "
+                                  f"{run_dir}/rank{r}.log){after}") from None
+        if first is None:
             raise RankFailedError(f"a worker process died: {e}. See {run_dir}/rank*.log") from None
-        hint = ""
-        if "closed by peer" in first["traceback"] or "Connection reset" in first["traceback"]:
-            hint = ("\n(this rank lost its connection: a rank on another machine probably failed "
-                    "first; see that machine's rank*.log)")
+        hint = ("\n(this rank lost its connection: a rank on another machine probably failed "
+                "first; see that machine's rank*.log)") if lost else ""
         raise RankFailedError(f"rank {first['rank']} failed (log: {run_dir}/rank{first['rank']}"
                               f".log):\n{first['traceback']}{hint}") from None
     finally:

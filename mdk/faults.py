@@ -10,6 +10,7 @@ comma-separated list of ``<action>:<point>:<n>[:<rank>]``
 * ``kill:save:N``  SIGKILL in the N-th checkpoint write of this process, after the temp file is
   written and fsynced but before it is renamed over the old file;
 * ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
+* ``raise:iter:N`` after optimizer step N, raise InjectedError (a bug-like crash of one rank);
 * ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
   mdk.engine.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
   iteration however fast the job runs (the hold changes no numbers).
@@ -34,14 +35,19 @@ HOLD_S = 20.0
 _calls: Counter = Counter()
 
 
+class InjectedError(RuntimeError):
+    """What ``raise:<point>:N`` raises: stands for a bug in one rank."""
+
+
 def _specs() -> list[tuple[str, str, int, int]]:
     raw = os.environ.get(ENV, "").strip()
     out = []
     for item in filter(None, (s.strip() for s in raw.split(","))):
         parts = item.split(":")
-        if len(parts) not in (3, 4) or parts[0] not in ("kill", "nan", "hold") or \
+        if len(parts) not in (3, 4) or parts[0] not in ("kill", "nan", "hold", "raise") or \
                 parts[1] not in ("iter", "eval", "save"):
-            raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use <kill|nan|hold>:<iter|eval|save>:<n>[:rank]")
+            raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use "
+                             "<kill|nan|hold|raise>:<iter|eval|save>:<n>[:rank]")
         out.append((parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0))
     return out
 
@@ -75,6 +81,8 @@ def at(point: str, n: int | None = None) -> None:
             _kill(f"at {point} {n}")
         if action == "hold" and p == point and k == n and rank == _rank():
             _hold(f"at {point} {n}")
+        if action == "raise" and p == point and k == n and rank == _rank():
+            raise InjectedError(f"{ENV}: injected error at {point} {n} on rank {rank}")
 
 
 def _hold(where: str) -> None:

@@ -21,11 +21,12 @@ PY = sys.executable
 ENV = {**os.environ, "MDK_NO_BOOTSTRAP": "1", "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
 
 
-def _run_py(cwd: Path, data: Path, *extra: str, launcher: tuple = (PY,)) -> subprocess.Popen:
+def _run_py(cwd: Path, data: Path, *extra: str, launcher: tuple = (PY,),
+            env: dict | None = None) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
     cmd = [*launcher, str(REPO / "run.py"), *TINY, "dataset.generate.num_val=24",
            f"paths.data={data}", f"paths.checkpoints={cwd}/ck", *extra]
-    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=cwd, env=env or ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -133,6 +134,24 @@ def test_distributed_eval_equals_single_process_with_odd_val_size(tmp_path):
     # A random model scores mAP 0; the oracle (jittered ground truth) checks a real number.
     assert 0.3 < single["oracle"]["map50"] < 0.95
     assert multi["oracle"] == single["oracle"]
+
+
+@pytest.mark.slow
+def test_real_command_crashing_rank_shows_its_traceback_not_the_parents(tmp_path):
+    """`python run.py dist.gpus=2` whose rank 1 raises at iteration 2: exit 1 within seconds
+    (rank 0 is not left waiting for the 60 s collective timeout), and what the user reads is
+    rank 1's traceback, not the frames of the parent waiting for its workers."""
+    t0 = time.monotonic()
+    p = _run_py(tmp_path / "c", tmp_path / "data", "dist.gpus=2",
+                env={**ENV, "MDK_FAULT": "raise:iter:2:1"})
+    out, _ = p.communicate(timeout=240)
+    took = time.monotonic() - t0
+    assert p.returncode == 1, out[-3000:]
+    assert "rank 1 failed" in out and "Traceback (most recent call last)" in out
+    assert "InjectedError: MDK_FAULT: injected error at iter 2 on rank 1" in out
+    assert "mdk/faults.py" in out  # the failing rank's own frames
+    assert "launchers/entry.py" not in out and "Error executing job" not in out
+    assert took < 45, f"took {took:.0f}s"
 
 
 def test_crashing_rank_stops_the_others_and_its_traceback_is_reported(tmp_path):
