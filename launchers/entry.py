@@ -61,8 +61,9 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         if line is None and type(e).__name__ == "RankFailedError":
             # Its message is the failing rank's own traceback (or how it died); the parent's
             # frames (run_ranks waiting on the workers) would only bury it.
-            log.error("%s", e)
-            raise SystemExit(1) from None
+            text = str(e)
+            log.error("%s", text.splitlines()[0])  # the run log gets the headline; rank*.log has it all
+            raise SystemExit(text) from None  # stderr, status 1
         if line is None:
             raise
         log.error("%s", line)

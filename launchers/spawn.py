@@ -33,6 +33,7 @@ from launchers.rendezvous import RendezvousError, connect, host_store, init_grou
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[DictConfig, Path], dict]
+STOP_GRACE_S = 3.0
 SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
 
 
@@ -224,7 +225,11 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
         _worker, args=(fn, plain, str(run_dir), addr, port, prefix, tag), nprocs=cfg.dist.gpus,
         join=False, start_method="spawn")
     try:
-        while not ctx.join():  # on the first failure join() SIGTERMs the other local ranks
+        # On the first failure join() gives the other local ranks STOP_GRACE_S to fail on their
+        # own (a peer's error reaches them as "connection reset", which makes a better report),
+        # then SIGTERMs them, and SIGKILLs after as long again: a rank stuck in a collective
+        # (its SIGTERM only asks the training loop to stop) is gone within seconds, not 30 s.
+        while not ctx.join(grace_period=STOP_GRACE_S):
             pass
     except (torch.multiprocessing.ProcessRaisedException,
             torch.multiprocessing.ProcessExitedException) as e:

@@ -42,3 +42,47 @@ def test_worker_ignores_preemption_signals(tiny_cfg):
     rest = list(it)  # a killed worker would raise "DataLoader worker ... exited unexpectedly"
     assert worker.exitcode in (None, 0)
     assert len(rest) + 1 == len(loader) == 48 // 8 and first[0].shape == (8, 3, 64, 64)
+
+
+def _grandchild_waits(ready_w: int) -> None:
+    """Child of a child: arm die_with_parent, report the pid, then just live on."""
+    import time
+
+    build.die_with_parent()
+    os.write(ready_w, f"{os.getpid()}\n".encode())
+    time.sleep(60)
+
+
+def test_worker_dies_with_its_rank():
+    """A forked loader worker holds copies of its rank's sockets: it must not outlive the rank
+    (a SIGKILLed rank otherwise looks alive to its peers, and the orphan lingers)."""
+    import multiprocessing as mp
+    import time
+
+    r, w = os.pipe()
+    ctx = mp.get_context("fork")
+
+    def rank() -> None:
+        ctx.Process(target=_grandchild_waits, args=(w,)).start()
+        time.sleep(60)
+
+    p = ctx.Process(target=rank)
+    p.start()
+    with os.fdopen(r) as f:
+        worker = int(f.readline())
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        # an orphan is reparented; once killed it may linger as a zombie of its new parent
+        with open(f"/proc/{worker}/stat") as st:
+            if st.read().split(")")[1].split()[0] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its killed parent by 5 s")

@@ -78,17 +78,38 @@ def build_data(cfg: DictConfig, grid: int) -> tuple[Any, Any]:
     return out
 
 
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader worker init: leave SIGTERM / SIGUSR2 to the training process.
+def init_loader_worker(worker_id: int) -> None:
+    """DataLoader worker init: leave stop signals to the trainer, and die with it.
 
     SLURM signals every process of a job step on preemption or time-out (SIGTERM, and submitit's
     SIGUSR2, whose default action is to terminate). A worker killed that way makes the next batch
     fetch raise "DataLoader worker ... killed by signal" before the trainer, which got the same
-    signal, can write last.pth at the step boundary. Ignored here, the worker lives on until the
-    trainer shuts the loader down or exits (workers also exit when their parent dies)."""
+    signal, can write last.pth at the step boundary. So both are ignored here.
+
+    Workers are forked, so they also hold copies of the rank's gloo sockets. If the rank is killed
+    (OOM killer, kill -9), a surviving worker keeps those connections open: the peer ranks see no
+    "connection reset" and wait for the collective timeout instead of failing at once, and an
+    orphaned worker can linger (holding the job's stdout). PR_SET_PDEATHSIG makes the kernel kill
+    the worker when the rank dies, however it dies."""
     for s in (signal.SIGTERM, getattr(signal, "SIGUSR2", None)):
         if s is not None:
             signal.signal(s, signal.SIG_IGN)
+    die_with_parent()
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+        log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, GlobalBatchSampler]:
@@ -104,7 +125,7 @@ def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, Glob
     # pickle the whole in-memory image cache into every worker every epoch.
     ctx = "fork" if nw > 0 and sys.platform == "linux" else None
     loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
-                        worker_init_fn=ignore_stop_signals if nw > 0 else None,
+                        worker_init_fn=init_loader_worker if nw > 0 else None,
                         pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(int(cfg.seed)))
     return loader, sampler
