@@ -91,26 +91,22 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     return box[0]
 
 
-class SyncBNUnavailable(RuntimeError):
-    pass
+def convert_sync_bn(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``dist.sync_bn=true``: every rank normalises with the statistics of the *global* batch
+    (what one process would compute).
 
-
-def convert_sync_bn(model: torch.nn.Module, device: torch.device,
-                    train: bool = True) -> torch.nn.Module:
-    """``dist.sync_bn=true``: BatchNorm -> SyncBatchNorm, so every rank normalises with the
-    statistics of the *global* batch (what one process would compute).
-
-    torch's SyncBatchNorm refuses CPU tensors in its training forward (torch 2.14 included), so a
-    CPU/gloo run that trains BN layers fails here, before the first step, with the alternatives.
-    Models without BN (folded from step2 on) are returned unchanged."""
+    CUDA: torch.nn.SyncBatchNorm. CPU (gloo): torch's SyncBatchNorm refuses CPU tensors in its
+    training forward, so mdk.sync_bn.GlobalBatchNorm2d does the same maths with plain tensor ops
+    and all-reduces. Models without BN (folded from step2 on) are returned unchanged."""
     n = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if n == 0:
         log.info("dist.sync_bn=true but the model has no BatchNorm at this stage; nothing to convert")
         return model
-    if device.type == "cpu" and train:
-        raise SyncBNUnavailable(
-            "dist.sync_bn=true needs CUDA: torch.nn.SyncBatchNorm does not train on CPU tensors. "
-            "On CPU use dist.sync_bn=false (each rank normalises with its own batch statistics) "
-            "or a BN-free model (model.net.batch_norm=false)")
+    if device.type == "cpu":
+        from mdk import sync_bn
+
+        log.info("dist.sync_bn=true: %d BatchNorm layers normalise over the global batch "
+                 "(mdk.sync_bn, gloo)", n)
+        return sync_bn.convert(model)
     log.info("dist.sync_bn=true: %d BatchNorm layers -> SyncBatchNorm", n)
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)

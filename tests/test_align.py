@@ -17,11 +17,12 @@ def _tiny(tmp_path, *extra):
 def test_alignment_config_switches_off_what_depends_on_the_split(tmp_path):
     cfg = _tiny(tmp_path, "trainer.amp=true")
     assert cfg.model.net.batch_norm is True
-    a = alignment_config(cfg, 8, 5, "float32", tmp_path)
-    if not torch.cuda.is_available():  # SyncBatchNorm cannot train on CPU: BN-free variant
-        assert a.model.net.batch_norm is False and a.dist.sync_bn is False
-    else:
-        assert a.model.net.batch_norm is True and a.dist.sync_bn is True
+    a = alignment_config(cfg, 8, 5, "float32", tmp_path)  # all-reduce: the BN-free variant...
+    assert a.model.net.batch_norm is False and a.dist.sync_bn is False
+    s = alignment_config(_tiny(tmp_path, "dist.sync_bn=true"), 8, 5, "float64", tmp_path)
+    assert s.model.net.batch_norm is True and s.dist.sync_bn is True  # ... or BN, synchronised
+    e = alignment_config(cfg, 8, 5, "float32", tmp_path, exact_chunk=2)  # chunks: BN-free variant
+    assert e.model.net.batch_norm is False and e.dist.exact_chunk == 2 and e.dist.cpu_threads == 1
     assert a.trainer.amp is False and a.trainer.batch_size == 8 and a.align.iters == 5
     assert cfg.model.net.batch_norm is True and cfg.trainer.amp is True  # input not mutated
 
@@ -79,3 +80,20 @@ def test_perturb_scales_floating_tensors_only():
     assert torch.equal(out["w"], perturb(state, 1e-3, seed=3)["w"])  # seeded
     assert torch.equal(state["w"], torch.full((1000,), 2.0))  # input untouched
 
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_sync_bn_model_aligns_in_float64_on_cpu(tmp_path):
+    """The BN model itself on 1 vs 2 gloo processes with dist.sync_bn=true (mdk.sync_bn): after a
+    step and after three, float64 weights agree to rounding. Conv biases feeding a BN get an exactly
+    zero gradient in exact arithmetic, so they only ever hold rounding noise: checked absolutely."""
+    cfg = _tiny(tmp_path, "dist.sync_bn=true", "optim=sgd")
+    for iters in (1, 3):
+        report = run_alignment(cfg, [2], batch_size=8, iters=iters, dtype="float64",
+                               out=tmp_path / f"al{iters}")
+        bias = [d for d in report[2] if d.name.endswith("conv.bias")]
+        rest = [d for d in report[2] if not d.name.endswith("conv.bias")]
+        assert any(d.name.endswith("bn.running_var") for d in rest)  # BN really is there
+        assert max(d.max_rel for d in rest) <= 1e-11, ckpt_diff.format_table(rest, 5)
+        assert max(d.max_abs for d in bias) <= 1e-13, ckpt_diff.format_table(bias, 5)

@@ -104,3 +104,41 @@ def ordered_sum_rank(cfg: DictConfig, run_dir: Path) -> dict:
     reduced = dist.all_reduce_sum(local)
     return {"ordered": dist.all_gather_object(ordered.item()),
             "allreduce": dist.all_gather_object(reduced.item())}
+
+
+def bn_batch(dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded global batch (8 x 4 channels x 5 x 5, shifted so mean and scale matter) and a
+    fixed upstream gradient for it."""
+    g = torch.Generator().manual_seed(3)
+    x = 3 + 2 * torch.randn(8, 4, 5, 5, generator=g, dtype=dtype)
+    return x, torch.randn(8, 4, 5, 5, generator=g, dtype=dtype)
+
+
+def global_bn_rank(cfg: DictConfig, run_dir: Path) -> dict:
+    """GlobalBatchNorm2d on this rank's contiguous share of bn_batch(): two training steps;
+    returns outputs, input gradients, the (summed) weight/bias gradients and running stats."""
+    from mdk import dist
+    from mdk.sync_bn import GlobalBatchNorm2d
+
+    r, w = dist.get_rank(), dist.world_size()
+    x, dy = bn_batch()
+    k = x.shape[0] // w
+    bn = GlobalBatchNorm2d(4).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 0.5, 2.0, -1.0]))
+        bn.bias.copy_(torch.tensor([0.0, 0.1, -0.2, 0.3]))
+    out = {}
+    for step in range(2):
+        xs = (x[r * k:(r + 1) * k] * (1 + step)).clone().requires_grad_(True)
+        y = bn(xs)
+        (y * dy[r * k:(r + 1) * k]).sum().backward()
+        out[f"y{step}"] = dist.all_gather_object(y.detach())
+        out[f"dx{step}"] = dist.all_gather_object(xs.grad)
+    out["dw"] = dist.all_reduce_sum(bn.weight.grad.clone())
+    out["db"] = dist.all_reduce_sum(bn.bias.grad.clone())
+    out["running"] = dist.all_gather_object((bn.running_mean, bn.running_var,
+                                             int(bn.num_batches_tracked)))
+    # through the JSON result file: plain lists
+    return {k: [t.tolist() if torch.is_tensor(t) else [u.tolist() if torch.is_tensor(u) else u
+                                                         for u in t] for t in v]
+            if isinstance(v, list) else v.tolist() for k, v in out.items()}

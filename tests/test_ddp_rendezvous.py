@@ -120,17 +120,21 @@ def test_sync_bn_converts_the_bn_preset(tmp_path):
 
     from mdk import dist
     from mdk.engine.build import build_model
+    from mdk.sync_bn import GlobalBatchNorm2d
 
     cfg = tiny_cfg(tmp_path, "model=gnetdet_small")  # the small preset has BN
-    model = build_model(cfg)
+    model = build_model(cfg).double()
     n_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert n_bn == 6  # one per hidden conv; the output conv has none
-    # train=False (eval/calibration) converts on CPU as well
-    conv = dist.convert_sync_bn(model, torch.device("cpu"), train=False)
-    assert sum(isinstance(m, torch.nn.SyncBatchNorm) for m in conv.modules()) == n_bn
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model.layers[0].bn.weight
+    conv = dist.convert_sync_bn(model, torch.device("cpu"))  # CPU: the gloo-capable module
+    assert sum(isinstance(m, GlobalBatchNorm2d) for m in conv.modules()) == n_bn
     assert not any(type(m) is torch.nn.BatchNorm2d for m in conv.modules())
-    with pytest.raises(dist.SyncBNUnavailable, match="dist.sync_bn=true needs CUDA"):
-        dist.convert_sync_bn(build_model(cfg), torch.device("cpu"), train=True)
+    after = conv.state_dict()  # same keys, dtypes and values: checkpoints do not notice
+    assert after.keys() == before.keys()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+    assert conv.layers[0].bn.weight is weight  # the very parameter, as torch's conversion does
     bn_free = build_model(tiny_cfg(tmp_path, "model.net.batch_norm=false"))
     assert dist.convert_sync_bn(bn_free, torch.device("cpu")) is bn_free
 

@@ -103,3 +103,37 @@ def test_align_exact_mode_is_bit_identical_for_worlds_1_2_4(tmp_path):
     w1 = torch.load(tmp_path / "al" / "world1.pth")["model"]
     moved, _ = ckpt_diff.diff_state_dicts(init, w1)
     assert max(d.max_rel for d in moved) > 1e-3  # training moved the weights
+
+
+@pytest.mark.ddp
+def test_sync_bn_on_gloo_equals_one_process_batchnorm(tmp_path):
+    """dist.sync_bn on CPU: 2 ranks with 4 images each normalise, back-propagate and update
+    running statistics exactly as one BatchNorm2d on all 8 (float64, two steps)."""
+    from launchers.spawn import run_ranks
+    from test_ddp_helpers import bn_batch, global_bn_rank
+
+    (tmp_path / "run").mkdir()
+    res = run_ranks(tiny_cfg(tmp_path, "dist.gpus=2"), tmp_path / "run", global_bn_rank)
+    x, dy = bn_batch()
+    bn = torch.nn.BatchNorm2d(4).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 0.5, 2.0, -1.0]))
+        bn.bias.copy_(torch.tensor([0.0, 0.1, -0.2, 0.3]))
+
+    def close(a, b) -> None:
+        a = torch.as_tensor(a, dtype=torch.float64)
+        assert a.shape == b.shape
+        assert float((a - b).abs().max()) <= 1e-12 * max(1.0, float(b.abs().max()))
+
+    for step in range(2):
+        xs = (x * (1 + step)).clone().requires_grad_(True)
+        y = bn(xs)
+        (y * dy).sum().backward()
+        close([v for part in res[f"y{step}"] for v in part], y.detach())
+        close([v for part in res[f"dx{step}"] for v in part], xs.grad)
+    close(res["dw"], bn.weight.grad)
+    close(res["db"], bn.bias.grad)
+    for mean, var, n in res["running"]:  # the same on both ranks, and as one process
+        close(mean, bn.running_mean)
+        close(var, bn.running_var)
+        assert n == int(bn.num_batches_tracked) == 2

@@ -105,7 +105,7 @@ class Trainer:
                else nullcontext())
         with ctx:
             pred = self.model(images)
-        terms = self.loss_fn(pred.float(), targets)
+        terms = self.loss_fn(pred, targets)  # the loss computes in float32 or float64
         loss = terms["total"]
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         return terms

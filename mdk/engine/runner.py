@@ -70,7 +70,7 @@ def run_stage(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     world = dist.world_size()
     if world > 1 and cfg.dist.sync_bn:
-        model = dist.convert_sync_bn(model, device, train=bool(cfg.step.train))
+        model = dist.convert_sync_bn(model, device)
     net = model
     if world > 1 and any(p.requires_grad for p in model.parameters()) and cfg.step.train:
         net = torch.nn.parallel.DistributedDataParallel(

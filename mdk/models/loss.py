@@ -42,8 +42,11 @@ class YoloLoss(nn.Module):
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """pred [N, 5B+C, S, S]; target [N, S, S, 5B+C] -> dict of loss terms and 'total'."""
         N, S = pred.shape[0], pred.shape[-1]
-        p = pred.permute(0, 2, 3, 1).float()
-        t = target.float()
+        # float32 at least (AMP's bf16/fp16 predictions), float64 kept (the alignment check mode:
+        # casting down would round per-image values that differ by 1e-16 between splits apart)
+        dt = torch.float64 if pred.dtype == torch.float64 else torch.float32
+        p = pred.permute(0, 2, 3, 1).to(dt)
+        t = target.to(dt)
         B = self.B
         pb = p[..., : 5 * B].reshape(N, S, S, B, 5)
         tb = t[..., :5].unsqueeze(3)  # the target box is replicated in every slot; take slot 0

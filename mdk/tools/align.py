@@ -15,9 +15,11 @@ What is made equal, and why it holds:
   contiguous slice, so every W sees the same images in the same global batches;
 * augmentation is seeded per (seed, epoch, image index): split-invariant, it stays on;
 * the loss is a mean over images and DDP averages over ranks: the gradient does not depend on W;
-* BatchNorm: per-rank batch statistics are not the global ones. On CUDA the tool sets
-  dist.sync_bn=true; torch's SyncBatchNorm cannot train on CPU, so on CPU the tool switches BN
-  off (model.net.batch_norm=false) and says so;
+* BatchNorm: per-rank batch statistics are not the global ones, and under dist.exact_chunk BN
+  would normalise per chunk, so a BN model is aligned as its BN-free variant
+  (model.net.batch_norm=false), and the tool says so. With ``--allreduce`` (or float64) and the
+  override dist.sync_bn=true it aligns the BN model itself, normalising over the global batch
+  (torch's SyncBatchNorm on CUDA, mdk.sync_bn on CPU/gloo);
 * AMP is switched off (its rounding depends on the batch split).
 
 Two ways of adding up the gradient, two kinds of result:
@@ -67,23 +69,20 @@ def alignment_config(cfg: DictConfig, batch_size: int, iters: int, dtype: str,
 
     ``exact_chunk``: world-size-invariant gradients in chunks of that many images, one CPU thread
     per process (a kernel's summation order follows its thread count)."""
-    use_cuda = torch.cuda.is_available() and cfg.trainer.device != "cpu"
     net: dict[str, Any] = {}
     dist: dict[str, Any] = {"nodes": 1, "rank": 0, "dist_url": "auto", "sync_bn": False,
                             "exact_chunk": exact_chunk,
                             "cpu_threads": 1 if exact_chunk else cfg.dist.get("cpu_threads", "auto")}
     if cfg.model.net.get("batch_norm", False):
-        if exact_chunk:
-            net["batch_norm"] = False
-            log.info("the model has BatchNorm, which normalises per chunk under dist.exact_chunk: "
-                     "aligning the BN-free variant (model.net.batch_norm=false)")
-        elif use_cuda:
+        if not exact_chunk and cfg.dist.sync_bn:
             dist["sync_bn"] = True
-            log.info("the model has BatchNorm: using SyncBatchNorm (dist.sync_bn=true)")
+            log.info("the model has BatchNorm and dist.sync_bn=true: normalising over the global "
+                     "batch (torch's SyncBatchNorm on CUDA, mdk.sync_bn on CPU)")
         else:
             net["batch_norm"] = False
-            log.info("the model has BatchNorm, and SyncBatchNorm cannot train on CPU: aligning "
-                     "the BN-free variant (model.net.batch_norm=false)")
+            log.info("the model has BatchNorm: aligning its BN-free variant "
+                     "(model.net.batch_norm=false)%s", "" if exact_chunk else
+                     "; add dist.sync_bn=true to align the BN model itself")
     return OmegaConf.merge(cfg, {
         # Only iters x batch images are read: decoding them beats caching the split in every rank.
         "model": {"net": net}, "dist": dist, "dataset": {"cache_images": False},
