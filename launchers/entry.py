@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.config import register_resolvers, stage_schedule, validate
+from mdk.config import ConfigError, register_resolvers, stage_schedule, validate
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
     """A new config whose `step` group is conf/step/<stage>.yaml (cfg itself is not mutated).
 
+    ``stages.<stage>`` (e.g. ``+stages.step3.epochs=12``) is merged into that stage's node first.
     The stage's own ``epochs`` (when not null) replaces ``trainer.epochs`` and ``lr_scale``
     multiplies ``optim.lr``: the fine-tuning stages after step1 are short and need their own
     length. Call it on the unresolved config so ``${trainer.epochs}`` (e.g. the cosine T_max)
@@ -27,6 +28,15 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
         step = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "step" / f"{stage}.yaml")
         new = OmegaConf.merge(cfg, {"step": None})
         new.step = step
+    extra = (cfg.get("stages") or {}).get(stage)
+    if extra:  # +stages.<stage>.<key>=value from the command line
+        unknown = sorted(set(extra) - set(new.step))
+        if unknown:
+            raise ConfigError(f"stages.{stage}.{unknown[0]} is not a key of conf/step/{stage}.yaml; "
+                              f"use one of {sorted(k for k in new.step if k != 'name')}")
+        if "name" in extra and extra.name != stage:
+            raise ConfigError(f"stages.{stage}.name={extra.name} cannot rename the stage")
+        new = OmegaConf.merge(new, {"step": extra})
     epochs, scale = stage_schedule(new.step, stage)
     if epochs is None and scale == 1.0:
         return new

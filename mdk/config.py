@@ -115,6 +115,14 @@ def validate(cfg: DictConfig) -> None:
         for s in cfg.pipeline:
             if s not in STAGES:
                 raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {list(STAGES)}")
+        running = list(cfg.pipeline) or [cfg.step.name]
+        for s in cfg.get("stages") or {}:
+            if s not in STAGES:
+                raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(STAGES)}")
+            if s not in running:
+                raise ConfigError(f"stages.{s}.* is set but {s} does not run in this command "
+                                  f"(stages: {', '.join(running)}); add it to pipeline=[...] or "
+                                  "drop the override")
         if str(cfg.chip) not in CHIPS:
             raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of {', '.join(CHIPS)}")
         names = list(cfg.dataset.class_names)

@@ -44,6 +44,9 @@ CASES = {
     "exact_chunk_with_bn": (["dist.exact_chunk=2"],
                             ["config error: dist.exact_chunk=2 cannot train step1 with BatchNorm",
                              "model.net.batch_norm=false"]),
+    "stage_override_not_running": (["+stages.step3.epochs=12"],
+                                   ["config error: stages.step3.* is set but step3 does not run "
+                                    "in this command (stages: step1)"]),
     "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
     "nccl_without_cuda": (["dist.backend=nccl"], ["config error: dist.backend=nccl needs CUDA GPUs"]),
     "cuda_without_gpu": (["trainer.device=cuda"], ["config error: trainer.device=cuda but this machine "

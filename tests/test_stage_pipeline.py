@@ -91,3 +91,33 @@ def test_bad_stage_schedule_names_the_key(bad):
 
     with pytest.raises(ConfigError, match=bad.split("=")[0]):
         stage_config(compose(TINY + ["step=step2", bad]), "step2")
+
+
+def test_stages_override_one_stage_of_a_pipeline():
+    """+stages.<stage>.<key>=v reaches that stage only; step.* stays with the `step` stage."""
+    cfg = compose(TINY + [f"pipeline=[{','.join(CHAIN)}]", "trainer.epochs=7", "optim.lr=0.004",
+                          "+stages.step3.epochs=12", "+stages.step3.lr_scale=0.25",
+                          "+stages.step2.init_required=false"])
+    validate(cfg)
+    s3 = stage_config(cfg, "step3")
+    assert s3.step.epochs == 12 and s3.trainer.epochs == 12 and s3.scheduler.T_max == 12
+    assert s3.optim.lr == pytest.approx(0.001) and s3.step.init_from == "cal"  # the rest kept
+    assert stage_config(cfg, "step2").step.init_required is False
+    step4 = OmegaConf.load(REPO / "conf" / "step" / "step4.yaml")
+    assert stage_config(cfg, "step4").trainer.epochs == step4.epochs  # untouched
+    assert stage_config(cfg, "step1").trainer.epochs == 7
+
+
+@pytest.mark.parametrize("over, needle", [
+    ("+stages.step3.epoch=12", r"stages\.step3\.epoch is not a key of conf/step/step3\.yaml; use "
+                               r"one of \['calibrate', 'epochs'"),
+    ("+stages.step3.epochs=0", r"step\.epochs=0 \(step3\) must be an integer >= 1"),
+    ("+stages.step5.epochs=2", r"stages\.step5 is not a stage"),
+])
+def test_bad_stages_override_names_the_key(over, needle):
+    from mdk.config import ConfigError
+
+    cfg = compose(TINY + [f"pipeline=[{','.join(CHAIN)}]", over])
+    with pytest.raises(ConfigError, match=needle):
+        validate(cfg)
+        stage_config(cfg, "step3")
