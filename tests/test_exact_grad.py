@@ -137,3 +137,32 @@ def test_sync_bn_on_gloo_equals_one_process_batchnorm(tmp_path):
         close(mean, bn.running_mean)
         close(var, bn.running_var)
         assert n == int(bn.num_batches_tracked) == 2
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_exact_chunk_quantized_stage_of_a_bn_model_is_world_size_invariant(tmp_path):
+    """From step2 on BN is folded, so exact chunks work with the BN model: step3 (5-bit weights
+    and activations) on 1 and on 2 processes ends with the same bits."""
+    import shutil
+
+    from launchers.entry import stage_config
+    from launchers.spawn import run_ranks
+    from mdk.engine.runner import run_stage
+
+    base = tiny_cfg(tmp_path, "trainer.batch_size=8", "trainer.epochs=1")
+    assert base.model.net.batch_norm is True
+    (tmp_path / "run").mkdir()
+    for s in ("step1", "step2", "cal"):
+        run_stage(stage_config(base, s), tmp_path / "run")
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck2")
+    states = []
+    for world, ck in ((1, "ck"), (2, "ck2")):
+        cfg = tiny_cfg(tmp_path, "trainer.batch_size=8", "trainer.epochs=1", "step=step3",
+                       f"paths.checkpoints={tmp_path}/{ck}", f"dist.gpus={world}",
+                       "dist.exact_chunk=2", "dist.cpu_threads=1")
+        run_ranks(stage_config(cfg, "step3"), tmp_path / "run", run_stage)
+        states.append(torch.load(tmp_path / ck / "step3" / "last.pth", weights_only=False))
+    a, b = states
+    assert a["iter"] == b["iter"] > 0 and b["world_size"] == 2
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
