@@ -135,8 +135,6 @@ def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) 
     world = cfg.dist.gpus * cfg.dist.nodes
     timeout = float(cfg.dist.timeout_s)
     os.environ["LOCAL_RANK"] = str(env.local_rank)
-    if cfg.dist.get("cpu_threads", "auto") != "auto":
-        set_cpu_threads(cfg)
     if env.source == "torchrun":
         # torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT; env:// reuses it.
         try:
@@ -199,11 +197,11 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     """Run ``fn(cfg, run_dir)`` on every rank of this machine; return rank 0's result."""
     check_shm(int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0) or 0))
     env: ProcessEnv = detect()
+    if cfg.dist.get("cpu_threads", "auto") != "auto":  # auto: torch's default in this process
+        set_cpu_threads(cfg)  # (spawned workers below always set theirs)
     if env.external:
         return _run_external(cfg, run_dir, fn, env)
     world = cfg.dist.gpus * cfg.dist.nodes
-    if cfg.dist.get("cpu_threads", "auto") != "auto":  # auto: torch's default in this process
-        set_cpu_threads(cfg)
     if world == 1:
         return fn(cfg, run_dir)
     if backend_for(cfg) == "gloo":

@@ -99,15 +99,18 @@ def validate(cfg: DictConfig) -> None:
                 f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
                 f"world = {cfg.trainer.batch_size}/{world} = {cfg.trainer.batch_size // world}; "
                 f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
-        stages = list(cfg.pipeline) or [cfg.step.name]
-        if chunk is not None and cfg.model.net.get("batch_norm", False) and "step1" in stages:
+        running = list(cfg.pipeline) or [cfg.step.name]  # the stages this command runs
+        if chunk is not None and cfg.model.net.get("batch_norm", False) and "step1" in running:
             raise ConfigError(
                 f"dist.exact_chunk={chunk} cannot train step1 with BatchNorm "
                 "(model.net.batch_norm=true): each chunk would normalise with its own statistics. "
                 "Add model.net.batch_norm=false, or use exact_chunk from step2 on (BN is folded "
                 "there), or dist.exact_chunk=null")
-        if cfg.dist.get("cpu_threads", "auto") != "auto":
-            _int(cfg, "dist.cpu_threads", 1)
+        threads = cfg.dist.get("cpu_threads", "auto")
+        if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
+                                  or threads < 1):
+            raise ConfigError(f"dist.cpu_threads={threads!r} must be auto or an integer >= 1 "
+                              "(e.g. dist.cpu_threads=1)")
         if cfg.trainer.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"trainer.device={cfg.trainer.device!r} must be auto, cpu or cuda")
         if cfg.step.name not in STAGES:
@@ -115,7 +118,6 @@ def validate(cfg: DictConfig) -> None:
         for s in cfg.pipeline:
             if s not in STAGES:
                 raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {list(STAGES)}")
-        running = list(cfg.pipeline) or [cfg.step.name]
         for s in cfg.get("stages") or {}:
             if s not in STAGES:
                 raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(STAGES)}")

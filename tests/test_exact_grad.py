@@ -60,8 +60,10 @@ def test_exact_mode_refuses_batchnorm_and_bad_chunks(tmp_path):
         validate(tiny_cfg(tmp_path, "trainer.batch_size=8", "dist.gpus=2", "dist.exact_chunk=3"))
     with pytest.raises(ConfigError, match=r"dist\.exact_chunk=0 must be >= 1"):
         validate(tiny_cfg(tmp_path, "dist.exact_chunk=0"))
-    with pytest.raises(ConfigError, match=r"dist\.cpu_threads='many' must be an integer"):
+    with pytest.raises(ConfigError, match=r"dist\.cpu_threads='many' must be auto or an integer"):
         validate(tiny_cfg(tmp_path, "dist.cpu_threads=many"))
+    with pytest.raises(ConfigError, match=r"dist\.cpu_threads=0 must be auto or an integer >= 1"):
+        validate(tiny_cfg(tmp_path, "dist.cpu_threads=0"))
     validate(tiny_cfg(tmp_path, "trainer.batch_size=8", "dist.gpus=2", "dist.exact_chunk=2",
                       "dist.cpu_threads=1", "model.net.batch_norm=false"))
     # BN is folded from step2 on: exact gradients are fine there with the BN model
