@@ -65,10 +65,12 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         # still run and the sweep table shows it (launchers/sweep_summary.py).
         return run_guarded(_run, cfg)
     except Exception as e:
+        from launchers.spawn import RankFailedError
+
         line = user_error_line(e)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        if line is None and type(e).__name__ == "RankFailedError":
+        if line is None and isinstance(e, RankFailedError):
             # Its message is the failing rank's own traceback (or how it died); the parent's
             # frames (run_ranks waiting on the workers) would only bury it.
             text = str(e)

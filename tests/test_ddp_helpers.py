@@ -138,7 +138,11 @@ def global_bn_rank(cfg: DictConfig, run_dir: Path) -> dict:
     out["db"] = dist.all_reduce_sum(bn.bias.grad.clone())
     out["running"] = dist.all_gather_object((bn.running_mean, bn.running_var,
                                              int(bn.num_batches_tracked)))
-    # through the JSON result file: plain lists
-    return {k: [t.tolist() if torch.is_tensor(t) else [u.tolist() if torch.is_tensor(u) else u
-                                                         for u in t] for t in v]
-            if isinstance(v, list) else v.tolist() for k, v in out.items()}
+    return {k: _plain(v) for k, v in out.items()}  # through the JSON result file
+
+
+def _plain(x: object) -> object:
+    """Tensors (also inside lists/tuples) as nested lists."""
+    if torch.is_tensor(x):
+        return x.tolist()
+    return [_plain(v) for v in x] if isinstance(x, (list, tuple)) else x

@@ -15,10 +15,9 @@ all-reduce. It is for checking and reproducing runs, not for speed.
 """
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from typing import Callable
-
-import logging
 
 import torch
 

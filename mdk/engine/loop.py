@@ -13,6 +13,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from mdk.engine.exact_grad import chunked_forward_backward, prepare
+
 log = logging.getLogger(__name__)
 
 
@@ -47,7 +49,6 @@ class Trainer:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.exact_chunk = exact_chunk  # dist.exact_chunk: world-size-invariant gradients
         if exact_chunk:
-            from mdk.engine.exact_grad import prepare
             prepare(model, exact_chunk)
         self.loader, self.device = loader, device
         self.epochs, self.iters_per_epoch = epochs, iters_per_epoch
@@ -117,7 +118,6 @@ class Trainer:
         targets = targets.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
         if self.exact_chunk:
-            from mdk.engine.exact_grad import chunked_forward_backward
             self.loss_terms = chunked_forward_backward(self.model, self.forward_backward, images,
                                                        targets, self.exact_chunk)
         else:
