@@ -10,26 +10,25 @@ ensure_environment()
 tune_malloc()  # before torch allocates anything; see launchers/malloc.py
 add_plugin_path()  # our submitit launchers (Hydra takes launchers only from hydra_plugins.*)
 
-import warnings  # noqa: E402
-
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-# Our conf/hydra/launcher presets share the submitit plugin's names on purpose (so
-# `hydra/launcher=submitit_slurm` picks them); Hydra 1.3 warns about that on every run.
-warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema with the same name",
-                        category=UserWarning)
+from launchers.cli import restore_full_error, run_cli  # noqa: E402
+from mdk.schema import register_schemas  # noqa: E402
+
+register_schemas()  # typed config groups (mdk/schema.py), before Hydra composes
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> list:
+def main(cfg: DictConfig) -> object:
+    restore_full_error()
     from launchers.entry import run
 
     return run(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
     from launchers.env import leave_torchrun_rank
 
     leave_torchrun_rank()

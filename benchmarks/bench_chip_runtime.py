@@ -31,11 +31,11 @@ def main() -> None:
     import onnxruntime as ort
     import torch
 
-    from mdk.engine.build import build_model
+    from mdk.models.build import build_model
     from mdk.quant import calibrate
     from mdk.quant.export import ONNX_FILE, export_chip_model
     from mdk.quant.integer_ref import integer_forward
-    from mdk.quant.stages import apply_stage
+    from mdk.stage import apply_stage
 
     cfg = compose(list(args.overrides))
     torch.manual_seed(0)

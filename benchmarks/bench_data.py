@@ -76,7 +76,8 @@ def main() -> None:
 
     from mdk.data.build import build_datasets  # noqa: F401  (imported before timing)
     from mdk.engine import build
-    from mdk.quant.stages import apply_stage
+    from mdk.stage import apply_stage
+    from mdk.world import single_process
 
     common.set_threads(a.threads)
     cfg = common.compose(["step=step1", *a.overrides])
@@ -87,7 +88,7 @@ def main() -> None:
     build.seed_everything(cfg.seed)
     model = build.build_model(cfg)
     apply_stage(model, "step1")
-    model.to(build.pick_device(cfg)).train()
+    model.to(single_process(cfg.trainer.device).device).train()
     (train_ds, val_ds), wall, cpu = _timed(lambda: build.build_data(cfg, model.grid))
     print(f"build_data (train {len(train_ds)} + val {len(val_ds)} images): {wall:.1f} s wall, "
           f"{cpu:.1f} s CPU  {common.load()}")

@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from mdk.world import World  # noqa: E402
+
 # The default model (gnetdet_small, 192 px) on a smaller generated split. Data is loaded in each
 # training process (num_workers=0): with one thread per process the comparison is about
 # processes, and a loader worker would hand the 1-process run a second core for free.
@@ -33,7 +35,7 @@ DEFAULTS = ["dataset.generate.num_train=512", "dataset.generate.num_val=16", "lo
             "trainer.progress=false", "trainer.amp=false", "dataset.num_workers=0"]
 
 
-def bench_rank(cfg: DictConfig, run_dir: Path) -> dict:
+def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Train warm-up + timed iterations on this rank; rank 0 returns images/s."""
     from mdk import dist
     from mdk.engine import build
@@ -47,8 +49,8 @@ def bench_rank(cfg: DictConfig, run_dir: Path) -> dict:
     net = model
     if dist.world_size() > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)
-    train_ds, _ = build.build_data(cfg, model.grid)
-    loader, sampler = build.build_train_loader(cfg, train_ds)
+    train_ds, _ = build.build_data(cfg, model.grid, world)
+    loader, sampler = build.build_train_loader(cfg, train_ds, world)
     optimizer, _ = build.build_optim_sched(cfg, model, sampler.num_batches)
     trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
                       optimizer, loader, torch.device("cpu"), 10**6, sampler.num_batches,
@@ -80,7 +82,7 @@ def bench_rank(cfg: DictConfig, run_dir: Path) -> dict:
 
 def main() -> None:
     from launchers.spawn import run_ranks
-    from mdk.tools.align import compose_config
+    from launchers.align import compose_config
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -57,15 +57,16 @@ def main() -> None:
     from mdk.engine.hooks import (LRSchedulerHook, MetricsHook, NanGuardHook, ProgressHook,
                                   sampler_epoch_hook)
     from mdk.engine.loop import HookBase, Trainer
-    from mdk.engine.sampler import GlobalBatchSampler
+    from mdk.data.samplers import GlobalBatchSampler
     from mdk.engine.stop import StopOnRequestHook
     from mdk.models.loss import YoloLoss
-    from mdk.quant.stages import apply_stage
+    from mdk.stage import apply_stage
+    from mdk.world import single_process
     from mdk.sinks import build_sinks
 
     common.set_threads(a.threads)
     cfg = common.compose(["step=step1", *a.overrides])
-    device = build.pick_device(cfg)
+    device = single_process(cfg.trainer.device).device
     build.seed_everything(cfg.seed)
     model = build.build_model(cfg)
     batches = _batches(cfg, model.grid, a.iters)

@@ -36,7 +36,7 @@ def _rss_mb() -> float:
 def child(model_name: str, batch: int, ckpt: bool, steps: int, threads: int) -> dict:
     import torch
 
-    from mdk.engine.build import build_model
+    from mdk.models.build import build_model
     from mdk.models.loss import YoloLoss
 
     common.set_threads(threads)

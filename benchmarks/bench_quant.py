@@ -18,7 +18,7 @@ import torch
 
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
-from mdk.quant.stages import apply_stage
+from mdk.stage import apply_stage
 
 SMALL = dict(channels=[16, "M", 16, "M", 32, 32, "M", 64, 64, 64, "M", 64, 64, 64, "M",
                        64, 64, 64, 64, 64], mask_bits=[3] * 13 + [8] * 3)

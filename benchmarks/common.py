@@ -44,13 +44,9 @@ def machine() -> str:
 
 def compose(overrides: list[str]):
     """The real conf/ composed with ``overrides`` (as `python run.py <overrides>` would)."""
-    from hydra import compose as hcompose, initialize_config_dir
+    from mdk.compose import compose as mdk_compose
 
-    from mdk.config import register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return hcompose("config", overrides=overrides)
+    return mdk_compose(overrides)
 
 
 def clock(cpu_time: bool) -> Callable[[], float]:

@@ -9,43 +9,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.config import ConfigError, register_resolvers, stage_schedule, validate
+from mdk.config import register_resolvers, validate
+from mdk.stage import stage_config  # noqa: F401  (tests and tools import it from here too)
 
 log = logging.getLogger(__name__)
-
-
-def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
-    """A new config whose `step` group is conf/step/<stage>.yaml (cfg itself is not mutated).
-
-    ``stages.<stage>`` (e.g. ``+stages.step3.epochs=12``) is merged into that stage's node first.
-    The stage's own ``epochs`` (when not null) replaces ``trainer.epochs`` and ``lr_scale``
-    multiplies ``optim.lr``: the fine-tuning stages after step1 are short and need their own
-    length. Call it on the unresolved config so ``${trainer.epochs}`` (e.g. the cosine T_max)
-    follows the stage's value."""
-    if cfg.step.name == stage:
-        new = cfg
-    else:
-        step = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "step" / f"{stage}.yaml")
-        new = OmegaConf.merge(cfg, {"step": None})
-        new.step = step
-    extra = (cfg.get("stages") or {}).get(stage)
-    if extra:  # +stages.<stage>.<key>=value from the command line
-        unknown = sorted(set(extra) - set(new.step))
-        if unknown:
-            raise ConfigError(f"stages.{stage}.{unknown[0]} is not a key of conf/step/{stage}.yaml; "
-                              f"use one of {sorted(k for k in new.step if k != 'name')}")
-        if "name" in extra and extra.name != stage:
-            raise ConfigError(f"stages.{stage}.name={extra.name} cannot rename the stage")
-        new = OmegaConf.merge(new, {"step": extra})
-    epochs, scale = stage_schedule(new.step, stage)
-    if epochs is None and scale == 1.0:
-        return new
-    if new is cfg:
-        new = OmegaConf.merge(cfg, {})  # a copy (keeps interpolations and the struct flag)
-    if epochs is not None:
-        new.trainer.epochs = epochs
-    new.optim.lr = float(cfg.optim.lr) * scale
-    return new
 
 
 def _resolved(cfg: DictConfig) -> DictConfig:
@@ -85,19 +52,22 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
 def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     from hydra.core.hydra_config import HydraConfig
 
+    from launchers.env import detect
     from launchers.spawn import run_ranks
     from launchers.summary import print_summary
+    from mdk.config import running_stages
     from mdk.engine.runner import run_stage
     from mdk.preflight import preflight
 
     register_resolvers()
-    validate(cfg)
+    env = detect()
+    validate(cfg, env.world_size if env.external else None)  # the real world under torchrun/SLURM
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    stages = list(cfg.pipeline) or [cfg.step.name]
+    stages = running_stages(cfg)
     # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
-    preflight(configs[0])  # before any process is spawned
+    preflight(configs[0], env.world_size if env.external else None)  # before any process starts
     results = []
     for s, scfg in zip(stages, configs):
         if scfg.step.train:
@@ -105,8 +75,6 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
         else:
             log.info("=== %s ===  one pass, no training", s)
         results.append(run_ranks(scfg, run_dir, run_stage))
-    from launchers.env import detect
-
-    if detect().rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
+    if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
         print_summary(results, cfg, run_dir)
     return results

@@ -11,12 +11,13 @@ from typing import Optional
 
 @dataclass(frozen=True)
 class ProcessEnv:
-    source: str            # "torchrun" | "slurm" | "none"
+    source: str            # "torchrun" | "slurm" | "submitit_local" | "none"
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
+    local_world_size: int = 1  # processes on this machine (one GPU each with CUDA)
 
     @property
     def external(self) -> bool:
@@ -27,8 +28,10 @@ class ProcessEnv:
 def detect() -> ProcessEnv:
     e = os.environ
     if "TORCHELASTIC_RUN_ID" in e or ("RANK" in e and "WORLD_SIZE" in e and "MASTER_ADDR" in e):
-        return ProcessEnv("torchrun", int(e["RANK"]), int(e.get("LOCAL_RANK", 0)),
-                          int(e["WORLD_SIZE"]), e.get("MASTER_ADDR"), int(e.get("MASTER_PORT", 29500)))
+        world = int(e["WORLD_SIZE"])
+        return ProcessEnv("torchrun", int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world,
+                          e.get("MASTER_ADDR"), int(e.get("MASTER_PORT", 29500)),
+                          int(e.get("LOCAL_WORLD_SIZE", world)))
     ntasks = int(e.get("SLURM_NTASKS", "1") or 1)
     if "SLURM_PROCID" in e and ntasks > 1 and e.get("SUBMITIT_EXECUTOR") == "slurm":
         # submitit computes MASTER_ADDR/PORT from the job (port seeded by the job id).
@@ -36,7 +39,7 @@ def detect() -> ProcessEnv:
 
         te = submitit.helpers.TorchDistributedEnvironment()
         return ProcessEnv("slurm", te.rank, te.local_rank, te.world_size, te.master_addr,
-                          int(te.master_port))
+                          int(te.master_port), te.local_world_size)
     if e.get("SUBMITIT_EXECUTOR") == "local" and int(e.get("SUBMITIT_LOCAL_NTASKS", "1") or 1) > 1:
         # hydra/launcher=submitit_local with dist.gpus>1: submitit started one process per task
         # on this machine (without this, each would spawn dist.gpus workers of its own).
@@ -44,7 +47,7 @@ def detect() -> ProcessEnv:
 
         te = submitit.helpers.TorchDistributedEnvironment()
         return ProcessEnv("submitit_local", te.rank, te.local_rank, te.world_size, "127.0.0.1",
-                          int(te.master_port))
+                          int(te.master_port), te.local_world_size)
     return ProcessEnv("none")
 
 

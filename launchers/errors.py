@@ -15,7 +15,7 @@ from mdk.checkpoint import CheckpointError
 from mdk.config import ConfigError
 from mdk.data.voc import DataError
 from mdk.engine.loop import NonFiniteLossError
-from mdk.engine.stage_setup import MissingStageInput
+from mdk.errors import MissingStageInput
 
 KINDS: dict[type, str] = {
     ConfigError: "config error",

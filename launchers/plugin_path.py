@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,6 +18,10 @@ PLUGINS = Path(__file__).resolve().parent / "plugins"
 
 
 def add_plugin_path(export: bool = True) -> None:
+    # Our conf/hydra/launcher presets share the submitit plugin's names on purpose (so
+    # `hydra/launcher=submitit_slurm` picks them); Hydra 1.3 warns about that on every run.
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"(?s).*validated against ConfigStore schema with the same name")
     for p in (str(REPO), str(PLUGINS)):
         if p not in sys.path:
             sys.path.insert(0, p)

@@ -1,7 +1,9 @@
 """Start the ranks of a run: in this process, as local workers, or inside torchrun/SLURM tasks.
 
 The parent resolves the config and the run directory once and hands a plain (resolved) config to
-every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir. Every
+every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir. Each
+rank makes its ``mdk.world.World`` once, from the rank this module gave it (or, under
+torchrun/SLURM, from their environment: launchers/join.py), and the stage gets it as an argument. Every
 rank logs to ``<run_dir>/rank<r>.log``; rank-0-only side effects are decided in ``mdk.dist``.
 
 Failures: a rank that raises writes its traceback to ``<run_dir>/.errors/``; the parent kills the
@@ -18,34 +20,27 @@ import shutil
 import signal
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.env import ProcessEnv, detect, leave_process
+from launchers.join import StageFn, join_external
 from launchers.logs import remove_rank_file_handler, setup_worker_logging
-from launchers.rendezvous import RendezvousError, connect, host_store, init_group, parse_url
+from launchers.rendezvous import connect, host_store, init_group, parse_url
+from mdk.world import backend_for, check_local_size, make_world, single_process
 
 log = logging.getLogger(__name__)
 
-StageFn = Callable[[DictConfig, Path], dict]
 STOP_GRACE_S = 3.0
 SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
 
 
 class RankFailedError(RuntimeError):
     """A rank raised; the message carries that rank's traceback."""
-
-
-def backend_for(cfg: DictConfig) -> str:
-    b = str(cfg.dist.backend)
-    if b != "auto":
-        return b
-    return "nccl" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "gloo"
 
 
 def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
@@ -94,14 +89,15 @@ def _first_failure(run_dir: Path, tag: str) -> dict[str, Any] | None:
 def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, port: int,
             prefix: str, tag: str) -> None:
     cfg = OmegaConf.create(plain)
-    world = cfg.dist.gpus * cfg.dist.nodes
-    rank = cfg.dist.rank * cfg.dist.gpus + local_rank
-    os.environ["LOCAL_RANK"] = str(local_rank)
+    gpus = int(cfg.dist.gpus)
+    rank = cfg.dist.rank * gpus + local_rank
     setup_worker_logging(Path(run_dir), rank)
     set_cpu_threads(cfg)
     try:
-        init_group(backend_for(cfg), rank, world, addr, port, float(cfg.dist.timeout_s), prefix)
-        out = fn(cfg, Path(run_dir))
+        world = make_world(rank, local_rank, gpus * cfg.dist.nodes, gpus, cfg.trainer.device,
+                           cfg.dist.backend)
+        init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s), prefix)
+        out = fn(cfg, Path(run_dir), world)
         if rank == 0:
             (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out, default=str))
         tdist.barrier()  # leave together: no rank tears gloo down under a peer still using it
@@ -126,65 +122,16 @@ def set_cpu_threads(cfg: DictConfig) -> int:
     return n
 
 
-def _run_external(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv) -> dict:
-    """torchrun / SLURM started one process per rank already: join the group and run.
-
-    Each of those processes went through Hydra itself, so rank 0's resolved config and run dir
-    are broadcast and used by every rank (one process resolves the run), and every rank returns
-    rank 0's result (entry code that writes a summary then writes the same one)."""
-    world = cfg.dist.gpus * cfg.dist.nodes
-    timeout = float(cfg.dist.timeout_s)
-    os.environ["LOCAL_RANK"] = str(env.local_rank)
-    if env.source == "torchrun":
-        # torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT; env:// reuses it.
-        try:
-            tdist.init_process_group(backend_for(cfg), init_method="env://", rank=env.rank,
-                                     world_size=env.world_size, timeout=timedelta(seconds=timeout))
-        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / DistStoreError
-            raise RendezvousError(
-                f"rank {env.rank} of {env.world_size}: could not meet the other ranks at "
-                f"MASTER_ADDR:MASTER_PORT={env.master_addr}:{env.master_port} (from the "
-                f"environment: torchrun or the launcher that set RANK/WORLD_SIZE) within "
-                f"dist.timeout_s={timeout:g}: {str(e).splitlines()[0].rstrip('.')}. Check that "
-                "the rank-0 process is running, that every process got the same MASTER_ADDR, MASTER_PORT "
-                "and WORLD_SIZE, and that the port is reachable from this machine (firewall, "
-                "VPN, a network interface that is not the default one)") from e
-    else:
-        addr, port = env.master_addr or "127.0.0.1", env.master_port or 29500
-        store = host_store(f"{addr}:{port}", 2, timeout)[0] if env.rank == 0 else None
-        init_group(backend_for(cfg), env.rank, env.world_size, addr, port, timeout,
-                   f"mdk/{cfg.step.name}", store)
-    try:
-        box = [(OmegaConf.to_container(cfg, resolve=True), str(run_dir))]
-        tdist.broadcast_object_list(box, src=0)
-        cfg, run_dir = OmegaConf.create(box[0][0]), Path(box[0][1])
-        setup_worker_logging(run_dir, env.rank, keep_existing=env.rank == 0)
-        if env.rank == 0:
-            if env.world_size != world:
-                log.info("world size %d comes from %s (dist.gpus*dist.nodes=%d is ignored)",
-                         env.world_size, env.source, world)
-            if backend_for(cfg) == "gloo":
-                log.info("%s: %d CPU worker processes with gloo", env.source, env.world_size)
-        out = [fn(cfg, run_dir)]
-        tdist.broadcast_object_list(out, src=0)
-        # Leave together: a rank still tearing down gloo while a peer has exited can abort
-        # ("terminate called without an active exception") and fail the whole torchrun job.
-        tdist.barrier()
-        return out[0]
-    finally:
-        remove_rank_file_handler(env.rank)
-        tdist.destroy_process_group()
-
-
 def _run_inline(cfg: DictConfig, run_dir: Path, fn: StageFn, addr: str, port: int,
                 store: Any) -> dict:
+    """One rank on this machine (dist.gpus=1, several machines): this process is the rank."""
     rank = int(cfg.dist.rank)
-    os.environ["LOCAL_RANK"] = "0"
     setup_worker_logging(run_dir, rank, keep_existing=True)
     try:
-        init_group(backend_for(cfg), rank, cfg.dist.nodes, addr, port, float(cfg.dist.timeout_s),
+        world = make_world(rank, 0, int(cfg.dist.nodes), 1, cfg.trainer.device, cfg.dist.backend)
+        init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s),
                    f"mdk/{cfg.step.name}", store)
-        out = fn(cfg, run_dir)
+        out = fn(cfg, run_dir, world)
         tdist.barrier()  # leave together (see _worker)
         return out if rank == 0 else {"stage": cfg.step.name, "rank": rank}
     finally:
@@ -200,13 +147,15 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     if cfg.dist.get("cpu_threads", "auto") != "auto":  # auto: torch's default in this process
         set_cpu_threads(cfg)  # (spawned workers below always set theirs)
     if env.external:
-        return _run_external(cfg, run_dir, fn, env)
-    world = cfg.dist.gpus * cfg.dist.nodes
-    if world == 1:
-        return fn(cfg, run_dir)
-    if backend_for(cfg) == "gloo":
-        log.info("no CUDA: running %d CPU worker processes with gloo on this machine (world size "
-                 "%d)", cfg.dist.gpus, world)
+        return join_external(cfg, run_dir, fn, env)
+    size = cfg.dist.gpus * cfg.dist.nodes
+    # Machine checks before any process starts (two ranks on one GPU, CUDA asked for but absent).
+    check_local_size(cfg.trainer.device, int(cfg.dist.gpus))
+    if size == 1:
+        return fn(cfg, run_dir, single_process(cfg.trainer.device))
+    if backend_for(cfg.trainer.device, cfg.dist.backend) == "gloo":
+        log.info("running %d CPU worker processes with gloo on this machine (world size %d)",
+                 cfg.dist.gpus, size)
     timeout = float(cfg.dist.timeout_s)
     store = None
     if cfg.dist.rank == 0:  # machine 0 hosts the rendezvous for the whole run

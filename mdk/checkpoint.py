@@ -2,9 +2,9 @@
 
 A checkpoint is serialised in memory, written to a temp file in the same directory, fsynced and
 renamed over the old one, so a kill or a full disk at any moment leaves either the previous
-complete file or the new one, never a half-written ``last.pth``. Loading tells a truncated file
-from a foreign one and names the path; :func:`find_resume` falls back from an unreadable
-``last.pth`` to ``best.pth`` (both hold the full training state) with a warning.
+complete file or the new one, never a half-written file. Loading tells a truncated file from a
+foreign one and names the path. Which files a stage has and resumes from is
+mdk/stage_checkpoint.py's.
 
 Checkpoints are trusted local files written by this code (``weights_only=False``: they hold RNG
 states and the config); do not load files from untrusted sources.
@@ -22,20 +22,12 @@ from typing import Any, Optional
 import torch
 
 from mdk import faults
+from mdk.errors import CheckpointError, NonFiniteWeightsError
 
 log = logging.getLogger(__name__)
 
 ZIP_MAGIC = b"PK\x03\x04"      # torch.save's default (zip) format
 PICKLE_MAGIC = b"\x80"          # legacy torch.save / plain pickle protocol >= 2
-RESUME_NAMES = ("last.pth", "best.pth")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated, foreign, not writable or does not fit the model."""
-
-
-class NonFiniteWeightsError(CheckpointError):
-    """Refused to save a model whose weights contain NaN/Inf (the previous file is kept)."""
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -139,15 +131,6 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
     return obj
 
 
-def input_advice(stage: str, source: str) -> str:
-    """What to do about a bad input checkpoint of ``stage`` (read from ``source``'s folder)."""
-    if source == "step0":
-        return ("it is the pretrained starting point of {0}: put an mdk checkpoint (a dict with a "
-                "'model' entry) there, or remove it to start {0} from random weights").format(stage)
-    return (f"it is the input of {stage}: run `python run.py step={source}` again to rebuild it, "
-            "or restore it")
-
-
 def remove_stale_temps(stage_dir: Path) -> list[Path]:
     """Delete temp files left by a write that was killed before its rename (never a real file)."""
     stale = sorted(Path(stage_dir).glob(".*.pth.*.tmp"))
@@ -156,42 +139,6 @@ def remove_stale_temps(stage_dir: Path) -> list[Path]:
                     "intact", p)
         p.unlink(missing_ok=True)
     return stale
-
-
-def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
-    """The newest readable full-state checkpoint of a stage (last.pth, else best.pth), or (None, None).
-
-    An unreadable file is reported (path and defect), renamed to ``<name>.corrupt`` so nothing is
-    lost and the next save does not trip over it, and the next candidate is used.
-    """
-    stage_dir = Path(stage_dir)
-    remove_stale_temps(stage_dir)
-    found: list[tuple[int, Path, dict]] = []
-    for name in RESUME_NAMES:
-        p = stage_dir / name
-        if not p.is_file():
-            continue
-        try:
-            ck = load_checkpoint(p)
-        except CheckpointError as e:
-            aside = p.with_name(p.name + ".corrupt")
-            os.replace(p, aside)
-            log.warning("%s. Moved it to %s; resuming from the previous good checkpoint instead", e,
-                        aside)
-            continue
-        if "optimizer" not in ck or "iter" not in ck:
-            log.warning("%s has no training state (optimizer/iter); not resuming from it", p)
-            continue
-        found.append((int(ck["iter"]), p, ck))
-    if not found:
-        return None, None
-    it, p, ck = max(found, key=lambda t: (t[0], t[1].name == "last.pth"))
-    if p.name != "last.pth":
-        # Normal after a kill between writing best.pth and last.pth at an epoch end.
-        why = ("it is newer than last.pth" if any(q.name == "last.pth" for _, q, _ in found)
-               else "last.pth is missing or unusable")
-        log.warning("resuming from %s (iteration %d): %s", p, it, why)
-    return ck, p
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path,

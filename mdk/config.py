@@ -1,7 +1,9 @@
 """Config checks that run before any work: one clear error naming the bad key.
 
-Hydra already rejects unknown keys (struct mode) and unknown group choices; this adds types and
-ranges. The composed config is never mutated: derived values are returned, not written back.
+Hydra rejects unknown keys (struct mode), unknown group choices and, through the typed schemas of
+mdk/schema.py, values of the wrong type, at compose time. ``validate`` adds ranges and the checks
+that look at several keys at once. The composed config is never mutated: derived values are
+returned, not written back.
 """
 from __future__ import annotations
 
@@ -11,19 +13,18 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-STAGES = ("step1", "step2", "cal", "step3", "step4")
+from mdk.errors import ConfigError  # re-exported: mdk.config.ConfigError
+
 CHIPS = ("5801", "2801", "2803")
-
-
-class ConfigError(ValueError):
-    pass
+AMP_DTYPES = ("auto", "float16", "bfloat16")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, throw_on_missing=True)
 
 
-def _int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
+def _min(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
+    """An integer >= minimum (also type-checked here: validate runs on plain configs too)."""
     v = _get(cfg, key)
     if v is None and optional:
         return
@@ -31,12 +32,6 @@ def _int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> Non
         raise ConfigError(f"{key}={v!r} must be an integer (e.g. {key}={max(minimum, 1)})")
     if v < minimum:
         raise ConfigError(f"{key}={v} must be >= {minimum}")
-
-
-def _bool(cfg: DictConfig, key: str) -> None:
-    v = _get(cfg, key)
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key}={v!r} must be true or false")
 
 
 def _positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
@@ -49,6 +44,12 @@ def _positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
         raise ConfigError(f"{key}={v} must be > 0" + (" (or null to turn it off)" if optional else ""))
 
 
+def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    v = _get(cfg, key)
+    if str(v) not in allowed:
+        raise ConfigError(f"{key}={v!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}")
+
+
 def _check_dist_url(url: str) -> None:
     if url == "auto":
         return
@@ -58,82 +59,108 @@ def _check_dist_url(url: str) -> None:
                           "(e.g. dist.dist_url=10.0.0.1:29500), or auto on one machine")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError naming the first bad key; returns nothing on a good config."""
+def check_world(cfg: DictConfig, world_size: Optional[int] = None) -> None:
+    """The checks that depend on the world size: the real one when the launcher knows it (torchrun
+    or SLURM decide it, not ``dist.gpus * dist.nodes``), else the configured one."""
+    world = int(world_size or cfg.dist.gpus * cfg.dist.nodes)
+    where = ("the world size dist.gpus*dist.nodes" if world_size is None
+             else "the world size (processes started by the launcher)")
+    if cfg.trainer.batch_size % world:
+        raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size} is the global batch and "
+                          f"must divide by {where}={world}")
+    chunk = cfg.dist.get("exact_chunk")
+    if chunk is not None and (cfg.trainer.batch_size // world) % chunk:
+        raise ConfigError(
+            f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
+            f"world = {cfg.trainer.batch_size}/{world} = {cfg.trainer.batch_size // world}; "
+            f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
+
+
+def _check_trainer(cfg: DictConfig) -> None:
+    _min(cfg, "seed", 0)
+    for key, lo in (("epochs", 1), ("batch_size", 1), ("eval_every", 1),
+                    ("checkpoint_every_iters", 0), ("nan_skip_limit", 0)):
+        _min(cfg, f"trainer.{key}", lo)
+    for key in ("limit_train_batches", "limit_val_batches"):
+        _min(cfg, f"trainer.{key}", 1, optional=True)
+    _min(cfg, "trainer.num_workers", 0, optional=True)
+    _positive(cfg, "trainer.grad_clip", optional=True)
+    _positive(cfg, "optim.lr")
+    _one_of(cfg, "trainer.device", ("auto", "cpu", "cuda"))
+    _one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
+
+
+def _check_dist(cfg: DictConfig, world_size: Optional[int]) -> None:
+    for key, lo in (("gpus", 1), ("nodes", 1), ("rank", 0)):
+        _min(cfg, f"dist.{key}", lo)
+    _positive(cfg, "dist.timeout_s")
+    _check_dist_url(str(cfg.dist.dist_url))
+    _one_of(cfg, "dist.backend", ("auto", "gloo", "nccl"))
+    if cfg.dist.rank >= cfg.dist.nodes:
+        raise ConfigError(f"dist.rank={cfg.dist.rank} must be < dist.nodes={cfg.dist.nodes} "
+                          "(machine ranks count from 0)")
+    if cfg.dist.nodes > 1 and str(cfg.dist.dist_url) == "auto":
+        raise ConfigError("dist.dist_url=auto only works on one machine; with dist.nodes>1 give "
+                          "machine 0's address on every machine, e.g. dist.dist_url=10.0.0.1:29500")
+    _min(cfg, "dist.exact_chunk", 1, optional=True)
+    check_world(cfg, world_size)
+    threads = cfg.dist.get("cpu_threads", "auto")
+    if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
+                              or threads < 1):
+        raise ConfigError(f"dist.cpu_threads={threads!r} must be auto or an integer >= 1 "
+                          "(e.g. dist.cpu_threads=1)")
+
+
+def running_stages(cfg: DictConfig) -> list[str]:
+    """The stages this command runs: ``pipeline``, or the one named by ``step``."""
+    return [str(s) for s in cfg.pipeline] or [str(cfg.step.name)]
+
+
+def _check_stages(cfg: DictConfig) -> None:
+    """Pipeline entries and ``stages.*`` overrides name declared stages (conf/step/*.yaml)."""
+    running = running_stages(cfg)
+    chunk = cfg.dist.get("exact_chunk")
+    if chunk is not None and cfg.model.net.get("batch_norm", False) and "step1" in running:
+        raise ConfigError(
+            f"dist.exact_chunk={chunk} cannot train step1 with BatchNorm "
+            "(model.net.batch_norm=true): each chunk would normalise with its own statistics. "
+            "Add model.net.batch_norm=false, or use exact_chunk from step2 on (BN is folded "
+            "there), or dist.exact_chunk=null")
+    extra = list(cfg.get("stages") or {})
+    if not cfg.pipeline and not extra:
+        return  # `step=` was checked by Hydra (a group option)
+    from mdk.stage import stage_names
+
+    names = stage_names()
+    for s in cfg.pipeline:
+        if s not in names:
+            raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {names}")
+    for s in extra:
+        if s not in names:
+            raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(names)}")
+        if s not in running:
+            raise ConfigError(f"stages.{s}.* is set but {s} does not run in this command "
+                              f"(stages: {', '.join(running)}); add it to pipeline=[...] or "
+                              "drop the override")
+
+
+def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
+    """Raise ConfigError naming the first bad key; returns nothing on a good config.
+
+    ``world_size``: the real number of processes when something else started them (torchrun,
+    SLURM); by default ``dist.gpus * dist.nodes``."""
     try:
-        _int(cfg, "seed", 0)
-        _int(cfg, "trainer.epochs", 1)
-        _int(cfg, "trainer.batch_size", 1)
-        _int(cfg, "trainer.limit_train_batches", 1, optional=True)
-        _int(cfg, "trainer.limit_val_batches", 1, optional=True)
-        _int(cfg, "trainer.num_workers", 0, optional=True)
-        _int(cfg, "trainer.eval_every", 1)
-        _int(cfg, "trainer.checkpoint_every_iters", 0)
-        for k in ("resume", "amp", "activation_checkpointing", "progress"):
-            _bool(cfg, f"trainer.{k}")
-        _int(cfg, "trainer.nan_skip_limit", 0)
-        _positive(cfg, "trainer.grad_clip", optional=True)
-        _positive(cfg, "optim.lr")
-        _int(cfg, "dist.gpus", 1)
-        _int(cfg, "dist.nodes", 1)
-        _int(cfg, "dist.rank", 0)
-        _bool(cfg, "dist.sync_bn")
-        _positive(cfg, "dist.timeout_s")
-        _check_dist_url(str(cfg.dist.dist_url))
-        if cfg.dist.backend not in ("auto", "gloo", "nccl"):
-            raise ConfigError(f"dist.backend={cfg.dist.backend!r} must be auto, gloo or nccl")
-        if cfg.dist.rank >= cfg.dist.nodes:
-            raise ConfigError(f"dist.rank={cfg.dist.rank} must be < dist.nodes={cfg.dist.nodes} "
-                              "(machine ranks count from 0)")
-        if cfg.dist.nodes > 1 and str(cfg.dist.dist_url) == "auto":
-            raise ConfigError("dist.dist_url=auto only works on one machine; with dist.nodes>1 give "
-                              "machine 0's address on every machine, e.g. dist.dist_url=10.0.0.1:29500")
-        world = cfg.dist.gpus * cfg.dist.nodes
-        if cfg.trainer.batch_size % world:
-            raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size} is the global batch and "
-                              f"must divide by the world size dist.gpus*dist.nodes={world}")
-        _int(cfg, "dist.exact_chunk", 1, optional=True)
-        chunk = cfg.dist.get("exact_chunk")
-        if chunk is not None and (cfg.trainer.batch_size // world) % chunk:
-            raise ConfigError(
-                f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
-                f"world = {cfg.trainer.batch_size}/{world} = {cfg.trainer.batch_size // world}; "
-                f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
-        running = list(cfg.pipeline) or [cfg.step.name]  # the stages this command runs
-        if chunk is not None and cfg.model.net.get("batch_norm", False) and "step1" in running:
-            raise ConfigError(
-                f"dist.exact_chunk={chunk} cannot train step1 with BatchNorm "
-                "(model.net.batch_norm=true): each chunk would normalise with its own statistics. "
-                "Add model.net.batch_norm=false, or use exact_chunk from step2 on (BN is folded "
-                "there), or dist.exact_chunk=null")
-        threads = cfg.dist.get("cpu_threads", "auto")
-        if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
-                                  or threads < 1):
-            raise ConfigError(f"dist.cpu_threads={threads!r} must be auto or an integer >= 1 "
-                              "(e.g. dist.cpu_threads=1)")
-        if cfg.trainer.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"trainer.device={cfg.trainer.device!r} must be auto, cpu or cuda")
-        if cfg.step.name not in STAGES:
-            raise ConfigError(f"step.name={cfg.step.name!r} must be one of {', '.join(STAGES)}")
-        for s in cfg.pipeline:
-            if s not in STAGES:
-                raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {list(STAGES)}")
-        for s in cfg.get("stages") or {}:
-            if s not in STAGES:
-                raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(STAGES)}")
-            if s not in running:
-                raise ConfigError(f"stages.{s}.* is set but {s} does not run in this command "
-                                  f"(stages: {', '.join(running)}); add it to pipeline=[...] or "
-                                  "drop the override")
+        _check_trainer(cfg)
+        _check_dist(cfg, world_size)
+        _check_stages(cfg)
         if str(cfg.chip) not in CHIPS:
             raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of {', '.join(CHIPS)}")
         names = list(cfg.dataset.class_names)
         if cfg.dataset.num_classes != len(names):
             raise ConfigError(f"dataset.num_classes={cfg.dataset.num_classes} but dataset.class_names "
                               f"has {len(names)} names; make them agree")
-        _int(cfg, "model.image_size", 32)
-        if cfg.logger.log_every < 1:
-            raise ConfigError(f"logger.log_every={cfg.logger.log_every} must be >= 1")
+        _min(cfg, "model.image_size", 32)
+        _min(cfg, "logger.log_every", 1)
     except ConfigError:
         raise
     except Exception as e:  # a missing mandatory value (???) or an interpolation that fails
@@ -155,19 +182,10 @@ def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
                       device_count: Optional[int] = None) -> None:
     """Checks against this machine (before any process is spawned): CUDA asked for but absent,
     more processes per node than GPUs, NCCL without CUDA. Arguments override detection (tests)."""
-    import torch
+    from mdk.world import backend_for, check_local_size
 
-    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
-    n = (torch.cuda.device_count() if cuda else 0) if device_count is None else device_count
-    device, gpus, backend = cfg.trainer.device, cfg.dist.gpus, cfg.dist.backend
-    if device == "cuda" and not cuda:
-        raise ConfigError("trainer.device=cuda but this machine has no usable CUDA GPU; use "
-                          "trainer.device=auto (CPU here) or run on a GPU machine")
-    if backend == "nccl" and (not cuda or device == "cpu"):
-        raise ConfigError("dist.backend=nccl needs CUDA GPUs; use dist.backend=auto (gloo on CPU)")
-    if cuda and device != "cpu" and gpus > n:
-        raise ConfigError(f"dist.gpus={gpus} but this machine has {n} GPU(s); use dist.gpus<={n}, "
-                          "or trainer.device=cpu to run CPU worker processes")
+    backend_for(cfg.trainer.device, cfg.dist.backend, cuda_available)
+    check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
 
 
 def check_writable(cfg: DictConfig, root: str | Path) -> None:

@@ -1,8 +1,10 @@
 """The one module that owns distributed state.
 
-Every other module asks here for rank / world size / device and never reads RANK, SLURM_* or
-MASTER_* itself. All helpers are safe to call when torch.distributed is not initialised
-(single process): rank 0 of a world of 1.
+Every other module asks here for rank / world size and never reads RANK, SLURM_* or MASTER_*
+itself (the launcher makes the process's ``mdk.world.World`` once). All helpers are safe to call
+when torch.distributed is not initialised (single process): rank 0 of a world of 1. Collectives
+take tensors on any device and move them to the backend's device (NCCL: this process's GPU;
+gloo: the CPU) when they are not already there.
 """
 from __future__ import annotations
 
@@ -36,17 +38,39 @@ def barrier() -> None:
         tdist.barrier()
 
 
-def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    """In-place MAX all-reduce (calibration caps); a no-op in a single process."""
-    if is_initialized():
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+def comm_device() -> torch.device:
+    """Where tensors of a collective must live: this process's GPU under NCCL, else the CPU."""
+    if is_initialized() and tdist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_reduce(t: torch.Tensor, op: tdist.ReduceOp) -> torch.Tensor:
+    """In-place all-reduce of ``t`` wherever it lives: a tensor on another device than the
+    backend's (a CPU flag under NCCL, a CUDA tensor under gloo) goes through a copy."""
+    if not is_initialized():
+        return t
+    dev = comm_device()
+    if t.device == dev:
+        tdist.all_reduce(t, op=op)
+    else:
+        buf = t.to(dev)
+        tdist.all_reduce(buf, op=op)
+        t.copy_(buf)
     return t
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """In-place MAX all-reduce (calibration caps, stop flags); a no-op in a single process."""
+    return _all_reduce(t, tdist.ReduceOp.MAX)
+
+
+def all_reduce_min(t: torch.Tensor) -> torch.Tensor:
+    return _all_reduce(t, tdist.ReduceOp.MIN)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if is_initialized():
-        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-    return t
+    return _all_reduce(t, tdist.ReduceOp.SUM)
 
 
 def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -60,18 +84,20 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     in the same global order, and so is the result, bit for bit. ``parts`` must be non-empty, of
     one shape and dtype, and the same count on every rank."""
     rank, world = get_rank(), world_size()
+    home, dev = parts[0].device, comm_device() if world > 1 else parts[0].device
     acc = None
     if rank > 0:
-        acc = torch.empty_like(parts[0])
+        acc = torch.empty_like(parts[0], device=dev)
         tdist.recv(acc, src=rank - 1)
-    for p in parts:
+    for p in parts:  # additions on the backend's device (the same kernel in every split)
+        p = p.to(dev)
         acc = p.clone() if acc is None else acc.add_(p)
     assert acc is not None
     if rank < world - 1:
         tdist.send(acc, dst=rank + 1)
     if world > 1:
         tdist.broadcast(acc, src=world - 1)
-    return acc
+    return acc.to(home)
 
 
 def all_gather_object(obj: object) -> list:

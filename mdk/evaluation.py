@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mdk import dist
-from mdk.engine.sampler import ShardSampler
+from mdk.data.samplers import ShardSampler
 from mdk.models.yolo_codec import decode
 
 log = logging.getLogger(__name__)

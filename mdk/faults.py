@@ -88,7 +88,7 @@ def at(point: str, n: int | None = None) -> None:
 def _hold(where: str) -> None:
     import time
 
-    from mdk.engine.stop import stop_requested
+    from mdk.stop import stop_requested
 
     log.warning("%s: holding %s until a stop is requested (at most %.0f s)", ENV, where, HOLD_S)
     end = time.monotonic() + HOLD_S
@@ -117,25 +117,10 @@ def poison_loss(trainer: Any) -> None:
         return
     terms = trainer.loss_terms
     victim = next((k for k in terms if k != "total"), "total")
-    nan = torch.tensor(float("nan"))
+    # on the loss's own device: a CPU NaN among CUDA terms would be a fault of the injection
+    nan = torch.full_like(terms["total"].detach(), float("nan"))
     terms[victim] = terms["total"] = nan
     for p in trainer.model.parameters():
         if p.grad is not None:
             p.grad.fill_(float("nan"))
     log.warning("%s: injected NaN into loss term %r at iteration %d", ENV, victim, it)
-
-
-def make_hook() -> Any:
-    """A loop hook applying ``kill:iter`` and ``nan:iter`` faults (None when MDK_FAULT is unset)."""
-    if not enabled():
-        return None
-    from mdk.engine.loop import HookBase
-
-    class FaultHook(HookBase):
-        def after_backward(self) -> None:
-            poison_loss(self.trainer)
-
-        def after_step(self) -> None:
-            at("iter", self.trainer.iter)
-
-    return FaultHook()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Optional
 
 from omegaconf import DictConfig
 
-from mdk.checkpoint import (RESUME_NAMES, CheckpointError, input_advice, load_checkpoint,
-                            load_model_weights)
+from mdk.checkpoint import CheckpointError, load_checkpoint
 from mdk.config import check_environment, check_writable, resolve_path, validate
 
 log = logging.getLogger(__name__)
@@ -34,47 +34,46 @@ def _check_dataset(cfg: DictConfig) -> None:
 
 def _check_input(cfg: DictConfig) -> None:
     """The first stage's starting point: resumable files, else its input checkpoint, must fit."""
-    from mdk.engine.build import build_model, stage_dir
-    from mdk.engine.stage_setup import find_init, prepare_for_checkpoint
+    from mdk.models.build import build_model
+    from mdk.stage import StageSpec
+    from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
 
-    stage = cfg.step.name
-    own = stage_dir(cfg, stage)
-    if cfg.trainer.resume and any((own / n).is_file() for n in RESUME_NAMES):
+    spec = StageSpec.from_node(cfg.step)
+    checkpoints = StageCheckpointer(cfg, spec)
+    if cfg.trainer.resume and any((checkpoints.dir / n).is_file() for n in RESUME_NAMES):
         for n in RESUME_NAMES:
             try:
-                ck = load_checkpoint(own / n)
+                ck = load_checkpoint(checkpoints.dir / n)
             except CheckpointError:
                 continue  # the engine falls back from an unreadable file with a warning
-            _check_fits(cfg, ck, own / n, build_model, prepare_for_checkpoint,
-                        f"it is {stage}'s own checkpoint from an earlier run: use another "
+            _check_fits(build_model(cfg), ck, checkpoints.dir / n, load_into,
+                        f"it is {spec.name}'s own checkpoint from an earlier run: use another "
                         "paths.checkpoints, or trainer.resume=false to start this stage over")
             return
         return
-    init = find_init(cfg, stage)  # MissingStageInput names the stage to run first
+    init = checkpoints.input_path()  # MissingStageInput names the stage to run first
     if init is None:
         return
-    ck = load_checkpoint(init, advice=input_advice(stage, str(cfg.step.init_from)))
-    _check_fits(cfg, ck, init, build_model, prepare_for_checkpoint,
-                f"it is the input of {stage}: run step={cfg.step.init_from} again with the same "
+    ck = load_checkpoint(init, advice=input_advice(spec.name, str(spec.init_from)))
+    _check_fits(build_model(cfg), ck, init, load_into,
+                f"it is the input of {spec.name}: run step={spec.init_from} again with the same "
                 "model/dataset, or point paths.checkpoints at the matching run",
                 strict=ck.get("stage") is not None)
 
 
-def _check_fits(cfg, ck, path, build_model, prepare, advice: str, strict: bool = True) -> None:
-    model = build_model(cfg)
-    prepare(model, ck.get("stage", "step1"))
+def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None:
     try:
-        load_model_weights(model, ck["model"], path, strict=strict)
+        load(model, ck, path, strict=strict)
     except CheckpointError as e:
         raise CheckpointError(f"{e} ({advice})") from None
 
 
-def preflight(cfg: DictConfig) -> None:
+def preflight(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     """Raise ConfigError / DataError / CheckpointError / MissingStageInput before any work.
 
     ``cfg`` is the resolved config of the first stage to run (later stages of a pipeline get
-    their input from it)."""
-    validate(cfg)
+    their input from it); ``world_size`` the real one under torchrun/SLURM."""
+    validate(cfg, world_size)
     check_environment(cfg)
     check_writable(cfg, os.getcwd())
     _check_dataset(cfg)

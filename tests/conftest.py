@@ -13,6 +13,9 @@ sys.path.insert(0, str(REPO))
 from launchers.plugin_path import add_plugin_path  # noqa: E402
 
 add_plugin_path()  # our submitit launchers, for compose tests and the jobs they start
+from mdk.schema import register_schemas  # noqa: E402
+
+register_schemas()  # typed config groups, for tests that compose conf/ with Hydra directly
 pytest_plugins = ["slurm_fixture"]
 
 # A model and dataset small enough that a whole stage runs in seconds on one core.
@@ -29,17 +32,15 @@ TINY = [
     "logger=none",
     "scheduler.warmup.iters=2",
     "dataset.num_workers=0",  # in-process loading: tests can count and patch what is loaded
+    "trainer.device=cpu",  # CPU worker processes even where CUDA exists (tests/README: gpu marks)
 ]
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hcompose, initialize_config_dir
+    """The real conf/ composed with ``overrides`` (mdk's one compose helper)."""
+    from mdk.compose import compose as mdk_compose
 
-    from mdk.config import register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return hcompose("config", overrides=overrides)
+    return mdk_compose(overrides)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mdk.tools import ckpt_diff
-from mdk.tools.align import alignment_config, compose_config, run_alignment
+from launchers.align import alignment_config, compose_config, run_alignment
 from test_ddp_helpers import TINY
 
 
@@ -71,7 +71,7 @@ def test_ckpt_diff_reports_and_exits_by_tolerance(tmp_path, capsys):
 
 
 def test_perturb_scales_floating_tensors_only():
-    from mdk.tools.align import perturb
+    from launchers.align import perturb
 
     state = {"w": torch.full((1000,), 2.0), "n": torch.tensor(7)}
     out = perturb(state, 1e-3, seed=3)

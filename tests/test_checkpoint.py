@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from mdk import checkpoint as ck
-from mdk.checkpoint import (CheckpointError, NonFiniteWeightsError, atomic_save, find_resume,
-                            load_checkpoint, load_model_weights, save_checkpoint)
+from mdk.checkpoint import (CheckpointError, NonFiniteWeightsError, atomic_save, load_checkpoint,
+                            load_model_weights, save_checkpoint)
+from mdk.stage_checkpoint import find_resume
 
 
 def _state(it: int, value: float = 1.0) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mdk.world import World
 from test_ddp_helpers import REPO, TINY, eval_rank, raise_on_rank1, tiny_cfg
 
 pytestmark = pytest.mark.ddp
@@ -120,7 +121,7 @@ def test_distributed_eval_equals_single_process_with_odd_val_size(tmp_path):
     from launchers.spawn import run_ranks
 
     cfg1 = tiny_cfg(tmp_path, num_val=23)  # 23 images: not divisible by 2
-    single = eval_rank(cfg1, tmp_path)
+    single = eval_rank(cfg1, tmp_path, World())
     cfg2 = tiny_cfg(tmp_path, "dist.gpus=2", num_val=23)
     (tmp_path / "run").mkdir()
     multi = run_ranks(cfg2, tmp_path / "run", eval_rank)

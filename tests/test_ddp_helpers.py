@@ -7,29 +7,27 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+
+from mdk.world import World
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
         "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.image_size=64",
         "dataset.generate.num_train=64", "trainer.epochs=1", "trainer.limit_train_batches=3",
-        "logger=none", "trainer.progress=false"]
+        "logger=none", "trainer.progress=false", "trainer.device=cpu"]
 
 
 def tiny_cfg(tmp: Path, *extra: str, num_val: int = 24) -> DictConfig:
     """The real conf/ with the tiny CPU overrides, resolved (as the parent hands it to ranks)."""
-    from mdk.config import register_resolvers
+    from mdk.compose import compose
 
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*TINY, f"dataset.generate.num_val={num_val}",
-                                           f"paths.data={tmp}/data", f"paths.checkpoints={tmp}/ck",
-                                           *extra])
+    cfg = compose([*TINY, f"dataset.generate.num_val={num_val}", f"paths.data={tmp}/data",
+                   f"paths.checkpoints={tmp}/ck", *extra])
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
-def raise_on_rank1(cfg: DictConfig, run_dir: Path) -> dict:
+def raise_on_rank1(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Rank 1 fails after 0.5 s; rank 0 meanwhile waits in a collective it would never leave."""
     from mdk import dist
 
@@ -40,7 +38,7 @@ def raise_on_rank1(cfg: DictConfig, run_dir: Path) -> dict:
     return {"stage": "x"}
 
 
-def eval_rank(cfg: DictConfig, run_dir: Path) -> dict:
+def eval_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Evaluate a seeded tiny model on this rank's shard; return metrics and all detections."""
     from mdk import dist
     from mdk.engine import build
@@ -48,7 +46,7 @@ def eval_rank(cfg: DictConfig, run_dir: Path) -> dict:
 
     torch.manual_seed(0)
     model = build.build_model(cfg)
-    _, val_ds = build.build_data(cfg, model.grid)
+    _, val_ds = build.build_data(cfg, model.grid, world)
     bs = 4  # per rank, as in training
     res = evaluate(model, val_ds, bs, torch.device("cpu"), conf_thresh=0.0, nms_iou=0.5)
     dets, _, _ = predict(model, val_ds, bs, torch.device("cpu"), 0.0, 0.5)
@@ -89,7 +87,7 @@ class Oracle(torch.nn.Module):
 ORDER_SENSITIVE = [1e8, 1.0, -1e8, 1.0]
 
 
-def ordered_sum_rank(cfg: DictConfig, run_dir: Path) -> dict:
+def ordered_sum_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """This rank's contiguous share of ORDER_SENSITIVE summed with dist.ordered_sum, and the same
     share's local sum all-reduced, on every rank."""
     from mdk import dist
@@ -114,7 +112,7 @@ def bn_batch(dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Te
     return x, torch.randn(8, 4, 5, 5, generator=g, dtype=dtype)
 
 
-def global_bn_rank(cfg: DictConfig, run_dir: Path) -> dict:
+def global_bn_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """GlobalBatchNorm2d on this rank's contiguous share of bn_batch(): two training steps;
     returns outputs, input gradients, the (summed) weight/bias gradients and running stats."""
     from mdk import dist

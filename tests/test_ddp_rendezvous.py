@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from launchers import spawn
+from launchers.join import join_external
 from launchers.rendezvous import RendezvousError, check_in, connect, host_store, parse_url
-from mdk.engine.sampler import GlobalBatchSampler
+from mdk.data.samplers import GlobalBatchSampler
 
 
 def _closed_port() -> int:
@@ -119,7 +120,7 @@ def test_sync_bn_converts_the_bn_preset(tmp_path):
     from test_ddp_helpers import tiny_cfg
 
     from mdk import dist
-    from mdk.engine.build import build_model
+    from mdk.models.build import build_model
     from mdk.sync_bn import GlobalBatchNorm2d
 
     cfg = tiny_cfg(tmp_path, "model=gnetdet_small")  # the small preset has BN
@@ -155,7 +156,7 @@ def test_env_started_rank_that_cannot_meet_the_others_names_master_addr(rank, mo
     env = ProcessEnv("torchrun", rank, rank, 2, "127.0.0.1", port)
     t0 = time.monotonic()
     with pytest.raises(RendezvousError) as e:
-        spawn._run_external(cfg, tmp_path, lambda c, d: {}, env)
+        join_external(cfg, tmp_path, lambda c, d, w: {}, env)
     assert time.monotonic() - t0 < 20
     msg = str(e.value)
     assert f"rank {rank} of 2" in msg and f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}" in msg

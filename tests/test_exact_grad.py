@@ -7,7 +7,7 @@ import torch
 
 from mdk.config import ConfigError, validate
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
-from mdk.tools.align import _double_inputs
+from mdk.engine.align import _double_inputs
 from test_ddp_helpers import ORDER_SENSITIVE, ordered_sum_rank, tiny_cfg
 
 
@@ -93,7 +93,7 @@ def test_ordered_sum_adds_in_global_order_for_every_world_size(tmp_path, world):
 def test_align_exact_mode_is_bit_identical_for_worlds_1_2_4(tmp_path):
     """The alignment bar in float32: 1x8, 2x4 and 4x2 end with the same bits (difference 0)."""
     from mdk.tools import ckpt_diff
-    from mdk.tools.align import compose_config, run_alignment
+    from launchers.align import compose_config, run_alignment
     from test_ddp_helpers import TINY
 
     cfg = compose_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",

@@ -11,7 +11,7 @@ from mdk.engine import build
 from mdk.engine.loop import HookBase, Trainer
 from mdk.models.gnetdet import GNetDet
 from mdk.models.loss import YoloLoss
-from mdk.quant.stages import apply_stage
+from mdk.stage import apply_stage
 
 SMALL = dict(channels=[8, "M", 8, "M", 16, 16, "M", 16, 16, "M", 16, 16], mask_bits=[3] * 6 + [8] * 3)
 

@@ -10,7 +10,7 @@ import torch
 from launchers.entry import stage_config
 from mdk.checkpoint import load_checkpoint
 from mdk.engine.runner import run_stage
-from mdk.engine.stage_setup import MissingStageInput
+from mdk.errors import MissingStageInput
 
 
 def test_stage_without_its_input_says_what_to_run_first(tiny_cfg, tmp_path):

@@ -8,7 +8,7 @@ import torch
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
 from mdk.quant.calibrate import CapObserver, nearest_rank, percentile_exact
-from mdk.quant.stages import apply_stage
+from mdk.stage import apply_stage
 
 
 @pytest.mark.parametrize("n", [1, 7, 100, 1001, 300_000, 2_000_003])

@@ -8,7 +8,7 @@ from mdk.models.gnetdet import GNetDet, quantize_input
 from mdk.quant import calibrate
 from mdk.quant.bn_fold import fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
-from mdk.quant.stages import apply_stage, prepare_structure
+from mdk.stage import apply_stage, prepare_structure
 
 CFG = dict(num_classes=3, channels=[8, "M", 8, "M", 16, 16, "M", 16, "M", 16, "M", 16],
            mask_bits=[3] * 6 + [8, 8], image_size=64, batch_norm=True)

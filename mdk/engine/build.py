@@ -1,14 +1,13 @@
 """Build the objects of a run from the composed config (all through hydra.utils.instantiate)."""
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import random
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -19,7 +18,9 @@ from torch.utils.data import DataLoader
 from mdk import dist
 from mdk.config import resolve_path
 from mdk.data.build import build_datasets
-from mdk.engine.sampler import GlobalBatchSampler
+from mdk.data.samplers import GlobalBatchSampler
+from mdk.models.build import build_model  # noqa: F401  (re-exported: the engine's builders)
+from mdk.world import World, alone
 
 log = logging.getLogger(__name__)
 
@@ -30,46 +31,24 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(cfg: DictConfig) -> torch.device:
-    want = cfg.trainer.device
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("trainer.device=cuda but CUDA is not available; use trainer.device=auto")
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
+def build_loss(cfg: DictConfig) -> torch.nn.Module:
+    """The training loss (also reported on the val split)."""
+    if "loss" in cfg:
+        return instantiate(cfg.loss)
+    from mdk.models.loss import YoloLoss
+
+    return YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
 
 
-def build_model(cfg: DictConfig) -> torch.nn.Module:
-    model = instantiate(cfg.model.net)
-    if cfg.trainer.get("activation_checkpointing"):
-        # A training choice, not part of the model definition: a plain attribute the model reads.
-        if not hasattr(model, "activation_checkpointing"):
-            raise ValueError(f"trainer.activation_checkpointing=true but {type(model).__name__} "
-                             "does not support it; set it to false")
-        model.activation_checkpointing = True
-    patterns = list(cfg.model.freeze)
-    if patterns:
-        n = 0
-        for name, p in model.named_parameters():
-            if any(fnmatch.fnmatch(name, pat) for pat in patterns):
-                p.requires_grad_(False)
-                n += p.numel()
-        if n == 0:
-            raise ValueError(f"model.freeze={patterns} matched no parameter; names look like "
-                             f"{[k for k, _ in model.named_parameters()][:3]}")
-        log.info("froze %d parameters matching %s", n, patterns)
-    return model
-
-
-def build_data(cfg: DictConfig, grid: int) -> tuple[Any, Any]:
-    """Datasets; rank 0 generates/indexes the built-in data first, the others wait and reuse it."""
+def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None) -> tuple[Any, Any]:
+    """Datasets; rank 0 generates/indexes the built-in data first, the others wait and reuse it.
+    ``world`` None: this process alone."""
+    world = alone(world)
     cache_root = resolve_path(cfg.paths.data, os.getcwd())
     ds_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     ds_cfg["root"] = str(resolve_path(cfg.dataset.root, os.getcwd()))
     args = (ds_cfg, cfg.model.image_size, grid, cfg.model.net.boxes_per_cell, cfg.seed, cache_root)
-    if dist.is_main_process():
+    if world.is_main:
         out = build_datasets(*args)
         dist.barrier()
     else:
@@ -112,9 +91,11 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, GlobalBatchSampler]:
-    sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, dist.get_rank(),
-                                 dist.world_size(), cfg.seed, shuffle=True,
+def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = None
+                       ) -> tuple[DataLoader, GlobalBatchSampler]:
+    world = alone(world)
+    sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, world.rank, world.size,
+                                 cfg.seed, shuffle=True,
                                  limit_batches=cfg.trainer.limit_train_batches)
     nw = cfg.trainer.num_workers
     nw = int(cfg.dataset.get("num_workers", 0) if nw is None else nw)
@@ -126,7 +107,7 @@ def build_train_loader(cfg: DictConfig, train_ds: Any) -> tuple[DataLoader, Glob
     ctx = "fork" if nw > 0 and sys.platform == "linux" else None
     loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
                         worker_init_fn=init_loader_worker if nw > 0 else None,
-                        pin_memory=torch.cuda.is_available(),
+                        pin_memory=world.device.type == "cuda",
                         generator=torch.Generator().manual_seed(int(cfg.seed)))
     return loader, sampler
 
@@ -151,7 +132,3 @@ def set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     if "cuda" in s and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def stage_dir(cfg: DictConfig, stage: str) -> Path:
-    return resolve_path(cfg.paths.checkpoints, os.getcwd()) / stage

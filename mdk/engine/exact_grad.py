@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from mdk import dist
-from mdk.config import ConfigError
+from mdk.errors import ConfigError
 
 log = logging.getLogger(__name__)
 ForwardBackward = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
-from mdk import dist
+from mdk import dist, faults
 from mdk.engine.loop import HookBase, NonFiniteLossError, check_finite
+from mdk.stage_checkpoint import BEST, LAST
 from mdk.sinks import NullSink
 
 log = logging.getLogger(__name__)
@@ -48,58 +49,109 @@ class CheckpointHook(HookBase):
 
     ``state_fn`` builds the full training state (model, optimizer, scheduler, counters, RNG,
     config); it runs on every rank (gathering per-rank RNG states is a collective), and only
-    rank 0 writes."""
+    rank 0 writes, through ``save_fn(state, name)`` (the stage checkpointer's ``save``)."""
 
-    def __init__(self, stage_dir: Path, state_fn: Callable[[], dict], save_fn: Callable,
-                 every_iters: int = 0, best: float = float("-inf"), best_epoch: int = -1) -> None:
-        self.dir, self.state_fn, self.save_fn = Path(stage_dir), state_fn, save_fn
+    def __init__(self, state_fn: Callable[[], dict], save_fn: Callable[..., None],
+                 every_iters: int = 0, best: float = float("-inf"), best_epoch: int = -1,
+                 before_save: Optional[Callable[[], None]] = None) -> None:
+        self.state_fn, self.save_fn = state_fn, save_fn
         self.every_iters = every_iters
         self.best, self.best_epoch = best, best_epoch
+        self.before_save = before_save  # the NaN guard's check: never save after a bad step
 
     def save_last(self) -> None:
-        self._save(["last.pth"], epoch_done=False)
+        self._save([LAST], epoch_done=False)
 
     def _save(self, names: list[str], epoch_done: bool) -> None:
+        if self.before_save is not None:
+            self.before_save()
         state = self.state_fn()
         if not dist.is_main_process():
             return
         state.update(best_metric=self.best, best_epoch=self.best_epoch, epoch_done=epoch_done)
-        for n in names:
-            self.save_fn(state, self.dir / n)
+        self.save_fn(state, *names)
 
     def after_step(self) -> None:
         t = self.trainer
         if self.every_iters and t.iter % self.every_iters == 0 and t.batch_in_epoch < t.iters_per_epoch:
-            self._save(["last.pth"], epoch_done=False)
+            self._save([LAST], epoch_done=False)
 
     def after_epoch(self) -> None:
         t = self.trainer
-        names = ["last.pth"]
+        names = [LAST]
         m = getattr(t, "metrics", {}).get("map50")
         if m is not None and m > self.best:
             self.best, self.best_epoch = m, t.epoch
             # best.pth first: a kill between the two writes leaves the old last.pth, so the
             # epoch is replayed and best.pth rewritten (the other order would lose the new best).
-            names.insert(0, "best.pth")
+            names.insert(0, BEST)
         self._save(names, epoch_done=True)
 
 
 class NanGuardHook(HookBase):
-    """Before the optimizer step: a NaN/Inf loss stops the run naming the iteration and the term,
-    so no NaN ever reaches the weights or a checkpoint. With ``skip_limit`` > 0 that many bad
-    batches are skipped (no optimizer step) before it stops. One host sync per step; under DDP the
-    ranks agree (MAX all-reduce of the flag) so they all skip or all stop together."""
+    """A NaN/Inf loss stops the run naming the iteration and the term, and no NaN ever reaches a
+    checkpoint (the last good one is kept).
 
-    def __init__(self, skip_limit: int = 0) -> None:
+    Without a per-step host sync (``skip_limit`` 0, the default): each step records on the device
+    the first iteration whose loss was not finite; the flag is read (one sync, and under DDP one
+    MIN all-reduce so the ranks agree) only at ``check()``: at log steps, before every checkpoint
+    write (CheckpointHook calls it) and at each epoch end, before evaluation. The weights after a
+    bad step are never saved or evaluated. With ``skip_limit`` > 0 the answer is needed before
+    the optimizer step (skip it or not), so every step syncs once; that many bad batches are
+    skipped before it stops, the ranks agreeing through a MAX all-reduce."""
+
+    NONE = 2 ** 62  # "no bad iteration yet"
+
+    def __init__(self, skip_limit: int = 0, check_every: int = 10) -> None:
         self.limit, self.skipped = max(0, int(skip_limit)), 0
+        self.every = max(1, int(check_every))
+        self.first_bad: Optional[torch.Tensor] = None  # device int64: first bad iteration
+        self.bad_values: Optional[torch.Tensor] = None  # device float per term, at that iteration
 
     def after_backward(self) -> None:
         t = self.trainer
         terms = t.loss_terms
-        bad = torch.tensor([0.0 if torch.isfinite(terms["total"].detach()).all() else 1.0])
-        if dist.world_size() > 1:
-            bad = dist.all_reduce_max(bad.to(t.device)).cpu()
-        if not bad.item():
+        if self.limit:
+            self._skip_or_stop(terms)
+            return
+        vals = torch.stack([v.detach().float().reshape(()) for v in terms.values()])
+        bad = ~torch.isfinite(vals).all()
+        if self.first_bad is None:
+            self.first_bad = torch.full((), self.NONE, dtype=torch.int64, device=vals.device)
+            self.bad_values = torch.zeros_like(vals)
+        new = bad & (self.first_bad == self.NONE)
+        self.first_bad = torch.where(new, torch.full_like(self.first_bad, t.iter + 1), self.first_bad)
+        self.bad_values = torch.where(new, vals, self.bad_values)
+
+    def check(self) -> None:
+        """Raise if any step so far had a non-finite loss (every rank calls it: a collective)."""
+        if self.limit or self.first_bad is None:
+            return
+        first = dist.all_reduce_min(self.first_bad.clone())
+        it = int(first)
+        if it == self.NONE:
+            return
+        terms = self.trainer.loss_terms
+        if int(self.first_bad) == it:
+            bad = [(k, v) for k, v in zip(terms, self.bad_values.tolist()) if not math.isfinite(v)]
+            raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) "
+                                     f"{[k for k, _ in bad]} = {[v for _, v in bad]}. The last good "
+                                     "checkpoint is kept; lower optim.lr or check the data")
+        raise NonFiniteLossError(f"loss is not finite at iteration {it} on another rank. The last "
+                                 "good checkpoint is kept; lower optim.lr or check the data")
+
+    def after_step(self) -> None:
+        t = self.trainer
+        if t.iter % self.every == 0:
+            self.check()
+
+    def after_epoch(self) -> None:
+        self.check()
+
+    def _skip_or_stop(self, terms: dict[str, torch.Tensor]) -> None:
+        t = self.trainer
+        bad = (~torch.isfinite(terms["total"].detach()).all()).float().reshape(1)
+        if not dist.all_reduce_max(bad).item():
             return
         try:
             check_finite(terms, t.iter + 1)  # raises naming the term when it is this rank's loss
@@ -108,14 +160,23 @@ class NanGuardHook(HookBase):
                                      "check the data")
         except NonFiniteLossError as e:
             if self.skipped >= self.limit:
-                if self.limit:
-                    raise NonFiniteLossError(f"{e} (trainer.nan_skip_limit={self.limit} bad "
-                                             "batches were already skipped)") from None
-                raise
+                raise NonFiniteLossError(f"{e} (trainer.nan_skip_limit={self.limit} bad "
+                                         "batches were already skipped)") from None
             self.skipped += 1
             t.skip_step = True
             log.warning("%s; skipping this batch (%d of trainer.nan_skip_limit=%d)", e,
                         self.skipped, self.limit)
+
+
+class FaultHook(HookBase):
+    """Fault injection for the tests (``MDK_FAULT``, mdk/faults.py): kill -9 at an iteration,
+    NaN loss, injected errors. Registered only when MDK_FAULT is set."""
+
+    def after_backward(self) -> None:
+        faults.poison_loss(self.trainer)
+
+    def after_step(self) -> None:
+        faults.at("iter", self.trainer.iter)
 
 
 class MetricsHook(HookBase):

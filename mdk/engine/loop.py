@@ -14,6 +14,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
+from mdk.errors import NonFiniteLossError  # re-exported for the hooks
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,14 @@ class HookBase:
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class NonFiniteLossError(FloatingPointError):
-    pass
-
-
 class Trainer:
     """Runs epochs ``[start_epoch, epochs)``; state lives in attributes hooks may read."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, loader: Iterable, device: torch.device,
                  epochs: int, iters_per_epoch: int, amp: bool = False,
-                 grad_clip: Optional[float] = None, exact_chunk: Optional[int] = None) -> None:
+                 grad_clip: Optional[float] = None, exact_chunk: Optional[int] = None,
+                 amp_dtype: Optional[torch.dtype] = None) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.exact_chunk = exact_chunk  # dist.exact_chunk: world-size-invariant gradients
         if exact_chunk:
@@ -60,13 +58,14 @@ class Trainer:
         self.loss_terms: dict[str, torch.Tensor] = {}
         self.stop = False
         self.skip_step = False
-        self.amp_dtype: Optional[torch.dtype] = None
-        self.scaler: Optional[torch.amp.GradScaler] = None
-        if amp:
-            # bf16 autocast on CPU needs no scaler; fp16 on CUDA needs one against underflow.
-            self.amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-            if device.type == "cuda":
-                self.scaler = torch.amp.GradScaler("cuda")
+        # Mixed precision (mdk/engine/precision.py): ``amp_dtype`` given, or with ``amp`` the
+        # device's default (float16 on CUDA, bfloat16 on CPU). float16 needs a GradScaler
+        # against gradient underflow; bfloat16 has float32's exponent range and needs none.
+        if amp and amp_dtype is None:
+            amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+        self.amp_dtype: Optional[torch.dtype] = amp_dtype
+        self.scaler: Optional[torch.amp.GradScaler] = (
+            torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None)
 
     def register_hooks(self, hooks: list[Optional[HookBase]]) -> None:
         for h in hooks:
@@ -144,7 +143,7 @@ class Trainer:
 
 def check_finite(terms: dict[str, torch.Tensor], it: int) -> None:
     """Raise naming the iteration and the loss term that is NaN/Inf (one host sync)."""
-    vals = torch.stack([v.detach().float() for v in terms.values()]).cpu()
+    vals = torch.stack([v.detach().float().cpu() for v in terms.values()])
     if not torch.isfinite(vals).all():
         bad = [k for k, v in zip(terms, vals.tolist()) if not math.isfinite(v)]
         raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) {bad} = "

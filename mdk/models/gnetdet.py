@@ -42,6 +42,9 @@ class GNetDet(nn.Module):
         # trainer.activation_checkpointing: recompute activations in backward instead of storing
         # them (a plain attribute, not state: it changes memory, never the numbers).
         self.activation_checkpointing = bool(activation_checkpointing)
+        # Batch slices recomputed one at a time (1 = whole batches: trainer.deterministic, where
+        # a conv on a slice could pick another kernel and change the losses' last bits).
+        self.checkpoint_slices = CHECKPOINT_SLICES
         self.num_classes = num_classes
         self.boxes_per_cell = boxes_per_cell
         self.image_size = image_size
@@ -114,7 +117,7 @@ class GNetDet(nn.Module):
         if self.activation_checkpointing and self.training and torch.is_grad_enabled():
             for lo, hi in self.segments():
                 ctx = lambda lo=lo, hi=hi: (nullcontext(), self._frozen_bn(lo, hi))  # noqa: E731
-                if self._can_slice(lo, hi) and x.shape[0] > 1:
+                if self.checkpoint_slices > 1 and self._can_slice(lo, hi) and x.shape[0] > 1:
                     # Checkpoint each slice of the batch on its own: the backward then recomputes
                     # one slice's activations at a time. Storing less between forward and
                     # backward is not enough here: the backward of a 448-px layer needs several
@@ -122,7 +125,7 @@ class GNetDet(nn.Module):
                     # sets the peak (benchmarks/README.md). Results change only by float rounding.
                     x = torch.cat([checkpoint(self._run, xc, lo, hi, use_reentrant=False,
                                               context_fn=ctx)
-                                   for xc in x.chunk(CHECKPOINT_SLICES)])
+                                   for xc in x.chunk(self.checkpoint_slices)])
                 else:
                     x = checkpoint(self._run, x, lo, hi, use_reentrant=False, context_fn=ctx)
         else:

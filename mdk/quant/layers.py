@@ -92,7 +92,7 @@ class ChipConv(nn.Module):
             error_msgs.append(
                 f"{prefix}bn.*: the checkpoint has BatchNorm but this layer has none (it was folded "
                 "or the model was built without batch_norm). Load the checkpoint before "
-                "mdk.quant.stages.apply_stage (which folds BN), or set the model's batch_norm=true.")
+                "mdk.stage.apply_stage (which folds BN), or set the model's batch_norm=true.")
             return
         if prefix + "fused" not in state_dict:
             state_dict = dict(state_dict)

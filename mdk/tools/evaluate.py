@@ -7,9 +7,10 @@
 Prints mAP@0.5 and the mean loss (the same YOLO loss as training, so the numbers compare with the
 stage table of ``python run.py pipeline=[...]``). Hydra overrides compose the real ``conf/``.
 
-- A checkpoint is evaluated in its stage's mode: step1 float, step2 quantized weights, step3/step4
-  quantized weights + 5-bit activations. A ``cal`` checkpoint is evaluated as the cal stage reports
-  it: step2 weights with 5-bit activations at the calibrated caps (what step3 starts from).
+- A checkpoint is evaluated in its stage's evaluation mode (the stage record's ``eval_quant``,
+  mdk/stage.py): step1 float, step2 quantized weights, step3/step4 quantized weights + 5-bit
+  activations, and a ``cal`` checkpoint as the cal stage reports it: step2 weights with 5-bit
+  activations at the calibrated caps (what step3 starts from).
   The model architecture and ``chip`` come from the config saved in the checkpoint (so the net
   always fits), unless ``model...``/``chip`` overrides are given.
 - A chip model directory (``chip_model.json`` + ``weights.npz`` [+ ``model.onnx``]) runs either
@@ -31,11 +32,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
 RUNTIMES = ("integer", "onnx")
-# The mode a checkpoint of each stage is evaluated in (cal: as step3 starts from it).
-EVAL_MODE = {"step0": "step1", "step1": "step1", "step2": "step2", "cal": "step3",
-             "step3": "step3", "step4": "step4"}
 
 
 class ToolError(ValueError):
@@ -53,17 +50,13 @@ class Loaded:
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The real ``conf/`` composed with Hydra's compose API and ``overrides``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    """The real ``conf/`` composed with ``overrides`` (mdk.compose), errors as ToolError."""
+    from mdk.compose import compose
+    from mdk.errors import ConfigError
 
-    from mdk.config import register_resolvers
-
-    register_resolvers()
     try:
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            return compose("config", overrides=list(overrides))
-    except HydraException as e:
+        return compose(list(overrides))
+    except ConfigError as e:
         raise ToolError(f"bad override in {list(overrides)}: {e}") from None
 
 
@@ -87,29 +80,34 @@ def _with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) 
 
 
 def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
-    """A stage checkpoint as a model in its stage's evaluation mode (see EVAL_MODE)."""
-    from mdk.checkpoint import load_checkpoint, load_model_weights
-    from mdk.engine.build import build_model, pick_device
-    from mdk.quant.stages import apply_stage, prepare_structure
+    """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant)."""
+    from mdk.checkpoint import load_checkpoint
+    from mdk.stage_checkpoint import load_model_for, spec_of
+    from mdk.world import single_process
 
     ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
     cfg = _with_checkpoint_model(compose_config(overrides), ck, overrides)
-    stage = str(ck.get("stage", "step1"))
-    if stage not in EVAL_MODE:
-        raise ToolError(f"checkpoint {path} has unknown stage {stage!r}; expected one of "
-                        f"{sorted(EVAL_MODE)}")
-    model = build_model(cfg)
+    spec = spec_of(ck)
+    model, _ = load_model_for(cfg, path, mode="eval")
     if model.num_classes != int(cfg.dataset.num_classes):
         raise ToolError(f"checkpoint {path} predicts {model.num_classes} classes but "
                         f"dataset={cfg.dataset.name} has {cfg.dataset.num_classes}; choose the "
                         "dataset it was trained on (dataset=...)")
-    prepare_structure(model, stage)
-    load_model_weights(model, ck["model"], path)
-    mode = EVAL_MODE[stage]
-    apply_stage(model, mode, str(cfg.chip))
-    device = pick_device(cfg)
+    device = single_process(cfg.trainer.device).device
     return Loaded(model.to(device).eval(), cfg, device,
-                  f"checkpoint {path} (stage {stage}, evaluated as {mode})", "checkpoint")
+                  f"checkpoint {path} (stage {spec.name}, evaluated as {_mode_name(spec)})",
+                  "checkpoint")
+
+
+def _mode_name(spec: Any) -> str:
+    """The stage whose mode a checkpoint is evaluated in: its own, or (cal) the next stage's."""
+    from mdk.stage import stage_spec
+
+    if spec.eval_quant == spec.quant:
+        return spec.name
+    if spec.next and stage_spec(spec.next).quant == spec.eval_quant:
+        return spec.next
+    return str(spec.eval_quant)
 
 
 class ChipModelNet(nn.Module):
@@ -202,6 +200,7 @@ def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "in
 def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) -> Any:
     """The evaluation dataset: ``split`` (an ImageSets/Main name) or ``dataset.val_split``."""
     from mdk.engine.build import build_data
+    from mdk.world import World
 
     # One pass reads each image once anyway; caching would also decode the whole train split.
     patch: dict[str, Any] = {"cache_images": False}
@@ -211,20 +210,20 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
     grid = getattr(model, "grid", None) or image_size // 2 ** sum(
         1 for c in cfg.model.net.channels if c == "M")
     cfg = OmegaConf.merge(cfg, {"dataset": patch})
-    _, val = build_data(cfg, grid)
+    _, val = build_data(cfg, grid, World())
     return val
 
 
 def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer",
                   split: Optional[str] = None) -> dict[str, Any]:
     """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process)."""
+    from mdk.engine.build import build_loss
     from mdk.evaluation import evaluate
-    from mdk.models.loss import YoloLoss
 
     loaded = load_any(path, overrides, runtime)
     cfg = loaded.cfg
     ds = build_split(cfg, loaded.model, split)
-    loss_fn = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
+    loss_fn = build_loss(cfg)
     res = evaluate(loaded.model, ds, int(cfg.trainer.batch_size), loaded.device,
                    cfg.trainer.conf_thresh, cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
                    loss_fn=loss_fn, progress=bool(cfg.trainer.progress))

@@ -1,6 +1,6 @@
-"""Prove that W processes train the same model as one: ``python -m mdk.tools.align``.
+"""Prove that W processes train the same model as one: ``python -m launchers.align``.
 
-    python -m mdk.tools.align --worlds 2,4 --batch-size 8 --iters 20 [--dtype float64]
+    python -m launchers.align --worlds 2,4 --batch-size 8 --iters 20 [--dtype float64]
                               [--exact-chunk C | --allreduce] [k=v ...]
 
 Trailing ``key=value`` arguments are Hydra overrides of the real ``conf/`` (composed with the
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -46,114 +45,19 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-log = logging.getLogger("mdk.tools.align")
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from mdk.engine.align import alignment_config, perturb, train_rank
+
+log = logging.getLogger("launchers.align")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The real conf/ plus ``overrides``, resolved into a plain config (no Hydra run needed)."""
-    from hydra import compose, initialize_config_dir
+    from mdk.compose import compose
+    from mdk.config import validate
 
-    from mdk.config import register_resolvers, validate
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose(overrides)
     validate(cfg)
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-
-
-def alignment_config(cfg: DictConfig, batch_size: int, iters: int, dtype: str,
-                     out: Path, exact_chunk: Optional[int] = None) -> DictConfig:
-    """A new config with what alignment needs switched on/off (``cfg`` is not changed).
-
-    ``exact_chunk``: world-size-invariant gradients in chunks of that many images, one CPU thread
-    per process (a kernel's summation order follows its thread count)."""
-    net: dict[str, Any] = {}
-    dist: dict[str, Any] = {"nodes": 1, "rank": 0, "dist_url": "auto", "sync_bn": False,
-                            "exact_chunk": exact_chunk,
-                            "cpu_threads": 1 if exact_chunk else cfg.dist.get("cpu_threads", "auto")}
-    if cfg.model.net.get("batch_norm", False):
-        if not exact_chunk and cfg.dist.sync_bn:
-            dist["sync_bn"] = True
-            log.info("the model has BatchNorm and dist.sync_bn=true: normalising over the global "
-                     "batch (torch's SyncBatchNorm on CUDA, mdk.sync_bn on CPU)")
-        else:
-            net["batch_norm"] = False
-            log.info("the model has BatchNorm: aligning its BN-free variant "
-                     "(model.net.batch_norm=false)%s", "" if exact_chunk else
-                     "; add dist.sync_bn=true to align the BN model itself")
-    return OmegaConf.merge(cfg, {
-        # Only iters x batch images are read: decoding them beats caching the split in every rank.
-        "model": {"net": net}, "dist": dist, "dataset": {"cache_images": False},
-        "trainer": {"batch_size": batch_size, "limit_train_batches": None, "amp": False,
-                    "num_workers": 0, "progress": False, "resume": False},
-        "align": {"iters": iters, "dtype": dtype, "out": str(out)}})
-
-
-def _double_inputs(model: torch.nn.Module) -> None:
-    """float64 mode: the model's input quantizer emits float32; cast each conv layer's input to
-    its weight dtype so the whole forward runs in float64."""
-    def pre(mod: torch.nn.Module, args: tuple) -> tuple:
-        w = next(mod.parameters())
-        return tuple(a.to(w.dtype) if torch.is_tensor(a) and a.is_floating_point() else a
-                     for a in args)
-
-    for m in model.modules():
-        if any(isinstance(c, torch.nn.Conv2d) for c in m.children()):
-            m.register_forward_pre_hook(pre)
-
-
-def train_rank(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """One rank of one alignment run (a launchers.spawn StageFn): train ``align.iters`` steps."""
-    from mdk import dist
-    from mdk.engine import build
-    from mdk.engine.hooks import LRSchedulerHook, sampler_epoch_hook
-    from mdk.engine.loop import HookBase, Trainer
-    from mdk.models.loss import YoloLoss
-
-    iters, world = int(cfg.align.iters), dist.world_size()
-    build.seed_everything(cfg.seed + dist.get_rank())
-    device = build.pick_device(cfg)
-    model = build.build_model(cfg)
-    tag = str(cfg.align.get("tag", ""))
-    model.load_state_dict(torch.load(Path(cfg.align.out) / f"init{tag}.pth", weights_only=True))
-    if cfg.align.dtype == "float64":
-        model.double()
-        _double_inputs(model)
-    model.to(device)
-    if world > 1 and cfg.dist.sync_bn:
-        model = dist.convert_sync_bn(model, device)
-    net = model
-    if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    train_ds, _ = build.build_data(cfg, model.grid)
-    loader, sampler = build.build_train_loader(cfg, train_ds)
-    optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches)
-    epochs = math.ceil(iters / sampler.num_batches)
-    trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
-                      optimizer, loader, device, epochs, sampler.num_batches, amp=False,
-                      grad_clip=cfg.trainer.grad_clip, exact_chunk=cfg.dist.get("exact_chunk"))
-
-    class StopAfter(HookBase):
-        def after_step(self) -> None:
-            self.trainer.stop = self.trainer.iter >= iters
-
-    trainer.register_hooks([sampler_epoch_hook(sampler, train_ds), LRSchedulerHook(scheduler),
-                            StopAfter()])
-    trainer.train()
-    path = Path(cfg.align.out) / f"world{world}{tag}.pth"
-    if dist.is_main_process():
-        torch.save({"model": model.state_dict()}, path)
-    return {"path": str(path), "iters": trainer.iter, "loss": float(trainer.loss_terms["total"].detach())}
-
-
-def perturb(state: dict[str, torch.Tensor], rel: float, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Every floating tensor times (1 + rel * N(0, 1)) elementwise (a seeded copy)."""
-    g = torch.Generator().manual_seed(seed)
-    return {k: v * (1 + rel * torch.randn(v.shape, generator=g, dtype=v.dtype))
-            if v.is_floating_point() else v.clone() for k, v in state.items()}
 
 
 def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: int,
@@ -170,6 +74,7 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     from launchers.spawn import run_ranks
     from mdk.engine import build
     from mdk.tools.ckpt_diff import diff_state_dicts
+    from mdk.world import World
 
     for w in worlds:
         if batch_size % w:
@@ -186,15 +91,13 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     torch.save(model.state_dict(), out / "init.pth")
     if noise_floor > 0:
         torch.save(perturb(model.state_dict(), noise_floor), out / "init_floor.pth")
-    build.build_data(acfg, model.grid)  # generate the built-in data once, before any spawning
+    build.build_data(acfg, model.grid, World())  # generate the built-in data once, before spawning
     runs: list[tuple[Any, dict]] = [(w, {"dist": {"gpus": w}}) for w in sorted(set([1, *worlds]))]
     if noise_floor > 0:  # world 1 again, from init_floor.pth
         runs.append(("floor", {"dist": {"gpus": 1}, "align": {"tag": "_floor"}}))
-    # By module path, so spawned workers find it also when this file runs as __main__.
-    from mdk.tools.align import train_rank as fn
     states = {}
     for key, over in runs:
-        res = run_ranks(OmegaConf.merge(acfg, over), out, fn)
+        res = run_ranks(OmegaConf.merge(acfg, over), out, train_rank)
         w = over["dist"]["gpus"]
         log.info("%s: world %d x batch %d, %d iterations, last loss %.6f", key, w, batch_size // w,
                  res["iters"], res["loss"])
@@ -211,7 +114,7 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
 def main(argv: Optional[list[str]] = None) -> int:
     from mdk.tools.ckpt_diff import format_table
 
-    ap = argparse.ArgumentParser(prog="python -m mdk.tools.align", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m launchers.align", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", default="2", help="world sizes to compare with world 1, e.g. 2,4")
     ap.add_argument("--batch-size", type=int, default=8, help="global batch size")

@@ -1,0 +1,145 @@
+"""The one owner of config composition: the real ``conf/`` composed with Hydra.
+
+Used by the run (for each stage of a pipeline), the tools, the tests and the benchmarks. Inside a
+running Hydra app (``python run.py``, a sweep job, a submitit job) it composes with that app's
+config search path (so ``hydra.searchpath`` additions, e.g. a test's extra stage, are seen);
+anywhere else it composes ``conf/`` of this repository.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from mdk.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONFIG_NAME = "config"
+
+
+def _app() -> tuple[list[str], Optional[str]]:
+    """``hydra.searchpath`` and the primary config name of the running Hydra app (([], None)
+    outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            hc = HydraConfig.get()
+            return [str(p) for p in hc.searchpath], hc.job.config_name
+    except (ImportError, ValueError):
+        pass
+    return [], None
+
+
+@contextmanager
+def _hydra_context(config_dir: Optional[Path] = None) -> Iterator[None]:
+    """Hydra's global state for the compose API: the running app's, or ``config_dir``
+    (default: ``conf/`` of this repo)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mdk.config import register_resolvers
+    from mdk.schema import register_schemas
+
+    register_resolvers()
+    register_schemas()
+    other = config_dir is not None and Path(config_dir).resolve() != CONF_DIR
+    if GlobalHydra.instance().is_initialized() and not other:
+        yield
+        return
+    if other and GlobalHydra.instance().is_initialized():
+        raise RuntimeError(f"cannot compose {config_dir} inside a running Hydra app")
+    with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
+        yield
+
+
+_APP_DEFAULT = object()
+
+
+def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
+            config_dir: Optional[Path] = None) -> DictConfig:
+    """``conf/`` (or ``config_dir``) composed with ``overrides`` (Hydra override syntax);
+    Hydra's own errors (an unknown key or option, a wrong type) become ConfigError with one
+    line naming the key. ``config_name=None`` composes groups without a primary config."""
+    from hydra import compose as hydra_compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    over = list(overrides)
+    sp, app_config = _app()
+    if config_name is _APP_DEFAULT:
+        config_name = app_config or CONFIG_NAME
+    if sp and not any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath" for o in over):
+        over.append("hydra.searchpath=[" + ",".join(sp) + "]")
+    with _hydra_context(config_dir):
+        try:
+            return hydra_compose(config_name, overrides=over)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(one_line(e)) from None
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group (e.g. ``step``: every declared stage), sorted."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    with _hydra_context():
+        loader = GlobalHydra.instance().config_loader()
+        return sorted(loader.get_group_options(group))
+
+
+_TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a number"}
+
+
+def _explain_cause(cause: BaseException) -> str:
+    """One line for an OmegaConf error: a wrong type in the words validate uses, an unknown key
+    in the same words for typed (schema) and untyped groups."""
+    full_key = getattr(cause, "full_key", None)
+    first = str(cause).strip().splitlines()[0].strip() if str(cause).strip() else ""
+    if full_key and "could not be converted to" in first:
+        word = first.rsplit(" ", 1)[-1]
+        value = getattr(cause, "value", None)
+        example = f" (e.g. {full_key}=1)" if word == "Integer" else ""
+        return f"{full_key}={value!r} must be {_TYPE_WORDS.get(word, word)}{example}"
+    if full_key and "is not a valid bool" in first:
+        return f"{full_key}={getattr(cause, 'value', None)!r} must be true or false"
+    key = getattr(cause, "key", None)
+    if key is not None and (" not in '" in first or "not in struct" in first):
+        return f"Key '{key}' is not in struct"
+    return first
+
+
+def one_line(e: BaseException) -> str:
+    """Hydra/OmegaConf messages run over several lines (the cause, full_key, object_type, a
+    hint); keep what names the key, the value and what to do, on one line."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    head = lines[0].rstrip(".") if lines else type(e).__name__
+    cause = e.__cause__ or (e if getattr(e, "full_key", None) else None)
+    if cause is not None:
+        why = _explain_cause(cause)
+        if head.startswith("Error merging override") and "must be" in why:
+            return why  # the override is in `why` already (key=value)
+        if why and why not in head:
+            head = why if cause is e else f"{head}: {why}"
+    for i, ln in enumerate(lines[1:], 1):
+        if ln.lower().startswith("available options"):
+            opts = []
+            for o in lines[i + 1:]:
+                if o.lower().startswith("config search path"):
+                    break
+                opts.append(o)
+            return f"{head}; {ln.rstrip(':')}: {', '.join(opts)}"
+        if ln.lower().startswith("to append"):
+            return f"{head} ({ln[0].lower() + ln[1:]})"
+    return head
+
+
+def node(overrides: Sequence[str], key: str) -> Optional[DictConfig]:
+    """One node of a composition, unresolved (interpolations stay for the target config)."""
+    cfg = compose(overrides)
+    sub = OmegaConf.select(cfg, key)
+    return None if sub is None else OmegaConf.create(OmegaConf.to_container(sub, resolve=False))

@@ -1,0 +1,61 @@
+"""Numerics of a run on its device: determinism, TF32 and mixed precision, as switches.
+
+``trainer.deterministic`` (default false: it costs speed) makes a CUDA run repeat itself bit for
+bit with the same seed: cuDNN picks deterministic kernels and never benchmarks (benchmarking
+may pick another kernel per run), torch uses deterministic algorithms where it has them (warning,
+not failing, for the few ops without one: kthvalue in calibration gives the same value either
+way), cuBLAS gets a fixed workspace, and TF32 is off (its rounding depends on the kernel). On
+the CPU runs are already deterministic for a fixed thread count (``dist.cpu_threads``).
+
+``trainer.tf32`` (default true) lets float32 convolutions and matmuls use TF32 tensor cores on
+Ampere and later GPUs (about 10 bits of mantissa in the products, float32 accumulation): the
+fast default for training; off for float32-exact comparisons.
+
+``trainer.amp`` with ``trainer.amp_dtype``: ``auto`` is float16 on CUDA (with a GradScaler
+against gradient underflow; its state is saved and resumed) and bfloat16 on the CPU (no scaler
+needed: bf16 has float32's exponent range); ``float16`` / ``bfloat16`` force one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def configure(trainer: DictConfig, device: torch.device) -> None:
+    """Set this process's determinism and TF32 switches (before any CUDA kernel runs)."""
+    deterministic = bool(trainer.get("deterministic", False))
+    tf32 = bool(trainer.get("tf32", True)) and not deterministic
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = not deterministic
+        torch.backends.cudnn.deterministic = deterministic
+        if deterministic:
+            # cuBLAS is deterministic only with a fixed workspace (read when cuBLAS starts).
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    if deterministic:
+        log.info("trainer.deterministic=true: deterministic kernels, no cuDNN benchmark, no TF32")
+
+
+def amp_dtype(trainer: DictConfig, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype of ``trainer.amp`` on ``device`` (None: full precision)."""
+    if not trainer.get("amp", False):
+        return None
+    name = str(trainer.get("amp_dtype", "auto"))
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.bfloat16
+    return _DTYPES[name]
+
+
+def needs_scaler(dtype: Optional[torch.dtype]) -> bool:
+    """float16 gradients underflow without loss scaling; bfloat16 and float32 do not."""
+    return dtype == torch.float16

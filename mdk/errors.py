@@ -1,0 +1,26 @@
+"""The user-error classes: a bad config, dataset, checkpoint or a run that cannot go on.
+
+They live in the lowest module so any layer can raise them without importing a higher one; the
+launcher turns each into one line on stderr (launchers/errors.py) instead of a traceback.
+"""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key and what to do."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, truncated, foreign, not writable or does not fit the model."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """Refused to save a model whose weights contain NaN/Inf (the previous file is kept)."""
+
+
+class MissingStageInput(FileNotFoundError):
+    """A stage's input checkpoint (the previous stage's best.pth) does not exist."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN/Inf; the run stops keeping the last good checkpoint."""

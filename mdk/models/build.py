@@ -1,0 +1,40 @@
+"""Build the model from the ``model`` config group (``model.net`` has a ``_target_``)."""
+from __future__ import annotations
+
+import fnmatch
+import logging
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+def build_model(cfg: DictConfig) -> torch.nn.Module:
+    """``model.net`` instantiated, with the training choices that touch the model applied:
+    ``trainer.activation_checkpointing`` and ``model.freeze`` (fnmatch patterns on parameter
+    names)."""
+    model = instantiate(cfg.model.net)
+    if cfg.trainer.get("activation_checkpointing"):
+        # A training choice, not part of the model definition: a plain attribute the model reads.
+        if not hasattr(model, "activation_checkpointing"):
+            raise ValueError(f"trainer.activation_checkpointing=true but {type(model).__name__} "
+                             "does not support it; set it to false")
+        model.activation_checkpointing = True
+        # Deterministic mode: recompute whole batches (a conv on a batch slice may pick another
+        # kernel, which changes the last bits of the losses).
+        if cfg.trainer.get("deterministic") and hasattr(model, "checkpoint_slices"):
+            model.checkpoint_slices = 1
+    patterns = list(cfg.model.get("freeze") or [])
+    if patterns:
+        n = 0
+        for name, p in model.named_parameters():
+            if any(fnmatch.fnmatch(name, pat) for pat in patterns):
+                p.requires_grad_(False)
+                n += p.numel()
+        if n == 0:
+            raise ValueError(f"model.freeze={patterns} matched no parameter; names look like "
+                             f"{[k for k, _ in model.named_parameters()][:3]}")
+        log.info("froze %d parameters matching %s", n, patterns)
+    return model

@@ -1,0 +1,108 @@
+"""Quantization modes of the chip layers: what a stage switches on (DESIGN §1 table, §3).
+
+A stage's record (conf/step/<stage>.yaml, ``quant:``) names the mode; this module only knows
+the switches, not the stages:
+
+| switch       | effect on every ChipConv                                              |
+|--------------|-----------------------------------------------------------------------|
+| fold_bn      | BatchNorm folded into the conv (once; the chip has no BN)             |
+| weights      | conv weight/bias through the chip weight quantizer (STE)              |
+| activations  | ReLU replaced by clamp(0, cap) + 5-bit rounding; caps must be > 0     |
+| fuse_gains   | gain fusion once (all caps become 31), recorded in the ``fused`` buffer |
+
+``apply_mode`` runs after the stage's input checkpoint is loaded and before the optimizer / DDP
+wrapper is built (folding removes BN parameters). "Already fused" is part of the model's state,
+so a resumed step4 checkpoint is never fused twice.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from torch import nn
+
+from mdk.quant.bn_fold import chip_layers, fold_bn
+from mdk.quant.fusion import fuse_gains, is_fused
+from mdk.quant.weights import chip_bits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QuantMode:
+    fold_bn: bool = False
+    weights: bool = False
+    activations: bool = False
+    fuse_gains: bool = False
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> "QuantMode":
+        return cls(**{k: bool(m[k]) for k in ("fold_bn", "weights", "activations", "fuse_gains")
+                      if k in m})
+
+    @property
+    def is_float(self) -> bool:
+        return not (self.fold_bn or self.weights or self.activations or self.fuse_gains)
+
+
+@dataclass
+class ModeReport:
+    """What apply_mode changed, for logs and the engine."""
+    stage: str
+    folded_bn: int = 0
+    fused_now: bool = False
+    fused: bool = False
+
+
+def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
+               stage: str = "") -> ModeReport:
+    """Configure every ChipConv of ``model`` for ``mode`` on ``chip``; ``stage`` names it in
+    messages."""
+    layers = chip_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no ChipConv layers to configure")
+    report = ModeReport(stage)
+    fused = is_fused(model)
+    if mode.is_float:
+        if fused:
+            log.warning("%s on a gain-fused model: training it as float with integer-scaled "
+                        "weights; start it from step0 or scratch instead", stage or "float mode")
+        for layer in layers:
+            layer.quant_weight = layer.quant_act = False
+        report.fused = fused
+        return report
+    if fused and not mode.fuse_gains:
+        raise ValueError(f"step={stage} got a gain-fused (step4) model; start {stage} from the "
+                         "previous stage's checkpoint, not from step4")
+    bits = []
+    for i, layer in enumerate(layers):  # validate every layer before changing anything
+        try:
+            bits.append(chip_bits(chip, layer.mask_bits))
+        except ValueError as e:
+            raise ValueError(f"layer {i} (mask_bits={layer.mask_bits}): {e}") from None
+    if mode.fold_bn:
+        report.folded_bn = fold_bn(model)
+    for layer, wb in zip(layers, bits):
+        layer.chip_bits = wb
+        layer.quant_weight = mode.weights
+        layer.quant_act = mode.activations
+    if mode.activations and not fused:
+        bad = [i for i, layer in enumerate(layers) if not float(layer.cap) > 0]
+        if bad:
+            raise ValueError(f"step={stage} needs calibrated activation caps but layers {bad} "
+                             "have cap 0; run step=cal first (it starts from the step2 checkpoint)")
+    if mode.fuse_gains and not fused:
+        fuse_gains(model)
+        report.fused_now = True
+    report.fused = is_fused(model)
+    return report
+
+
+def drop_bn(model: nn.Module) -> None:
+    """Give a freshly built model the structure of a BN-folded checkpoint before loading it:
+    BN is removed *without* folding (the loaded weights replace the conv parameters). ChipConv
+    also drops BN by itself when a checkpoint lacks ``bn.*`` keys; this makes it explicit and
+    happens before the optimizer exists."""
+    for layer in chip_layers(model):
+        layer.bn = None

@@ -1,0 +1,93 @@
+"""A learning-rate schedule as a curve and a PNG: what a run's LR does, before or while it runs.
+
+The curves are obtained by really stepping the scheduler with a throw-away optimizer, so the plot
+shows exactly what a run gets (any LRScheduler factory works, not only :mod:`mdk.sched`). The
+engine saves one run's curve (``lr_<stage>.png``); ``python -m mdk.tools.plot_lr`` draws a planned
+sweep's curves.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+from hydra.utils import instantiate
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch.optim.lr_scheduler import LRScheduler
+
+log = logging.getLogger(__name__)
+
+SchedulerSource = Union[Callable[..., LRScheduler], Mapping[str, Any]]
+
+
+def build_scheduler(source: SchedulerSource, optimizer: torch.optim.Optimizer,
+                    iters_per_epoch: int) -> LRScheduler:
+    """A config node with ``_target_`` (``_partial_: true``) or a factory -> a scheduler."""
+    factory = instantiate(source) if isinstance(source, Mapping) else source
+    return factory(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
+
+
+def lr_curve(source: SchedulerSource, iters_per_epoch: int, epochs: int,
+             base_lr: float = 1.0) -> list[float]:
+    """LR of param group 0 used by each optimizer step ``0 .. epochs*iters_per_epoch - 1``."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    # grad stays None, so optimizer.step() changes nothing, yet it keeps torch's
+    # "scheduler.step() before optimizer.step()" check satisfied.
+    opt = torch.optim.SGD([param], lr=base_lr)
+    sched = build_scheduler(source, opt, iters_per_epoch)
+    lrs = []
+    for _ in range(epochs * iters_per_epoch):
+        lrs.append(float(opt.param_groups[0]["lr"]))
+        opt.step()
+        sched.step()
+    return lrs
+
+
+def plot_lr_curves(curves: Mapping[str, Sequence[float]], iters_per_epoch: int,
+                   path: str | Path, title: str = "", log_y: bool = False) -> Figure:
+    """Draw already-computed curves (label -> lr per iteration) into one PNG at ``path``."""
+    # Figure + Agg canvas instead of pyplot: no global backend switch, safe in a training process.
+    fig = Figure(figsize=(11, 5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    # A sweep reads best with one colour per value of the first swept key and one line style per
+    # combination of the others (labels are "k1=v1 k2=v2 ...").
+    colours: dict[str, str] = {}
+    styles: dict[str, str] = {}
+    palette = [f"C{i}" for i in range(10)]
+    dashes = ["-", "--", ":", "-."]
+    for label, lrs in curves.items():
+        head, _, rest = label.partition(" ")
+        colour = colours.setdefault(head, palette[len(colours) % len(palette)])
+        style = styles.setdefault(rest, dashes[len(styles) % len(dashes)])
+        ax.plot([i / iters_per_epoch for i in range(len(lrs))], lrs, label=label,
+                color=colour, linestyle=style, linewidth=1.5)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("learning rate")
+    if log_y:
+        ax.set_yscale("log")
+    top = ax.secondary_xaxis(
+        "top", functions=(lambda e: e * iters_per_epoch, lambda i: i / iters_per_epoch))
+    top.set_xlabel(f"iteration ({iters_per_epoch} per epoch)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    log.info("saved LR curve(s) to %s", path)
+    return fig
+
+
+def plot_lr_curve(scheduler_factory_or_cfg: SchedulerSource, iters_per_epoch: int, epochs: int,
+                  path: str | Path, base_lr: float = 1.0, label: str = "lr") -> Figure:
+    """Save the PNG of one run's LR schedule (what the engine calls once per run)."""
+    lrs = lr_curve(scheduler_factory_or_cfg, iters_per_epoch, epochs, base_lr)
+    target = (scheduler_factory_or_cfg.get("_target_", "")
+              if isinstance(scheduler_factory_or_cfg, Mapping) else "")
+    return plot_lr_curves({label: lrs}, iters_per_epoch, path, title=str(target))

@@ -1,0 +1,154 @@
+"""Typed schemas of the config groups (Hydra structured configs).
+
+Each YAML of ``conf/trainer``, ``conf/dist``, ``conf/step``, ``conf/scheduler`` and ``conf/paths``
+starts with ``defaults: [/schema/<group>/<name>@_here_, _self_]``: Hydra merges the file onto
+its dataclass, so an unknown key or a value of the wrong type (``trainer.epochs=abc``) fails at
+compose time naming the key. Ranges and checks across keys are ``mdk.config.validate``'s.
+``Any`` marks keys that take a word or a number (``cpu_threads: auto | 4``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class TrainerConf:
+    epochs: int = 20
+    batch_size: int = 16
+    limit_train_batches: Optional[int] = None
+    limit_val_batches: Optional[int] = None
+    num_workers: Any = None
+    eval_every: int = 1
+    checkpoint_every_iters: int = 0
+    resume: bool = True
+    amp: bool = False
+    amp_dtype: str = "auto"
+    deterministic: bool = False
+    tf32: bool = True
+    activation_checkpointing: bool = False
+    grad_clip: Optional[float] = 10.0
+    nan_skip_limit: int = 0
+    progress: bool = True
+    device: str = "auto"
+    conf_thresh: float = 0.01
+    nms_iou: float = 0.5
+
+
+@dataclass
+class DistConf:
+    gpus: int = 1
+    nodes: int = 1
+    rank: int = 0
+    dist_url: str = "auto"
+    sync_bn: bool = False
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    exact_chunk: Optional[int] = None
+    cpu_threads: Any = "auto"
+
+
+@dataclass
+class PathsConf:
+    data: str = "outputs/data"
+    checkpoints: str = MISSING
+
+
+@dataclass
+class QuantConf:
+    fold_bn: bool = False
+    weights: bool = False
+    activations: bool = False
+    fuse_gains: bool = False
+
+
+@dataclass
+class StageConf:
+    name: str = MISSING
+    init_from: Optional[str] = None
+    init_required: bool = False
+    next: Optional[str] = None
+    train: bool = False
+    calibrate: bool = False
+    export: bool = False
+    work: Optional[str] = None
+    quant: QuantConf = field(default_factory=QuantConf)
+    eval_quant: Optional[QuantConf] = None
+    epochs: Optional[int] = None
+    lr_scale: float = 1.0
+
+
+@dataclass
+class CalibrationConf:
+    method: str = "percentile"
+    percentile: float = 99.0
+    mse_candidates: int = 64
+    max_values: Optional[int] = 1 << 20
+
+
+@dataclass
+class CalibrationStageConf(StageConf):
+    calibration: CalibrationConf = field(default_factory=CalibrationConf)
+
+
+@dataclass
+class WarmupConf:
+    iters: int = 0
+    start_factor: float = 1.0
+    method: str = "linear"
+
+
+@dataclass
+class SchedulerConf:
+    _target_: str = MISSING
+    _partial_: bool = True
+    interval: str = "epoch"
+    warmup: WarmupConf = field(default_factory=WarmupConf)
+
+
+@dataclass
+class StepLRConf(SchedulerConf):
+    step_size: int = 5
+    gamma: float = 0.1
+
+
+@dataclass
+class MultiStepLRConf(SchedulerConf):
+    milestones: list[int] = field(default_factory=lambda: [8, 11])
+    gamma: float = 0.1
+
+
+@dataclass
+class CosineConf(SchedulerConf):
+    T_max: int = MISSING
+    eta_min: float = 0.0
+
+
+@dataclass
+class CosineRestartsConf(SchedulerConf):
+    T_0: int = 5
+    T_mult: int = 1
+    eta_min: float = 0.0
+
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "trainer": {"trainer": TrainerConf},
+    "dist": {"dist": DistConf},
+    "paths": {"paths": PathsConf},
+    "step": {"stage": StageConf, "calibration_stage": CalibrationStageConf},
+    "scheduler": {"step": StepLRConf, "multistep": MultiStepLRConf, "cosine": CosineConf,
+                  "cosine_restarts": CosineRestartsConf},
+}
+
+
+def register_schemas() -> None:
+    """Store the schemas as ``schema/<group>/<name>`` in Hydra's ConfigStore (idempotent; must
+    run before Hydra composes: run.py and mdk.compose call it)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for group, items in SCHEMAS.items():
+        for name, node in items.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)

@@ -1,0 +1,243 @@
+"""The one owner of stage checkpoints: folder layout, what a checkpoint holds, where a stage
+starts, and loading any checkpoint into a model in a chosen mode.
+
+Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth`` (``last``: the newest full training
+state; ``best``: the state of the best evaluation), pretrained weights in
+``<paths.checkpoints>/step0/``. A stage starts from, in order: its own ``last.pth`` (or
+``best.pth`` if newer or the only readable one) when ``trainer.resume`` is on, else its input
+stage's ``best.pth`` (``init_from`` in the stage record), else random weights where the record
+allows it. A finished checkpoint of a stage that does not train (``cal``) means "done": a rerun
+reports it and does not redo the work.
+
+A checkpoint holds the model's state_dict and the stage's name and record (so a loader knows
+its structure and evaluation mode without looking the stage up), plus, for training stages,
+everything resuming needs (optimizer, scheduler, scaler, counters, per-rank RNG, best metric)
+and the resolved config. File writes are atomic (mdk.checkpoint).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mdk import dist
+from mdk.checkpoint import (CheckpointError, atomic_save, load_checkpoint, load_model_weights,
+                            remove_stale_temps, save_checkpoint)
+from mdk.config import resolve_path
+from mdk.errors import MissingStageInput
+from mdk.stage import PRETRAINED, StageSpec, apply_stage, chain, stage_spec
+
+log = logging.getLogger(__name__)
+
+BEST, LAST = "best.pth", "last.pth"
+RESUME_NAMES = (LAST, BEST)
+
+
+def input_advice(stage: str, source: str) -> str:
+    """What to do about a bad input checkpoint of ``stage`` (read from ``source``'s folder)."""
+    if source == "step0":
+        return ("it is the pretrained starting point of {0}: put an mdk checkpoint (a dict with a "
+                "'model' entry) there, or remove it to start {0} from random weights").format(stage)
+    return (f"it is the input of {stage}: run `python run.py step={source}` again to rebuild it, "
+            "or restore it")
+
+
+def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
+    """The newest readable full-state checkpoint of a stage (last.pth, else best.pth), or (None, None).
+
+    An unreadable file is reported (path and defect), renamed to ``<name>.corrupt`` so nothing is
+    lost and the next save does not trip over it, and the next candidate is used.
+    """
+    stage_dir = Path(stage_dir)
+    remove_stale_temps(stage_dir)
+    found: list[tuple[int, Path, dict]] = []
+    for name in (LAST, BEST):
+        p = stage_dir / name
+        if not p.is_file():
+            continue
+        try:
+            ck = load_checkpoint(p)
+        except CheckpointError as e:
+            aside = p.with_name(p.name + ".corrupt")
+            os.replace(p, aside)
+            log.warning("%s. Moved it to %s; resuming from the previous good checkpoint instead", e,
+                        aside)
+            continue
+        if ("optimizer" not in ck or "iter" not in ck) and not ck.get("finished"):
+            # (a finished stage without training, e.g. cal, is complete as it is)
+            log.warning("%s has no training state (optimizer/iter); not resuming from it", p)
+            continue
+        found.append((int(ck.get("iter", 0)), p, ck))
+    if not found:
+        return None, None
+    it, p, ck = max(found, key=lambda t: (t[0], t[1].name == LAST))
+    if p.name != LAST:
+        # Normal after a kill between writing best.pth and last.pth at an epoch end.
+        why = ("it is newer than last.pth" if any(q.name == LAST for _, q, _ in found)
+               else "last.pth is missing or unusable")
+        log.warning("resuming from %s (iteration %d): %s", p, it, why)
+    return ck, p
+
+
+def checkpoint_root(cfg: DictConfig) -> Path:
+    return resolve_path(cfg.paths.checkpoints, os.getcwd())
+
+
+def stage_dir(cfg: DictConfig, stage: str) -> Path:
+    return checkpoint_root(cfg) / stage
+
+
+def spec_of(ck: dict[str, Any]) -> StageSpec:
+    """The record of the stage that wrote ``ck`` (saved in it; older files: looked up)."""
+    saved = ck.get("stage_spec")
+    if isinstance(saved, dict):
+        return StageSpec.from_node(saved)
+    name = str(ck.get("stage", "step1"))
+    return stage_spec("step1" if name == PRETRAINED else name)
+
+
+@dataclass
+class Start:
+    """Where a stage's weights came from: its own resumable state, an input checkpoint, or
+    nothing (random init)."""
+    resume: Optional[dict[str, Any]] = None
+    path: Optional[Path] = None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.resume and self.resume.get("finished"))
+
+
+class StageCheckpointer:
+    def __init__(self, cfg: DictConfig, spec: StageSpec) -> None:
+        self.cfg, self.spec = cfg, spec
+        self.root = checkpoint_root(cfg)
+        self.dir = self.root / spec.name
+
+    @property
+    def best(self) -> Path:
+        return self.dir / BEST
+
+    @property
+    def last(self) -> Path:
+        return self.dir / LAST
+
+    # --- where the stage starts -----------------------------------------------------------
+    def input_path(self) -> Optional[Path]:
+        """The checkpoint this stage starts from, or None (random init, where allowed)."""
+        src = self.spec.init_from
+        if src is None:
+            return None
+        d = self.root / src
+        if src == PRETRAINED:  # pretrained weights: best.pth, else the newest *.pth in step0/
+            cands = [d / BEST] if (d / BEST).is_file() else sorted(
+                d.glob("*.pth"), key=lambda p: p.stat().st_mtime, reverse=True)
+            if cands:
+                return cands[0]
+            log.info("no pretrained weights in %s: %s starts from random weights", d, self.spec.name)
+            return None
+        path = d / BEST
+        if not path.is_file():
+            if self.spec.init_required:
+                raise MissingStageInput(
+                    f"{self.spec.name} starts from {src}'s result but {path} does not exist. Run "
+                    f"`python run.py step={src}` first (with the same model/dataset/paths), or the "
+                    f"whole chain with `python run.py pipeline=[{','.join(chain(self.spec.name))}]`")
+            return None
+        return path
+
+    def resumable(self) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
+        """This stage's own newest readable state. Rank 0 looks first (it may move an unreadable
+        file aside), the other ranks then see a clean folder."""
+        if dist.is_main_process():
+            found = find_resume(self.dir)
+        dist.barrier()
+        if not dist.is_main_process():
+            found = find_resume(self.dir)
+        return found
+
+    def start(self, model: torch.nn.Module) -> Start:
+        """Load this stage's starting weights into ``model`` (built from the config, not yet
+        switched into the stage's mode)."""
+        if self.cfg.trainer.resume:
+            ck, path = self.resumable()
+            if ck is not None:
+                load_into(model, ck, path)
+                if ck.get("finished"):
+                    log.info("%s already done (%s); delete it to run it again", self.spec.name, path)
+                else:
+                    log.info("resuming %s from %s (iteration %d)", self.spec.name, path, ck["iter"])
+                return Start(ck, path)
+        init = self.input_path()
+        if init is None:
+            return Start()
+        ck = load_checkpoint(init, advice=input_advice(self.spec.name, str(self.spec.init_from)))
+        # step0 pretrained files may lack buffers the model has (caps, fused flags)
+        load_into(model, ck, init, strict=ck.get("stage") is not None)
+        log.info("%s starts from %s", self.spec.name, init)
+        return Start(None, init)
+
+    # --- what a checkpoint holds ----------------------------------------------------------
+    def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
+        """A checkpoint of this stage: model weights, stage name and record, config, ``extra``
+        (training state, metrics, caps...)."""
+        return {"model": model.state_dict(), "stage": self.spec.name,
+                "stage_spec": _spec_dict(self.cfg.step), "config": _plain(self.cfg), **extra}
+
+    def save(self, state: dict[str, Any], *names: str) -> None:
+        """Write ``state`` under each of ``names`` (atomic; NaN/Inf weights are refused)."""
+        for n in names:
+            save_checkpoint(state, self.dir / n)
+
+    def save_done(self, state: dict[str, Any]) -> None:
+        """A stage without training: its one result is both best and last, marked finished."""
+        state = {**state, "finished": True}
+        for n in (BEST, LAST):
+            atomic_save(state, self.dir / n)
+
+
+def _plain(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def _spec_dict(node: DictConfig) -> dict:
+    d = _plain(node)
+    d.pop("calibration", None)  # the work's parameters; the record is what loaders need
+    return d
+
+
+def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True) -> None:
+    """Load ``ck``'s weights into a freshly built model, giving it the checkpoint's structure
+    first (BN folded from the stage that folds it on)."""
+    from mdk.quant.modes import drop_bn
+
+    if ck.get("stage", "step1") != PRETRAINED and spec_of(ck).folds_bn:
+        drop_bn(model)
+    load_model_weights(model, ck["model"], path, strict=strict)
+
+
+def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
+                   advice: str = "move it away (or restore it) and run again"
+                   ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A model built from ``cfg`` with the checkpoint at ``path`` loaded, in ``mode``:
+    ``eval`` (the checkpoint stage's evaluation mode: a cal checkpoint with 5-bit activations
+    at its caps) or ``stage`` (the mode its stage trains in). Returns (model in eval(), ckpt)."""
+    from mdk.models.build import build_model
+
+    if mode not in ("eval", "stage"):
+        raise ValueError(f"mode={mode!r} must be 'eval' or 'stage'")
+    ck = load_checkpoint(path, advice=advice)
+    model = build_model(cfg)
+    load_into(model, ck, path)
+    apply_stage(model, spec_of(ck), str(cfg.chip), evaluate=mode == "eval")
+    return model.eval(), ck
+
+
+__all__ = ["BEST", "LAST", "RESUME_NAMES", "CheckpointError", "Start", "StageCheckpointer",
+           "checkpoint_root", "find_resume", "input_advice", "load_into", "load_model_for",
+           "spec_of", "stage_dir"]

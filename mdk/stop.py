@@ -1,0 +1,51 @@
+"""The stop flag: a request to save and stop, set by whoever asks (a launcher's signal handler,
+a test), read by the training loop's StopOnRequestHook (mdk/engine/stop.py).
+
+Low on purpose: fault injection and the engine both read it, and it imports nothing of mdk.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+# reason: why a stop was asked (None: not asked); listeners: running loops with the hook;
+# armed: a launcher installed signal handlers in every rank, so the per-step agreement collective
+# is needed (unarmed distributed runs, e.g. under torchrun, pay nothing).
+_state: dict = {"reason": None, "listeners": 0, "armed": False}
+
+
+class StopRequested(BaseException):
+    """Raised out of the training loop after last.pth was written.
+
+    A BaseException on purpose: it must pass through ``except Exception`` blocks (Hydra's job
+    runner, the sweep's failure guard) so the job ends as "interrupted", not as failed or done."""
+
+    def __init__(self, reason: str, iteration: int) -> None:
+        super().__init__(f"stopped on request ({reason}) after iteration {iteration}; "
+                         "last.pth holds this state")
+        self.reason, self.iteration = reason, iteration
+
+
+def request_stop(reason: str) -> bool:
+    """Ask the running training loop to save and stop. Safe to call from a signal handler.
+
+    Returns True when a loop with a StopOnRequestHook is running and will act on it; False when
+    nothing listens (e.g. during calibration or data generation): the caller decides then."""
+    _state["reason"] = reason
+    return _state["listeners"] > 0
+
+
+def arm(on: bool = True) -> None:
+    """Called by a launcher on every rank before training when stop requests may come."""
+    _state["armed"] = on
+
+
+def stop_requested() -> Optional[str]:
+    return _state["reason"]
+
+
+def clear_stop() -> None:
+    _state["reason"] = None
+
+
+def listening() -> bool:
+    return _state["listeners"] > 0

@@ -1,0 +1,117 @@
+"""The process world: who this process is in a run and which device it drives.
+
+One ``World`` value is made once per process by the launcher (spawned worker, torchrun/SLURM
+task, inline rank or single process) from what it knows for certain — the rank it gave the
+process or the environment torchrun/SLURM set — and passed down to the stage. Nothing below
+the launcher reads RANK / LOCAL_RANK / SLURM_* from the environment, and no launcher writes them
+into its own process, so a second run in the same process (tests, a sweep's next job) never
+inherits a stale rank or GPU ordinal.
+
+The device follows from ``trainer.device`` and the local rank: ``cuda:<local_rank>`` when CUDA
+is used, else the CPU. The backend follows from the device: NCCL for CUDA, gloo for the CPU
+(``dist.backend`` may force one). Checks that depend on the machine (more ranks per machine than
+GPUs, CUDA asked for but absent) raise ConfigError naming the key, in every launch path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from mdk.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0                 # global rank
+    local_rank: int = 0           # rank on this machine (the GPU ordinal with CUDA)
+    size: int = 1                 # processes in the run
+    local_size: int = 1           # processes on this machine
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "gloo"         # process-group backend when size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 does the run's single-writer side effects (files, sinks, progress bar)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def describe(self) -> str:
+        return (f"rank {self.rank}/{self.size} (local {self.local_rank}/{self.local_size}) on "
+                f"{self.device}" + (f" with {self.backend}" if self.distributed else ""))
+
+
+def uses_cuda(device: str, cuda_available: Optional[bool] = None) -> bool:
+    """Whether ``trainer.device`` means CUDA on this machine (``auto``: when there is a GPU)."""
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if device not in DEVICES:
+        raise ConfigError(f"trainer.device={device!r} must be one of {', '.join(DEVICES)}")
+    if device == "cuda" and not cuda:
+        raise ConfigError("trainer.device=cuda but this machine has no usable CUDA GPU; use "
+                          "trainer.device=auto (CPU here) or run on a GPU machine")
+    return device == "cuda" or (device == "auto" and cuda)
+
+
+def backend_for(device: str, backend: str = "auto", cuda_available: Optional[bool] = None) -> str:
+    """The process-group backend: ``dist.backend``, or with ``auto`` NCCL for CUDA, gloo else."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"dist.backend={backend!r} must be one of {', '.join(BACKENDS)}")
+    cuda = uses_cuda(device, cuda_available)
+    if backend == "nccl" and not cuda:
+        raise ConfigError("dist.backend=nccl needs CUDA GPUs; use dist.backend=auto (gloo on CPU)")
+    if backend != "auto":
+        return backend
+    return "nccl" if cuda else "gloo"
+
+
+def check_local_size(device: str, local_size: int, cuda_available: Optional[bool] = None,
+                     device_count: Optional[int] = None) -> None:
+    """One GPU per process: more local ranks than GPUs is a config error (NCCL would only say
+    'invalid usage' when two ranks share a GPU)."""
+    if not uses_cuda(device, cuda_available):
+        return
+    n = torch.cuda.device_count() if device_count is None else device_count
+    if local_size > n:
+        raise ConfigError(f"dist.gpus={local_size} but this machine has {n} GPU(s); use "
+                          f"dist.gpus<={n}, or trainer.device=cpu to run CPU worker processes")
+
+
+def make_world(rank: int, local_rank: int, size: int, local_size: int, device: str = "auto",
+               backend: str = "auto") -> World:
+    """The World of this process; with CUDA it also makes ``cuda:<local_rank>`` the current
+    device (NCCL and every ``.cuda()`` then use this process's own GPU)."""
+    check_local_size(device, local_size)
+    be = backend_for(device, backend)
+    if uses_cuda(device):
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    return World(rank=rank, local_rank=local_rank, size=size, local_size=local_size, device=dev,
+                 backend=be)
+
+
+def single_process(device: str = "auto") -> World:
+    """The world of a process that runs alone (tools, single-process runs)."""
+    return make_world(0, 0, 1, 1, device)
+
+
+def alone(world: Optional[World], device: str = "cpu") -> World:
+    """``world``, or for a caller that passes none (a tool, a test calling the engine directly)
+    the world of a process running alone; refused inside a process group, where only the
+    launcher knows the rank."""
+    if world is not None:
+        return world
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        raise RuntimeError("this process is part of a process group: pass its World (made by "
+                           "the launcher) instead of None")
+    return single_process(device)
