@@ -1,7 +1,7 @@
 """Results over seeds: the aggregate a sweep with a seed axis prints after its per-job table.
 
 ``python run.py -m seed=0,1,2,3,4 scheduler=step,cosine`` groups its jobs by every swept key but
-the seed (here: scheduler) and gives, per stage and metric, n, mean ± std, min and max over the
+the seed (here: scheduler) and gives, per metric and stage, n, mean ± std, min and max over the
 group's completed jobs. std is the *sample* standard deviation (n-1 in the denominator,
 ``statistics.stdev``): the seeds are a sample of the seeds one could have drawn. A job that failed or
 is incomplete is left out of its group's numbers and counted in the ``left out`` column.
@@ -72,7 +72,7 @@ def has_seed_axis(rows: list[dict[str, Any]]) -> bool:
 
 def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """Group ``rows`` (``collect_results``) by the swept keys other than the seed and summarize each
-    group's completed jobs per stage and metric; None when the sweep has no seed axis."""
+    group's completed jobs per metric and stage; None when the sweep has no seed axis."""
     if not has_seed_axis(rows):
         return None
     maps = [override_map(r.get("overrides")) for r in rows]
@@ -124,7 +124,7 @@ def format_aggregate(agg: dict[str, Any]) -> str:
     """The aggregate table (one row per metric, stage and group), the left-out jobs and the bars."""
     groups, group_by = agg["groups"], agg["group_by"]
     lines = [f"over seeds ({agg['seed_key']}={','.join(agg['seeds'])}): n, mean ± std "
-             f"(std: {agg['std']}), min, max of the completed jobs per stage and metric"
+             f"(std: {agg['std']}), min, max of the completed jobs per metric and stage"
              + (f"; grouped by {', '.join(group_by)}" if group_by else "")]
     stage_order: list[str] = []
     for g in groups:

@@ -91,7 +91,7 @@ def test_aggregate_table_rows_left_out_and_per_job_table_unchanged(seeds_by_sche
     agg_at = lines.index(next(x for x in lines if x.startswith("over seeds")))
     assert lines[agg_at - 1] == "" and agg_at > 7
     assert lines[agg_at] == ("over seeds (seed=0,1,2): n, mean ± std (std: sample, n-1), min, max of "
-                             "the completed jobs per stage and metric; grouped by scheduler")
+                             "the completed jobs per metric and stage; grouped by scheduler")
     assert lines[agg_at + 1].split() == ["metric", "stage", "scheduler", "n", "mean", "±", "std",
                                          "min", "max", "left", "out"]
     assert _rows(text, "step1", "best_map50") == [
@@ -159,7 +159,7 @@ def test_seed_spellings_and_sweeps_without_a_seed_axis(tmp_path):
     assert agg["seeds"] == ["0", "1"] and agg["group_by"] == []
     assert agg["groups"][0]["stages"]["step1"]["best_map50"]["mean"] == pytest.approx(0.55)
     text = sweep_stats.format_aggregate(agg)
-    assert text.splitlines()[0].endswith("per stage and metric")  # nothing else swept: no grouping
+    assert text.splitlines()[0].endswith("per metric and stage")  # nothing else swept: no grouping
     assert "quantization bars" not in text  # step1 alone: no bar has both its stages
     assert sweep_stats.aggregate(ss.collect_results(tmp_path / "none")) is None
     ss.SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "none")}}}))
