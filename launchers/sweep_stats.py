@@ -73,6 +73,9 @@ def has_seed_axis(rows: list[dict[str, Any]]) -> bool:
 def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """Group ``rows`` (``collect_results``) by the swept keys other than the seed and summarize each
     group's completed jobs per metric and stage; None when the sweep has no seed axis."""
+    # An unreadable result.json has no overrides: grouping it would make every key look swept.
+    unplaced = [r["job"] for r in rows if not r.get("overrides")]
+    rows = [r for r in rows if r.get("overrides")]
     if not has_seed_axis(rows):
         return None
     maps = [override_map(r.get("overrides")) for r in rows]
@@ -108,7 +111,7 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     seeds = sorted({m[SEED_KEY] for m in maps if SEED_KEY in m},
                    key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
     return {"seed_key": SEED_KEY, "seeds": seeds, "group_by": group_by, "std": STD,
-            "metrics": list(METRICS), "groups": groups}
+            "metrics": list(METRICS), "groups": groups, "unplaced": unplaced}
 
 
 def _label(group: dict[str, Any]) -> str:
@@ -150,6 +153,9 @@ def format_aggregate(agg: dict[str, Any]) -> str:
             why = ", ".join(f"{n} {s}" for s, n in sorted(g["left_out"].items()))
             lines.append(f"{_label(g)}: {out} of {out + g['completed']} jobs left out ({why})"
                          + ("; nothing to average" if not g["completed"] else ""))
+    if agg.get("unplaced"):
+        lines.append(f"left out of every group: job {', '.join(agg['unplaced'])} (its result.json "
+                     f"gives no overrides)")
     bars = [(g, b) for g in groups for b in g["bars"]]
     if bars:
         lines.append(f"quantization bars judged on the means over seeds ({bars[0][1]['metric']}):")

@@ -167,15 +167,20 @@ def test_seed_spellings_and_sweeps_without_a_seed_axis(tmp_path):
     assert "aggregate" not in json.loads((tmp_path / "none" / "sweep_summary.json").read_text())
 
 
-def test_a_group_whose_jobs_all_failed_says_so(tmp_path):
+def test_a_group_whose_jobs_all_failed_and_an_unreadable_job_say_so(tmp_path):
     _job(tmp_path, 0, ["seed=0", "optim.lr=0.1"], {"step1": 0.5})
     _job(tmp_path, 1, ["seed=1", "optim.lr=0.1"], {"step1": 0.7})
     _job(tmp_path, 2, ["seed=0", "optim.lr=9"], fail="NaN loss")
     _job(tmp_path, 3, ["seed=1", "optim.lr=9"], fail="NaN loss")
-    text = sweep_stats.format_aggregate(sweep_stats.aggregate(ss.collect_results(tmp_path)))
+    (tmp_path / "4").mkdir()
+    (tmp_path / "4" / "result.json").write_text("{trunc")  # unreadable: no overrides to group by
+    agg = sweep_stats.aggregate(ss.collect_results(tmp_path))
+    assert agg["group_by"] == ["optim.lr"] and agg["unplaced"] == ["4"]
+    text = sweep_stats.format_aggregate(agg)
+    assert "left out of every group: job 4 (its result.json gives no overrides)" in text
     assert _rows(text, "step1", "best_map50") == [
         ["best_map50", "step1", "0.1", "2", "0.6000", "±", "0.1414", "0.5000", "0.7000", "0"]]
-    assert text.splitlines()[-1] == "optim.lr=9: 2 of 2 jobs left out (2 failed); nothing to average"
+    assert text.splitlines()[-2] == "optim.lr=9: 2 of 2 jobs left out (2 failed); nothing to average"
 
 
 # --- end to end: python run.py -m seed=0,1 -------------------------------------------------------
