@@ -10,7 +10,8 @@ How it works, the same with every launcher (basic, submitit_local, submitit_slur
   turns the exception into a ``failed`` result in multirun mode. Without it Hydra's basic sweeper
   re-raises the first failure after the batch and never calls ``on_multirun_end``;
 * ``on_multirun_end`` (launching process) reads every ``*/result.json`` under the sweep dir,
-  prints the table, saves ``sweep_summary.txt`` / ``sweep_summary.json`` there and raises
+  prints the table (and, when a seed is swept, the aggregate over seeds of ``launchers.sweep_stats``),
+  saves ``sweep_summary.txt`` / ``sweep_summary.json`` there and raises
   ``SweepFailedError`` (a SystemExit: Hydra only warns about Exceptions raised in callbacks) when a
   job failed, so the command exits with status 1 after the table.
 
@@ -30,6 +31,8 @@ from typing import Any, Callable, Optional
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from launchers.sweep_stats import aggregate, compact_stages, format_aggregate
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ def _rank() -> int:
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     tmp.replace(path)
 
 
@@ -126,9 +129,13 @@ class SweepSummary(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         rows = collect_results(sweep_dir)
         text = format_table(rows, sweep_dir)
+        agg = aggregate(rows)  # None unless the sweep has a seed axis
+        if agg is not None:
+            text += "\n\n" + format_aggregate(agg)
         log.info("sweep summary (%s)\n%s", sweep_dir / "sweep_summary.txt", text)
-        (sweep_dir / "sweep_summary.txt").write_text(text + "\n")
-        _write(sweep_dir / "sweep_summary.json", {"sweep_dir": str(sweep_dir), "jobs": rows})
+        (sweep_dir / "sweep_summary.txt").write_text(text + "\n", encoding="utf-8")
+        _write(sweep_dir / "sweep_summary.json", {"sweep_dir": str(sweep_dir), "jobs": rows,
+                                                  **({"aggregate": agg} if agg else {})})
         bad = [r for r in rows if r["status"] != "completed"]
         if bad and self.fail_on_error:
             raise SweepFailedError(
@@ -167,7 +174,9 @@ def _overrides(config: DictConfig) -> list[str]:
 
 
 def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job dir with a result.json, in job-number order; ``running`` -> ``incomplete``."""
+    """One row per job dir with a result.json, in job-number order; ``running`` -> ``incomplete``.
+
+    ``stages`` holds each stage's numbers (``sweep_stats.compact_stages``) for the seed aggregate."""
     rows = []
     for p in Path(sweep_dir).glob(f"*/{RESULT}"):
         try:
@@ -178,7 +187,8 @@ def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
         rows.append({"job": p.parent.name, "dir": str(p.parent),
                      "status": "incomplete" if status == "running" else status,
                      **{k: rec.get(k) for k in ("overrides", "best_map50", "final_loss", "time_s",
-                                                 "attempts", "job_id", "error")}})
+                                                 "attempts", "job_id", "error")},
+                     "stages": compact_stages(rec.get("stages"))})
     return sorted(rows, key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit() else 0, r["job"]))
 
 

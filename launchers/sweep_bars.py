@@ -1,0 +1,89 @@
+"""The quantization bars of the chip pipeline, judged on the means over seeds.
+
+The README and docs/pipeline.md state them as "step3 >= step1 - 2 points, step4 >= step3 - 0.5"
+(points of mAP@0.5). One seed's number moves by several points from seed to seed (issue: the
+20-epoch step1 spread about +-0.07 on a GPU), more than the bars themselves, so a sweep with a
+seed axis checks them on the mean of each stage and reports the spread next to it.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+METRIC = "best_map50"  # the bars are on val mAP@0.5 (best epoch of each stage)
+# Means are sums of floats: a bar met exactly (0.87 vs 0.89 - 0.02) must not fail in the 17th digit.
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Bar:
+    """``stage`` >= ``reference`` - ``tolerance`` (mAP@0.5 as a fraction, 0.02 = 2 points)."""
+
+    stage: str
+    reference: str
+    tolerance: float
+
+    def __str__(self) -> str:
+        return f"{self.stage} >= {self.reference} - {self.tolerance:g} ({self.tolerance * 100:g} points)"
+
+
+BARS: tuple[Bar, ...] = (
+    Bar("step3", "step1", 0.02),   # weights + 5-bit activations lose at most 2 points vs float
+    Bar("step4", "step3", 0.005),  # gain fusion + chip export loses at most 0.5 points
+)
+
+
+def _stat(stats: dict[str, Any], stage: str) -> Optional[dict[str, Any]]:
+    return (stats.get(stage) or {}).get(METRIC)
+
+
+def check_bars(stats: dict[str, dict[str, dict[str, Any]]],
+               per_job: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    """Each bar whose two stages have ``METRIC`` numbers in ``stats`` (stage -> metric -> summary
+    with n/mean/std/min/max, as ``launchers.sweep_stats.describe`` makes), judged on the means.
+
+    ``per_job`` (one stage -> metric -> value map per completed job) gives the paired view: the
+    difference stage - reference seed by seed, and in how many seeds the bar holds alone."""
+    out = []
+    for bar in BARS:
+        s, r = _stat(stats, bar.stage), _stat(stats, bar.reference)
+        if s is None or r is None:
+            continue
+        threshold = r["mean"] - bar.tolerance
+        diffs = [j[bar.stage][METRIC] - j[bar.reference][METRIC] for j in per_job
+                 if j.get(bar.stage, {}).get(METRIC) is not None
+                 and j.get(bar.reference, {}).get(METRIC) is not None]
+        out.append({
+            "bar": str(bar), "stage": bar.stage, "reference": bar.reference,
+            "tolerance": bar.tolerance, "metric": METRIC,
+            "met": s["mean"] - threshold >= -EPS,
+            "stage_mean": s["mean"], "stage_std": s["std"], "stage_n": s["n"],
+            "reference_mean": r["mean"], "reference_std": r["std"], "reference_n": r["n"],
+            "threshold": threshold, "margin": s["mean"] - threshold,
+            "diff_mean": statistics.fmean(diffs) if diffs else None,
+            "diff_std": statistics.stdev(diffs) if len(diffs) > 1 else None,
+            "met_per_seed": sum(d >= -bar.tolerance - EPS for d in diffs), "paired": len(diffs),
+        })
+    return out
+
+
+def _pm(mean: float, std: Optional[float]) -> str:
+    return f"{mean:.4f} ± {'-' if std is None else format(std, '.4f')}"
+
+
+def format_bar(b: dict[str, Any]) -> list[str]:
+    """Three lines: the bar met / NOT met with its margin on the means; both means ± std and the bar
+    value; the difference seed by seed and in how many seeds the bar holds alone."""
+    lines = [f"{b['bar']}: {'met' if b['met'] else 'NOT met'}, margin {b['margin']:+.4f}",
+             f"  means: {b['stage']} {_pm(b['stage_mean'], b['stage_std'])} (n={b['stage_n']}), "
+             f"{b['reference']} {_pm(b['reference_mean'], b['reference_std'])} (n={b['reference_n']})"
+             f" -> bar {b['threshold']:.4f}"]
+    if b["paired"]:
+        std = "-" if b["diff_std"] is None else format(b["diff_std"], ".4f")
+        lines.append(f"  per seed: {b['stage']} - {b['reference']} {b['diff_mean']:+.4f} ± {std}, "
+                     f"bar met in {b['met_per_seed']}/{b['paired']} seeds")
+    return lines

@@ -1,0 +1,165 @@
+"""Results over seeds: the aggregate a sweep with a seed axis prints after its per-job table.
+
+``python run.py -m seed=0,1,2,3,4 scheduler=step,cosine`` groups its jobs by every swept key but
+the seed (here: scheduler) and gives, per metric and stage, n, mean ± std, min and max over the
+group's completed jobs. std is the *sample* standard deviation (n-1 in the denominator,
+``statistics.stdev``): the seeds are a sample of the seeds one could have drawn. A job that failed or
+is incomplete is left out of its group's numbers and counted in the ``left out`` column.
+
+The seed key is ``seed`` (``+seed=`` / ``++seed=`` spell the same override). When the jobs ran
+stages the quantization bars name (step1, step3, step4), the bars are judged on the group means
+(``launchers.sweep_bars``).
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import Counter
+from typing import Any, Iterable, Optional
+
+from launchers.sweep_bars import check_bars, format_bar
+
+log = logging.getLogger(__name__)
+
+SEED_KEY = "seed"
+STD = "sample, n-1"
+# Per-stage numbers a stage result holds (mdk/engine/runner.py) -> (mean/std format, min/max format).
+METRICS: dict[str, tuple[str, str]] = {
+    "best_map50": (".4f", ".4f"),
+    "best_epoch": (".1f", ".0f"),
+    "final_loss": (".4f", ".4f"),
+    "time_s": (".1f", ".1f"),
+}
+
+
+def override_map(overrides: Optional[Iterable[str]]) -> dict[str, str]:
+    """key -> value of a job's overrides; ``+seed`` and ``++seed`` count as ``seed``."""
+    return {k.lstrip("+"): v for k, v in (str(o).split("=", 1) for o in overrides or [] if "=" in str(o))}
+
+
+def compact_stages(stages: Any) -> list[dict[str, Any]]:
+    """The numbers of each stage result (no checkpoint paths, caps, ...) for the sweep summary."""
+    out = []
+    for s in stages if isinstance(stages, list) else []:
+        if isinstance(s, dict) and s.get("stage"):
+            num = {m: s.get(m, s.get("map50")) if m == "best_map50" else s.get(m) for m in METRICS}
+            out.append({"stage": s["stage"], **num})
+    return out
+
+
+def _job_stages(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """stage -> metric -> value of one job (a stage run twice gets ``name#2``)."""
+    stages = row.get("stages") or [{"stage": "job", **{m: row.get(m) for m in METRICS}}]
+    out: dict[str, dict[str, float]] = {}
+    for s in stages:
+        name, k = s["stage"], 2
+        while name in out:
+            name, k = f"{s['stage']}#{k}", k + 1
+        out[name] = {m: float(s[m]) for m in METRICS if isinstance(s.get(m), (int, float))}
+    return out
+
+
+def describe(values: list[float]) -> dict[str, Any]:
+    """n, mean, sample std (None for n=1), min, max and the values themselves."""
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values), "values": values}
+
+
+def has_seed_axis(rows: list[dict[str, Any]]) -> bool:
+    return len({override_map(r.get("overrides")).get(SEED_KEY) for r in rows}) > 1
+
+
+def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Group ``rows`` (``collect_results``) by the swept keys other than the seed and summarize each
+    group's completed jobs per metric and stage; None when the sweep has no seed axis."""
+    # An unreadable result.json has no overrides: grouping it would make every key look swept.
+    unplaced = [r["job"] for r in rows if not r.get("overrides")]
+    rows = [r for r in rows if r.get("overrides")]
+    if not has_seed_axis(rows):
+        return None
+    maps = [override_map(r.get("overrides")) for r in rows]
+    keys: list[str] = []
+    for m in maps:
+        keys += [k for k in m if k not in keys]
+    group_by = [k for k in keys if k != SEED_KEY and len({m.get(k) for m in maps}) > 1]
+    members: dict[tuple, list[int]] = {}
+    for i, m in enumerate(maps):
+        members.setdefault(tuple(m.get(k) for k in group_by), []).append(i)
+    groups = []
+    for values, idx in members.items():
+        done = [i for i in idx if rows[i]["status"] == "completed"]
+        per_job = [_job_stages(rows[i]) for i in done]
+        stages: dict[str, dict[str, Any]] = {}
+        for job in per_job:
+            for stage in job:
+                stages.setdefault(stage, {})
+        for stage, metrics in stages.items():
+            for m in METRICS:
+                vals = [job[stage][m] for job in per_job if m in job.get(stage, {})]
+                if vals:
+                    metrics[m] = describe(vals)
+        groups.append({
+            "overrides": dict(zip(group_by, values)),
+            "jobs": [rows[i]["job"] for i in idx],
+            "seeds": [maps[i].get(SEED_KEY) for i in done],
+            "completed": len(done),
+            "left_out": dict(Counter(rows[i]["status"] for i in idx if i not in done)),
+            "stages": stages,
+            "bars": check_bars(stages, per_job),
+        })
+    seeds = sorted({m[SEED_KEY] for m in maps if SEED_KEY in m},
+                   key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+    return {"seed_key": SEED_KEY, "seeds": seeds, "group_by": group_by, "std": STD,
+            "metrics": list(METRICS), "groups": groups, "unplaced": unplaced}
+
+
+def _label(group: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in group["overrides"].items()) or "all jobs"
+
+
+def _columns(head: list[str], body: list[list[str]]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+
+
+def format_aggregate(agg: dict[str, Any]) -> str:
+    """The aggregate table (one row per metric, stage and group), the left-out jobs and the bars."""
+    groups, group_by = agg["groups"], agg["group_by"]
+    lines = [f"over seeds ({agg['seed_key']}={','.join(agg['seeds'])}): n, mean ± std "
+             f"(std: {agg['std']}), min, max of the completed jobs per metric and stage"
+             + (f"; grouped by {', '.join(group_by)}" if group_by else "")]
+    stage_order: list[str] = []
+    for g in groups:
+        stage_order += [s for s in g["stages"] if s not in stage_order]
+    # Metric-major: the mAP of every stage (what the bars and most sweeps compare) comes first.
+    head = ["metric", "stage", *group_by, "n", "mean ± std", "min", "max", "left out"]
+    body = []
+    for m, (fmt, ext) in METRICS.items():
+        for stage in stage_order:
+            for g in groups:
+                d = g["stages"].get(stage, {}).get(m)
+                if d is None:
+                    continue
+                std = "-" if d["std"] is None else format(d["std"], fmt)
+                body.append([m, stage, *[g["overrides"].get(k) or "-" for k in group_by], str(d["n"]),
+                             f"{format(d['mean'], fmt)} ± {std}", format(d["min"], ext),
+                             format(d["max"], ext), str(sum(g["left_out"].values()))])
+    if body:
+        lines += _columns(head, body)
+    for g in groups:
+        out = sum(g["left_out"].values())
+        if out:
+            why = ", ".join(f"{n} {s}" for s, n in sorted(g["left_out"].items()))
+            lines.append(f"{_label(g)}: {out} of {out + g['completed']} jobs left out ({why})"
+                         + ("; nothing to average" if not g["completed"] else ""))
+    if agg.get("unplaced"):
+        lines.append(f"left out of every group: job {', '.join(agg['unplaced'])} (its result.json "
+                     f"gives no overrides)")
+    bars = [(g, b) for g in groups for b in g["bars"]]
+    if bars:
+        lines.append(f"quantization bars judged on the means over seeds ({bars[0][1]['metric']}):")
+        for g, b in bars:
+            first, *rest = format_bar(b)
+            lines += [f"  {_label(g) + ': ' if group_by else ''}{first}", *[f"  {r}" for r in rest]]
+    return "\n".join(lines)
