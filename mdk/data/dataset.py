@@ -1,4 +1,4 @@
-"""Detection dataset over a VOC-layout folder, read through the xml2txt meta file.
+"""Detection dataset over a VOC-layout folder, read through its index (meta file).
 
 Items are ``(image uint8 [3, H, W], target [S, S, 5B + C], index)`` with ``H = W = image_size``.
 
@@ -24,7 +24,7 @@ from torchvision.transforms.v2 import functional as F
 
 from mdk.data.voc import DataError
 from mdk.models.yolo_codec import encode_target
-from mdk.tools.xml2txt import ensure_meta, read_meta
+from mdk.data.index import ensure_meta, read_meta
 
 log = logging.getLogger(__name__)
 
