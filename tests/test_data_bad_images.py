@@ -152,6 +152,17 @@ def test_error_with_several_bad_files_counts_the_others(tmp_path):
         dataset(root, tmp_path)
 
 
+def test_image_deleted_after_the_index_was_built(tmp_path):
+    root = make_voc(tmp_path / "VOC")
+    dataset(root, tmp_path)                             # index and check cache are built
+    (root / "JPEGImages" / "000004.jpg").unlink()      # the meta file does not go stale for it
+    with pytest.raises(DataError, match=r"000004\.jpg: image listed in split 'train' is missing; "
+                                        r"restore it, remove its id from the split, or set "
+                                        r"dataset\.on_bad_image=skip$"):
+        dataset(root, tmp_path)
+    assert len(dataset(root, tmp_path, on_bad_image="skip")) == 11
+
+
 def test_skip_leaves_bad_images_out_before_sampling_and_lists_them_once(tmp_path, caplog):
     root = make_voc(tmp_path / "VOC")
     truncate(root / "JPEGImages" / "000003.jpg")

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
 POLICIES = ("error", "skip")
+MISSING = "the file is missing"
 # PIL's decoders release the GIL, so threads scale with cores; capped because the check is
 # I/O-bound on network disks long before 8 cores are busy.
 MAX_THREADS = 8
@@ -53,7 +54,7 @@ def decode_error(path: str | Path) -> Optional[str]:
                 im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
             im.load()
     except FileNotFoundError:
-        return "the file is missing"
+        return MISSING
     except Image.UnidentifiedImageError:
         return "not an image format PIL can read"
     except DECODE_ERRORS as exc:
@@ -143,6 +144,9 @@ def bad_image_message(root: str | Path, split: str, bad: dict[str, str]) -> str:
         others = list(bad)[1:]
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         more = f" (and {len(others)} more bad image(s) in split {split!r}: {shown})"
+    if reason == MISSING:  # deleted after the index was built
+        return (f"{Path(root) / first}: image listed in split {split!r} is missing{more}; restore "
+                "it, remove its id from the split, or set dataset.on_bad_image=skip")
     return (f"{Path(root) / first}: cannot decode image ({reason}){more}; replace the file or "
             "set dataset.on_bad_image=skip")
 

@@ -87,6 +87,7 @@ class SafeIterator:
         except StopIteration:
             raise
         except BaseException as exc:
+            log.debug("stopping the loader workers after %s", type(exc).__name__)
             shutdown_workers(self._it)
             clean = unwrap_worker_error(exc)
             if clean is exc:
