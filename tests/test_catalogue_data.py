@@ -2,7 +2,8 @@
 
 Each test breaks a private copy of a tiny VOC folder, runs the command (in-process, see
 test_catalogue_cli.py), and asserts the one stderr line, exit status 1, and that no file of the
-dataset or the checkpoint folder was changed.
+dataset or the checkpoint folder was changed. The bad-image entries run the real command on a
+hand-made VOC tree with the VOC loader defaults (4 workers).
 """
 from __future__ import annotations
 
