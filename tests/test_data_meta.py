@@ -1,12 +1,13 @@
-"""xml2txt: meta file content, CLI, staleness rules."""
+"""The dataset index (mdk.data.index) and its xml2txt CLI: meta file content, staleness rules."""
 import os
 
 import numpy as np
 import pytest
 
+from mdk.data.index import build_meta, ensure_meta, is_stale, read_header, read_meta
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
 from mdk.data.voc import DataError, parse_voc_xml, read_split
-from mdk.tools.xml2txt import build_meta, ensure_meta, is_stale, main, read_header, read_meta
+from mdk.tools.xml2txt import main
 
 CLASSES = list(SHAPE_CLASSES)
 

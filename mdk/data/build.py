@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from mdk.data.dataset import DetectionDataset
+from mdk.data.image_check import POLICIES
 from mdk.data.shapes import ensure_shapes_dataset
 from mdk.data.voc import DataError, check_root
 
@@ -44,6 +45,10 @@ def validate_dataset_cfg(cfg: Mapping[str, Any] | DictConfig) -> dict:
                         f"{len(names)} classes; make them agree")
     if int(d.get("num_workers", 0)) < 0:
         raise DataError(f"dataset.num_workers={d['num_workers']} must be >= 0")
+    if d.get("on_bad_image", "error") not in POLICIES:
+        raise DataError(f"dataset.on_bad_image={d['on_bad_image']!r} must be one of "
+                        f"{list(POLICIES)} (error: stop naming the file; skip: leave bad images "
+                        "out of the index and list them in the log)")
     return d
 
 
@@ -73,7 +78,8 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     meta_dir = meta_dir_for(d, cache_root)
     common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
                   boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,
-                  cache_images=bool(d.get("cache_images", False)), seed=seed)
+                  cache_images=bool(d.get("cache_images", False)), seed=seed,
+                  on_bad_image=str(d.get("on_bad_image", "error")))
     train = DetectionDataset(split=d["train_split"], augment=bool(d.get("augment", True)), **common)
     val = DetectionDataset(split=d["val_split"], augment=False, **common)
     return train, val

@@ -1,4 +1,4 @@
-"""Detection dataset over a VOC-layout folder, read through the xml2txt meta file.
+"""Detection dataset over a VOC-layout folder, read through its index (meta file).
 
 Items are ``(image uint8 [3, H, W], target [S, S, 5B + C], index)`` with ``H = W = image_size``.
 
@@ -24,7 +24,8 @@ from torchvision.transforms.v2 import functional as F
 
 from mdk.data.voc import DataError
 from mdk.models.yolo_codec import encode_target
-from mdk.tools.xml2txt import ensure_meta, read_meta
+from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
+from mdk.data.index import ensure_meta, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,9 @@ def load_image(path: Path, image_size: int) -> torch.Tensor:
     except FileNotFoundError:
         raise DataError(f"{path}: image listed in the meta file is missing; restore it, or remove "
                         "its id from the split (the meta file is rebuilt automatically)") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot decode image ({exc}); replace the file") from None
+    except DECODE_ERRORS as exc:  # changed since the start-up check (mdk.data.image_check)
+        raise DataError(f"{path}: cannot decode image ({exc}); replace the file or set "
+                        "dataset.on_bad_image=skip") from None
     # HWC -> CHW in numpy: torch's multi-threaded copy of a small uint8 tensor spins its thread
     # pool (25x the CPU with 2 threads, ~11 s of startup for the image cache on a busy machine).
     return torch.from_numpy(np.array(arr.transpose(2, 0, 1), order="C"))  # a writable copy
@@ -67,7 +69,7 @@ def affine_boxes(boxes: torch.Tensor, labels: torch.Tensor, scale: float, shift:
 class DetectionDataset(Dataset):
     def __init__(self, root: str | Path, split: str, class_names: Sequence[str], image_size: int,
                  grid: int, boxes_per_cell: int, augment: bool, meta_dir: str | Path,
-                 cache_images: bool = False, seed: int = 0) -> None:
+                 cache_images: bool = False, seed: int = 0, on_bad_image: str = "error") -> None:
         self.root = Path(root).expanduser().resolve()
         self.split = split
         self.class_names = list(class_names)
@@ -75,6 +77,13 @@ class DetectionDataset(Dataset):
         self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
         meta = ensure_meta(self.root, split, self.class_names, Path(meta_dir) / f"{split}.txt")
         header, self.entries = read_meta(meta)
+        # Bad images leave the index here, before any sampler sees its length (deterministic
+        # epochs, full global batches); see mdk.data.image_check for why not on the fly.
+        bad = check_images(self.root, [e.image for e in self.entries],
+                           Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images")
+        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(self.entries))
+        if drop:
+            self.entries = [e for e in self.entries if e.image not in drop]
         if header.get("clipped") or header.get("dropped"):
             log.warning("%s split %r: %d boxes were clipped to the image and %d zero-area boxes "
                         "dropped when reading the annotations", self.root, split,

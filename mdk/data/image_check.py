@@ -1,0 +1,171 @@
+"""Bad images: every image of a split is decoded once, before any training, and the verdict cached.
+
+Why a check up front and not on the fly: with ``dataset.on_bad_image=skip`` a bad image must
+leave the index *before* the sampler draws the epoch, so the same seed gives the same batches
+and every global batch keeps its size (an on-the-fly skip would shorten or reshuffle a batch
+depending on which worker met the file). With ``error`` the check turns a corrupt file into one
+line from the main process before any loader worker exists, instead of an error in a worker.
+
+What catches a bad file (measured on 448-px JPEGs, PIL 13): ``Image.open().verify()`` passes
+JPEGs truncated to 50 %, 90 % or missing only the last 2 bytes, and one with 4 KB of garbage in
+the middle; decoding catches all of them ("image file is truncated", "broken data stream"), and
+open() alone catches a non-image file. JPEGs are decoded in draft mode (DCT scaling to 1/8): the
+whole entropy-coded stream is still read, so it catches the same files, at about half the cost
+of a full decode (4.1 vs 8.3 ms per 448-px image on one busy core).
+
+The cache (``<meta_dir>/<split>.images.json``) keeps, per image, its size and mtime and the
+verdict: only new or changed files are decoded again, so a rebuilt meta file (the index's own
+staleness rule) re-checks exactly the images it newly lists.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from PIL import Image
+from tqdm import tqdm
+
+from mdk.data.voc import DataError
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+POLICIES = ("error", "skip")
+MISSING = "the file is missing"
+# PIL's decoders release the GIL, so threads scale with cores; capped because the check is
+# I/O-bound on network disks long before 8 cores are busy.
+MAX_THREADS = 8
+# What a corrupt or foreign file raises inside PIL (UnidentifiedImageError is an OSError).
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+
+
+def decode_error(path: str | Path) -> Optional[str]:
+    """None when ``path`` decodes, else why not (the file's own name is not repeated)."""
+    try:
+        with Image.open(path) as im:
+            if im.format == "JPEG":
+                im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+            im.load()
+    except FileNotFoundError:
+        return MISSING
+    except Image.UnidentifiedImageError:
+        return "not an image format PIL can read"
+    except DECODE_ERRORS as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _stamp(path: Path) -> Optional[list[int]]:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _read_cache(path: Path) -> dict[str, list]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+        return {}
+    files = data.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def _write_cache(path: Path, files: dict[str, list]) -> None:
+    """Atomic, like the meta file: a kill never leaves a half-written cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": CACHE_VERSION, "files": files}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _progress(items: Iterable, total: int, desc: str) -> Iterable:
+    # A bar only on a terminal: in a log file or a SLURM .err it is noise (the caller logs a line).
+    return tqdm(items, total=total, desc=desc, unit="img", disable=not sys.stderr.isatty(),
+                leave=False, file=sys.stderr)
+
+
+def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,
+                 desc: str = "checking images", threads: Optional[int] = None) -> dict[str, str]:
+    """Decode every image of ``images`` (paths relative to ``root``) that is not already in the
+    cache with the same size and mtime; return ``{relative path: reason}`` of the bad ones."""
+    root, cache_path = Path(root), Path(cache_path)
+    cached = _read_cache(cache_path)
+    stamps = {rel: _stamp(root / rel) for rel in dict.fromkeys(images)}
+    verdict: dict[str, Optional[str]] = {}
+    todo = []
+    for rel, stamp in stamps.items():
+        hit = cached.get(rel)
+        if stamp is not None and isinstance(hit, list) and len(hit) == 3 and hit[:2] == stamp:
+            verdict[rel] = hit[2]
+        else:
+            todo.append(rel)
+    if todo:
+        if not sys.stderr.isatty():
+            log.info("%s: decoding %d image(s) once to find bad files (cached in %s)",
+                     desc, len(todo), cache_path)
+        t0 = time.perf_counter()
+        n = threads or min(MAX_THREADS, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            results = pool.map(lambda rel: decode_error(root / rel), todo)
+            for rel, reason in zip(todo, _progress(results, len(todo), desc)):
+                verdict[rel] = reason
+        log.info("%s: %d image(s) decoded in %.1f s, %d bad", desc, len(todo),
+                 time.perf_counter() - t0, sum(verdict[r] is not None for r in todo))
+        files = {rel: [*stamps[rel], verdict[rel]] for rel in stamps if stamps[rel] is not None}
+        try:
+            _write_cache(cache_path, files)
+        except OSError as exc:  # a read-only cache folder costs a re-check next time, no more
+            log.warning("could not write the image check cache %s (%s); the images will be "
+                        "checked again next time", cache_path, exc)
+    return {rel: reason for rel, reason in verdict.items() if reason is not None}
+
+
+def bad_image_message(root: str | Path, split: str, bad: dict[str, str]) -> str:
+    """The one line for ``dataset.on_bad_image=error``: the first bad file and what to do."""
+    first, reason = next(iter(bad.items()))
+    more = ""
+    if len(bad) > 1:
+        others = list(bad)[1:]
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        more = f" (and {len(others)} more bad image(s) in split {split!r}: {shown})"
+    if reason == MISSING:  # deleted after the index was built
+        return (f"{Path(root) / first}: image listed in split {split!r} is missing{more}; restore "
+                "it, remove its id from the split, or set dataset.on_bad_image=skip")
+    return (f"{Path(root) / first}: cannot decode image ({reason}){more}; replace the file or "
+            "set dataset.on_bad_image=skip")
+
+
+def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], policy: str,
+                           total: int) -> set[str]:
+    """``error``: raise DataError naming the first bad file. ``skip``: log every bad file once
+    and return the relative paths to leave out of the index."""
+    if policy not in POLICIES:
+        raise DataError(f"dataset.on_bad_image={policy!r} must be one of {list(POLICIES)}")
+    if not bad:
+        return set()
+    if policy == "error":
+        raise DataError(bad_image_message(root, split, bad))
+    if len(bad) == total:
+        raise DataError(f"{root}: none of the {total} images of split {split!r} can be decoded "
+                        f"(first: {next(iter(bad))}: {next(iter(bad.values()))}); check the "
+                        "dataset folder")
+    log.warning("%s split %r: skipping %d bad image(s) of %d (dataset.on_bad_image=skip): %s",
+                root, split, len(bad), total,
+                "; ".join(f"{rel} ({reason})" for rel, reason in bad.items()))
+    return set(bad)
