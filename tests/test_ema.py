@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import TINY, compose
-from mdk.engine.ema import EMAHook, ModelEMA, unwrap
+from mdk.engine.ema import EMAHook, ModelEMA, ema_from_config, unwrap
 from mdk.engine.loop import HookBase, Trainer
 
 
@@ -149,6 +149,19 @@ def test_structure_change_and_bad_settings_are_named():
         ModelEMA(net, decay=1.0)
     with pytest.raises(RuntimeError, match="does not match this model"):
         ModelEMA(nn.Linear(2, 2)).load_state_dict(ema.state_dict())
+
+
+def test_built_from_the_trainer_ema_node():
+    from omegaconf import OmegaConf
+
+    net = tiny_net()
+    assert ema_from_config(None, net) is None
+    assert ema_from_config(OmegaConf.create({"enabled": False, "decay": 0.9}), net) is None
+    ema = ema_from_config(OmegaConf.create({"enabled": True, "decay": 0.99, "tau": 10,
+                                            "dtype": "float64"}), net)
+    assert (ema.decay, ema.tau, ema.dtype) == (0.99, 10.0, torch.float64)
+    with pytest.raises(ValueError, match=r"trainer\.ema\.dtype='half'"):
+        ema_from_config(OmegaConf.create({"enabled": True, "dtype": "half"}), net)
 
 
 class SkipEvery3(HookBase):

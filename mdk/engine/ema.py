@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -170,6 +170,20 @@ class ModelEMA:
         for k in sorted(self.buffer_names & self.shadow.keys()):  # same order on every rank
             if self.shadow[k].is_floating_point():  # integer counters agree already
                 tdist.broadcast(self.shadow[k], src)
+
+
+def ema_from_config(node: Any, model: nn.Module) -> Optional[ModelEMA]:
+    """``trainer.ema`` (``{enabled, decay, tau, dtype}``) -> a ModelEMA of ``model`` built now
+    (after the stage's structure change and ``model.to(device)``), or None when the node is
+    absent or ``enabled`` is false."""
+    if node is None or not node.get("enabled", False):
+        return None
+    dtypes = {"float32": torch.float32, "float64": torch.float64}
+    name = str(node.get("dtype", "float32"))
+    if name not in dtypes:
+        raise ValueError(f"trainer.ema.dtype={name!r} must be float32 or float64")
+    return ModelEMA(model, decay=float(node.get("decay", 0.9999)),
+                    tau=float(node.get("tau", 2000.0)), dtype=dtypes[name])
 
 
 class EMAHook(HookBase):
