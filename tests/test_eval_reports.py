@@ -7,7 +7,8 @@ import torch
 from PIL import Image
 
 from mdk.eval import ap_table, voc_ap
-from mdk.eval.grid import DET_COLOR, DIFFICULT_COLOR, GT_COLOR, dataset_grid, detection_grid, save_png
+from mdk.eval.grid import (DET_COLOR, DIFFICULT_COLOR, GT_COLOR, dataset_grid, detection_grid,
+                           save_png)
 from mdk.eval.plots import pr_curve_images, save_pr_curves
 
 

@@ -43,7 +43,8 @@ def test_pipeline_stages_log_apart_on_one_continuing_step(tmp_path):
         sink.close()
     folders = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
     assert folders == ["step1", "step2", "step3"]   # one TensorBoard run per stage
-    assert [s for s, _ in scalars(tmp_path / "tensorboard" / "step1", "loss/total")] == list(range(1, 7))
+    steps1 = [s for s, _ in scalars(tmp_path / "tensorboard" / "step1", "loss/total")]
+    assert steps1 == list(range(1, 7))
     assert scalars(tmp_path / "tensorboard" / "step2", "loss/total") == [
         (7, 70.0), (8, 80.0), (9, 90.0), (10, 100.0)]
     ea = read_events(tmp_path / "tensorboard" / "step3")

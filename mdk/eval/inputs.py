@@ -54,7 +54,8 @@ def _gt_of(ground_truth: GroundTruth, image_id: int) -> tuple:
 def _check(name: str, image_id: int, boxes: np.ndarray, labels: np.ndarray, n_other: int,
            num_classes: int) -> None:
     if boxes.ndim != 2 or boxes.shape[1] != 4:
-        raise ValueError(f"image {image_id}: {name} boxes have shape {boxes.shape}, expected [N, 4]")
+        raise ValueError(f"image {image_id}: {name} boxes have shape {boxes.shape}, "
+                         "expected [N, 4]")
     if len(labels) != len(boxes) or n_other != len(boxes):
         raise ValueError(f"image {image_id}: {len(boxes)} {name} boxes but {len(labels)} labels "
                          f"and {n_other} scores/difficult flags; give one per box")

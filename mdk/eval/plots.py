@@ -61,7 +61,8 @@ def pr_curve_images(result: dict[str, Any], class_names: Optional[Sequence[str]]
 def save_pr_curves(result: dict[str, Any], out_dir: str | Path,
                    class_names: Optional[Sequence[str]] = None, stem: str = "pr",
                    per_figure: int = 10, title: str = "") -> list[Path]:
-    """Write ``<out_dir>/<stem>_<k>.png`` (k = 1, 2, ...), one per class group; returns the paths."""
+    """Write ``<out_dir>/<stem>_<k>.png`` (k = 1, 2, ...), one per class group; returns the
+    paths."""
     from mdk.eval.grid import save_png
 
     out = Path(out_dir)

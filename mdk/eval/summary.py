@@ -1,4 +1,4 @@
-"""An evaluator's result as flat labelled scalars (for sinks and result.json) and as a text table."""
+"""An evaluator's result as flat labelled scalars (for sinks, result.json) and a text table."""
 from __future__ import annotations
 
 import math
