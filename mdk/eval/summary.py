@@ -1,0 +1,61 @@
+"""An evaluator's result as flat labelled scalars (for sinks, result.json) and a text table."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+METRICS = ("voc07", "voc12", "coco")
+
+
+def headline_key(metric: str) -> str:
+    """The scalar key of a metric's headline number, naming the metric: ``map50_voc07``,
+    ``map50_voc12``, ``map_coco`` (COCO AP50:95)."""
+    if metric not in METRICS:
+        raise ValueError(f"eval.metric={metric!r}: choose one of {list(METRICS)}")
+    return "map_coco" if metric == "coco" else f"map50_{metric}"
+
+
+def _class_name(names: Optional[Sequence[str]], c: int) -> str:
+    return str(names[c]) if names is not None and c < len(names) else str(c)
+
+
+def scalars(result: dict[str, Any], class_names: Optional[Sequence[str]] = None,
+            per_class: bool = True) -> dict[str, float]:
+    """Flat ``{key: value}``: the headline (``headline_key``), ``map50_coco`` for COCO, and with
+    ``per_class`` ``ap50_voc07/<class>`` (VOC) or ``ap_coco/<class>`` (COCO AP50:95); classes
+    without ground truth (nan) are left out."""
+    metric = result["metric"]
+    out = {headline_key(metric): result["map"]}
+    if metric == "coco":
+        out["map50_coco"] = result["map50"]
+    if per_class:
+        prefix = "ap_coco" if metric == "coco" else f"ap50_{metric}"
+        for c, v in enumerate(result["ap"]):
+            if not math.isnan(float(v)):
+                out[f"{prefix}/{_class_name(class_names, c)}"] = float(v)
+    return out
+
+
+def ap_table(result: dict[str, Any], class_names: Optional[Sequence[str]] = None) -> str:
+    """A Markdown table (renders in TensorBoard's text tab, reads as plain text in a log): one
+    row per class with its AP, objects (non-difficult) and detections, then the mean."""
+    coco = result["metric"] == "coco"
+    head = "| class | AP50:95 | AP50 | objects | detections |" if coco else \
+        "| class | AP50 | objects | detections |"
+    lines = [f"{result['name']} over {result['images']} images", "", head,
+             "|---" * (5 if coco else 4) + "|"]
+
+    def fmt(v: float) -> str:
+        return "n/a" if math.isnan(float(v)) else f"{float(v):.4f}"
+
+    for c in range(len(result["ap"])):
+        cells = [_class_name(class_names, c), fmt(result["ap"][c])]
+        if coco:
+            cells.append(fmt(result["ap50"][c]))
+        cells += [str(int(result["num_gt"][c])), str(int(result["num_det"][c]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    mean = ["**mean**", fmt(result["map"])] + ([fmt(result["map50"])] if coco else []) + ["", ""]
+    lines.append("| " + " | ".join(mean) + " |")
+    lines += ["", "n/a: no ground truth of this class in the evaluated images (left out of the "
+              "mean)."]
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Pascal VOC detection AP, following the devkit's ``VOCevaldet.m`` / ``VOCap.m`` (DESIGN §8).
+
+Per class, over all evaluated images:
+
+1. Detections are sorted by decreasing score with a *stable* sort: equal scores keep the input
+   order (images by ascending id, then the order within an image), as MATLAB's ``sort`` does
+   on the results file. (The Python port in py-faster-rcnn uses an unstable argsort.)
+2. Each detection is assigned the ground-truth object of its class in its image with the highest
+   IoU (the first in annotation order on an exact IoU tie). Assignment does not look at whether
+   the object is already taken: if IoU >= ``iou_threshold`` and the object is ``difficult``, the
+   detection is ignored (neither TP nor FP); else the first detection (in sorted order) assigned
+   to an object is a TP and later ones are FP (duplicates). IoU below the threshold: FP.
+   Because the assignment does not depend on earlier decisions, it is computed for all detections
+   at once (vectorised); only the "first to take the object" rule depends on the order.
+   (DESIGN §8 says "the unmatched ground truth of highest IoU"; the devkit, followed here, takes
+   the highest-IoU object even when it is matched, and then counts a duplicate.)
+3. ``recall = TP / npos`` with ``npos`` = non-difficult objects; ``precision = TP / (TP + FP)``.
+   Ignored detections are left out of the curve; they would only repeat the previous point,
+   which changes neither AP (the devkit's rows for them repeat (rec, prec) or are 0/0).
+4. ``voc07``: 11-point interpolated AP, mean over t in {0, 0.1, ..., 1} of max precision at
+   recall >= t (0 when none). The thresholds are ``k / 10`` correctly rounded, so a recall of
+   exactly 3/10 counts at t = 0.3 (``np.arange(0, 1.1, 0.1)`` gives 0.30000000000000004 and
+   would not). ``voc12`` (VOC2010 and later): area under the monotone precision envelope,
+   summed where recall changes.
+
+Box convention: boxes are continuous pixel coordinates ``x1, y1, x2, y2`` (areas ``(x2 - x1) *
+(y2 - y1)``), ``pixel_offset=0``. The devkit works on 1-based inclusive integer pixels and adds
+1 to widths and heights; our boxes are rescaled to the model input (e.g. 500 px -> 448 px, factor
+0.896) and are no longer integer pixel indices, so a +1 would be a different amount of the
+original image per image, and torchvision/COCO use the continuous convention too. The +1 makes
+small boxes overlap more: boxes (0, 0, 10, 10) and (3, 0, 13, 10) have IoU 0.538 without and
+0.571 with it (0.538 and 0.542 at 10x the size). ``pixel_offset=1`` reproduces the devkit
+exactly on original-resolution integer boxes.
+
+A class without non-difficult ground truth in the evaluated images has AP ``nan`` (undefined:
+recall has no denominator) and is left out of the mean; its detections are still counted in
+``num_det``. A class with ground truth but no detections has AP 0 and is in the mean.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import numpy as np
+
+from mdk.eval.inputs import Flat, GroundTruth, flatten
+
+log = logging.getLogger(__name__)
+
+VOC_METRICS = {"voc07": "VOC07 11-point mAP@0.5", "voc12": "VOC12 area mAP@0.5"}
+_CHUNK = 1 << 20  # IoU matrix elements per block: bounds memory to ~50 MB whatever the input
+
+
+def _iou(det: np.ndarray, gt: np.ndarray, off: float) -> np.ndarray:
+    """IoU of ``det`` [n, 4] with each of ``gt`` [n, m, 4]; 0 where the boxes do not overlap."""
+    iw = np.minimum(det[:, None, 2], gt[..., 2]) - np.maximum(det[:, None, 0], gt[..., 0]) + off
+    ih = np.minimum(det[:, None, 3], gt[..., 3]) - np.maximum(det[:, None, 1], gt[..., 1]) + off
+    overlap = (iw > 0) & (ih > 0)  # the devkit only scores boxes that overlap
+    inter = np.where(overlap, iw * ih, 0.0)
+    area_d = (det[:, 2] - det[:, 0] + off) * (det[:, 3] - det[:, 1] + off)
+    area_g = (gt[..., 2] - gt[..., 0] + off) * (gt[..., 3] - gt[..., 1] + off)
+    union = area_d[:, None] + area_g - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(overlap & (union > 0), inter / union, 0.0)
+
+
+def best_overlap(flat: Flat, num_classes: int, pixel_offset: float = 0.0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """For each detection: (highest IoU with an object of its class in its image, that object's
+    index into ``flat.gt_*`` or -1 when the image has no such object)."""
+    n_det = len(flat.det_scores)
+    best = np.zeros(n_det, np.float64)
+    gid = np.full(n_det, -1, np.int64)
+    if n_det == 0 or len(flat.gt_labels) == 0:
+        return best, gid
+    # Ground truth padded per (image, class) key, in annotation order within a key.
+    gt_key = flat.gt_image * num_classes + flat.gt_labels
+    order = np.argsort(gt_key, kind="stable")
+    keys, starts, counts = np.unique(gt_key[order], return_index=True, return_counts=True)
+    width = int(counts.max())
+    row = np.repeat(np.arange(len(keys)), counts)
+    slot = np.arange(len(order)) - np.repeat(starts, counts)
+    pad_boxes = np.zeros((len(keys), width, 4))
+    pad_id = np.full((len(keys), width), -1, np.int64)
+    pad_boxes[row, slot] = flat.gt_boxes[order]
+    pad_id[row, slot] = order
+    det_key = flat.det_image * num_classes + flat.det_labels
+    pos = np.minimum(np.searchsorted(keys, det_key), len(keys) - 1)
+    has = np.flatnonzero(keys[pos] == det_key)
+    step = max(1, _CHUNK // width)
+    for s in range(0, len(has), step):
+        d = has[s:s + step]
+        r = pos[d]
+        ov = _iou(flat.det_boxes[d], pad_boxes[r], pixel_offset)
+        ov = np.where(pad_id[r] >= 0, ov, -1.0)
+        j = ov.argmax(1)  # first maximum: the devkit's strict '>' keeps the first on a tie
+        best[d] = ov[np.arange(len(d)), j]
+        gid[d] = pad_id[r, j]
+    return best, gid
+
+
+def ap_voc07(recall: np.ndarray, precision: np.ndarray) -> float:
+    """11-point interpolated AP (VOC2007 devkit)."""
+    if len(recall) == 0:
+        return 0.0
+    envelope = np.maximum.accumulate(precision[::-1])[::-1]  # max precision at index >= i
+    first = np.searchsorted(recall, np.arange(11) / 10.0, side="left")  # recall is sorted
+    return float(np.where(first < len(recall), envelope[np.minimum(first, len(recall) - 1)],
+                          0.0).sum() / 11.0)
+
+
+def ap_area(recall: np.ndarray, precision: np.ndarray) -> float:
+    """Area under the monotone precision envelope (VOC2010+ devkit ``VOCap.m``)."""
+    mrec = np.concatenate([[0.0], recall, [1.0]])
+    mpre = np.concatenate([[0.0], precision, [0.0]])
+    mpre = np.maximum.accumulate(mpre[::-1])[::-1]
+    i = np.flatnonzero(mrec[1:] != mrec[:-1]) + 1
+    return float(((mrec[i] - mrec[i - 1]) * mpre[i]).sum())
+
+
+def voc_ap(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTruth,
+           num_classes: int, metric: str = "voc07", iou_threshold: float = 0.5,
+           pixel_offset: float = 0.0) -> dict[str, Any]:
+    """VOC AP per class and their mean (see the module docstring for the rules).
+
+    Returns ``{"metric", "name", "map", "ap" [C] (nan: no ground truth), "precision": [C arrays],
+    "recall": [C arrays] (the curve after each counted detection, in score order), "num_gt" [C]
+    (non-difficult objects), "num_det" [C], "images"}``; ``map`` is nan when no class has ground
+    truth.
+    """
+    if metric not in VOC_METRICS:
+        raise ValueError(f"metric={metric!r}: choose one of {sorted(VOC_METRICS)}")
+    if not 0.0 < iou_threshold <= 1.0:
+        raise ValueError(f"iou_threshold={iou_threshold} must be in (0, 1]")
+    flat = flatten(detections, ground_truth, num_classes)
+    ov, gid = best_overlap(flat, num_classes, pixel_offset)
+    hit = (gid >= 0) & (ov >= iou_threshold)
+    hit_difficult = hit & flat.gt_difficult[np.maximum(gid, 0)]
+    # Class-major, then decreasing score; lexsort is stable, so ties keep the input order.
+    order = np.lexsort((-flat.det_scores, flat.det_labels))
+    labels = flat.det_labels[order]
+    ignored = hit_difficult[order]
+    candidate = (hit & ~hit_difficult)[order]
+    taken = gid[order]
+    tp = np.zeros(len(order), bool)
+    cand = np.flatnonzero(candidate)
+    _, first = np.unique(taken[cand], return_index=True)  # first detection to take each object
+    tp[cand[first]] = True
+    fp = ~tp & ~ignored
+    npos = np.bincount(flat.gt_labels[~flat.gt_difficult], minlength=num_classes)
+    bounds = np.searchsorted(labels, np.arange(num_classes + 1))
+    ap = np.full(num_classes, np.nan)
+    precision, recall = [], []
+    ap_fn = ap_voc07 if metric == "voc07" else ap_area
+    for c in range(num_classes):
+        sl = slice(bounds[c], bounds[c + 1])
+        keep = ~ignored[sl]
+        tpc = np.cumsum(tp[sl][keep], dtype=np.float64)
+        fpc = np.cumsum(fp[sl][keep], dtype=np.float64)
+        prec = tpc / np.maximum(tpc + fpc, 1.0)  # every kept row is a TP or an FP: never 0/0
+        rec = tpc / npos[c] if npos[c] else np.full(len(tpc), np.nan)
+        precision.append(prec)
+        recall.append(rec)
+        if npos[c]:
+            ap[c] = ap_fn(rec, prec)
+    valid = ~np.isnan(ap)
+    return {"metric": metric, "name": VOC_METRICS[metric],
+            "map": float(ap[valid].mean()) if valid.any() else float("nan"),
+            "ap": ap, "precision": precision, "recall": recall, "num_gt": npos,
+            "num_det": np.bincount(flat.det_labels, minlength=num_classes),
+            "images": len(flat.images)}

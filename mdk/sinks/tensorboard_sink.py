@@ -1,0 +1,49 @@
+"""TensorBoard: one event folder per stage, ``<run_dir>/tensorboard/<stage>``.
+
+One folder per stage makes each stage a TensorBoard "run": ``tensorboard --logdir <run_dir>``
+(or the sweep dir) shows ``step1``, ``step2``, ... as separately coloured curves of the same tags
+(``loss/total``, ``val/...``), one after the other on the pipeline's continuing global step, and
+each can be hidden on its own. (A tag prefix in one folder would put each stage in its own chart
+section instead, and a purge on one stage's resume would drop the steps of any stage above it.)
+
+Resume: the writer is opened with ``purge_step = resume_step + 1``, so TensorBoard discards the
+events of this stage's folder that were logged after the checkpoint the run resumes from (they
+are redone); without it the redone steps are drawn twice.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+
+from mdk.sinks.base import NullSink, check_image
+
+log = logging.getLogger(__name__)
+
+
+class TensorBoardSink(NullSink):
+    def __init__(self, *, run_dir: Path, stage: str, group: Optional[str] = None,
+                 resume_step: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
+                 subdir: str = "tensorboard", flush_secs: int = 30) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.logdir = Path(run_dir) / subdir / stage
+        purge = None if resume_step is None else int(resume_step) + 1
+        self.w = SummaryWriter(str(self.logdir), purge_step=purge, flush_secs=flush_secs)
+        log.info("TensorBoard events of %s in %s%s", stage, self.logdir,
+                 f" (steps >= {purge} of the interrupted run discarded)" if purge else "")
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        for k, v in scalars.items():
+            self.w.add_scalar(k, float(v), int(step))
+
+    def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
+        self.w.add_image(tag, check_image(tag, image), int(step), dataformats="CHW")
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        self.w.add_text(tag, text, int(step))
+
+    def close(self) -> None:
+        self.w.close()

@@ -1,0 +1,108 @@
+"""Weights & Biases: one wandb run per stage of a job, its id kept in the job's folder.
+
+- The id of each stage's run is stored in ``<run_dir>/wandb_ids.json`` (``{stage: id}``) when the
+  run is first made. A resumed or requeued job has the same run dir, finds the id and calls
+  ``wandb.init(id=..., resume="allow")``: the same wandb run continues.
+- ``group`` = the sweep (all jobs of a sweep side by side), ``job_type`` = the stage, ``name`` =
+  ``<job dir name>-<stage>`` unless set. Steps are the pipeline's global step.
+- Without ``WANDB_API_KEY`` (and no ``WANDB_MODE``) it runs offline and never touches the
+  network; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later. Offline runs of a
+  requeued job are separate folders that carry the same id, so syncing them fills one run.
+- Unlike TensorBoard, wandb cannot forget steps: after a resume, the redone steps at or below
+  the run's last logged step are dropped by wandb (with its warning) and keep their first values.
+"""
+from __future__ import annotations
+
+import html
+import json
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from mdk.sinks.base import NullSink, check_image
+
+log = logging.getLogger(__name__)
+
+ID_FILE = "wandb_ids.json"
+
+
+def stored_run_id(run_dir: Path, stage: str) -> Optional[str]:
+    """The wandb run id this job dir holds for ``stage`` (None when there is none yet)."""
+    p = Path(run_dir) / ID_FILE
+    if not p.is_file():
+        return None
+    try:
+        ids = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        log.warning("%s is unreadable (%s): a new wandb run is started", p, e)
+        return None
+    return ids.get(stage) if isinstance(ids, dict) else None
+
+
+def _store_run_id(run_dir: Path, stage: str, run_id: str) -> None:
+    p = Path(run_dir) / ID_FILE
+    ids: dict[str, str] = {}
+    if p.is_file():
+        try:
+            ids = json.loads(p.read_text())
+        except (OSError, ValueError):
+            ids = {}
+    ids[stage] = run_id
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(ids, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, p)  # atomic: a kill mid-write never leaves half a file
+
+
+class WandbSink(NullSink):
+    def __init__(self, *, run_dir: Path, stage: str, group: Optional[str] = None,
+                 resume_step: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
+                 project: str = "mdk", entity: Optional[str] = None,
+                 tags: Sequence[str] = (), mode: Optional[str] = None,
+                 name: Optional[str] = None) -> None:
+        import wandb
+
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # Never block on the network: without an API key (or with WANDB_MODE set) run offline.
+        mode = mode or os.environ.get("WANDB_MODE") or (
+            "online" if os.environ.get("WANDB_API_KEY") else "offline")
+        run_id = stored_run_id(run_dir, stage)
+        continuing = run_id is not None
+        if run_id is None:
+            run_id = secrets.token_hex(8)  # wandb ids: [a-z0-9], unique in the project
+            _store_run_id(run_dir, stage, run_id)
+        self.run = wandb.init(project=project, entity=entity, dir=str(run_dir), id=run_id,
+                              resume="allow", group=group, job_type=stage,
+                              name=name or f"{run_dir.name}-{stage}", tags=list(tags) or None,
+                              mode=mode, settings=wandb.Settings(init_timeout=30, silent=True))
+        if config:
+            # allow_val_change: a resumed job may legitimately carry changed overrides.
+            self.run.config.update(dict(config), allow_val_change=True)
+        log.info("wandb run %s (%s, %s mode)%s", run_id, stage, mode,
+                 f", continued from step {resume_step}" if continuing and resume_step is not None
+                 else (", continued" if continuing else ""))
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))
+
+    def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
+        import wandb
+
+        hwc = check_image(tag, image).permute(1, 2, 0).numpy()
+        self.run.log({tag: wandb.Image(hwc)}, step=int(step))
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        import wandb
+
+        self.run.log({tag: wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()

@@ -1,0 +1,260 @@
+"""ModelEMA and EMAHook: closed-form updates, bit-identical resume, the swap restoring raw bits,
+the hook in the training loop (skipped steps, DDP-wrapped model), buffers synced across ranks."""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import TINY, compose
+from mdk.engine.ema import EMAHook, ModelEMA, ema_from_config, unwrap
+from mdk.engine.loop import HookBase, Trainer
+
+
+def tiny_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32) \
+        if t.is_floating_point() else t
+
+
+def same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(bits(a[k]), bits(b[k])) for k in a)
+
+
+def trajectory(steps: int) -> list[dict[str, torch.Tensor]]:
+    """Model states after each of ``steps`` SGD steps in train mode (BN statistics move too)."""
+    net = tiny_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    states = []
+    for _ in range(steps):
+        x = torch.randn(4, 3, 6, 6, generator=g)
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+        states.append({k: v.clone() for k, v in net.state_dict().items()})
+    return states
+
+
+@pytest.mark.parametrize("tau", [0.0, 3.0])
+def test_updates_follow_the_closed_form(tau):
+    net = tiny_net()
+    w0 = {k: v.double().clone() for k, v in net.state_dict().items()}
+    ema = ModelEMA(net, decay=0.9, tau=tau, dtype=torch.float64)
+    states = trajectory(3)
+    expected = dict(w0)
+    for n, st in enumerate(states, start=1):
+        d = 0.9 * (1 - math.exp(-n / tau)) if tau else 0.9
+        assert ema.decay_at(n) == pytest.approx(d, abs=1e-15)
+        net.load_state_dict(st)
+        ema.update(net)
+        expected = {k: d * expected[k] + (1 - d) * st[k].double() for k in st}
+    assert ema.updates == 3
+    for k, v in ema.shadow.items():
+        if k.endswith("num_batches_tracked"):   # integers are copied, not averaged
+            assert v.dtype == torch.int64 and v.item() == states[-1][k].item() == 3
+        else:
+            assert v.dtype == torch.float64
+            torch.testing.assert_close(v, expected[k], rtol=1e-14, atol=1e-15)
+    # With warm-up the first update nearly replaces the weights: d_1 = 0.9 * (1 - e^(-1/3)).
+    if tau:
+        assert ema.decay_at(1) == pytest.approx(0.25512, abs=1e-5)
+
+
+def test_unchanged_entries_stay_bit_identical():
+    net = tiny_net()
+    net[5].weight.requires_grad_(False)
+    frozen = net[5].weight.detach().clone()
+    ema = ModelEMA(net, decay=0.999, tau=0.0)
+    for st in trajectory(5):
+        st = dict(st)
+        st["5.weight"] = frozen               # this one never moves
+        net.load_state_dict(st)
+        ema.update(net)
+    assert torch.equal(bits(ema.shadow["5.weight"]), bits(frozen))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_resume_continues_bit_identically(dtype):
+    states, n, k = trajectory(10), 10, 4
+    net = tiny_net()
+    straight = ModelEMA(net, decay=0.99, tau=2.0, dtype=dtype)
+    for st in states[:n]:
+        net.load_state_dict(st)
+        straight.update(net)
+
+    net = tiny_net()
+    first = ModelEMA(net, decay=0.99, tau=2.0, dtype=dtype)
+    for st in states[:k]:
+        net.load_state_dict(st)
+        first.update(net)
+    buf = io.BytesIO()
+    torch.save({"ema": first.state_dict()}, buf)   # through a checkpoint file's round trip
+    buf.seek(0)
+    saved = torch.load(buf)["ema"]
+
+    fresh_net = tiny_net(seed=5)                    # a new process: other initial weights
+    resumed = ModelEMA(fresh_net, decay=0.99, tau=2.0, dtype=dtype)
+    resumed.load_state_dict(saved)
+    for st in states[k:n]:
+        fresh_net.load_state_dict(st)
+        resumed.update(fresh_net)
+    assert resumed.updates == straight.updates == n
+    assert same_bits(resumed.shadow, straight.shadow)
+
+
+def test_swap_evaluates_ema_weights_and_restores_raw_bits():
+    net = tiny_net()
+    ema = ModelEMA(net, decay=0.5, tau=0.0, dtype=torch.float64)
+    for st in trajectory(4):
+        net.load_state_dict(st)
+        ema.update(net)
+    raw = {k: v.clone() for k, v in net.state_dict().items()}
+    params = [id(p) for p in net.parameters()]
+    x = torch.randn(2, 3, 6, 6)
+    net.eval()
+    with ema.swapped(net) as m:
+        assert m is net
+        for k, v in net.state_dict().items():
+            assert v.dtype == raw[k].dtype
+            assert torch.equal(v, ema.shadow[k].to(v.dtype))
+        out_ema = net(x)
+    assert same_bits(net.state_dict(), raw)
+    assert [id(p) for p in net.parameters()] == params   # the optimizer's objects
+    ref = tiny_net()
+    ref.load_state_dict(ema.model_state_dict())
+    ref.eval()
+    assert torch.equal(ref(x), out_ema)
+    with pytest.raises(ZeroDivisionError):               # restored on error too
+        with ema.swapped(net):
+            1 / 0
+    assert same_bits(net.state_dict(), raw)
+
+
+def test_structure_change_and_bad_settings_are_named():
+    net = tiny_net()
+    ema = ModelEMA(net)
+    with pytest.raises(RuntimeError, match="built after the stage changes"):
+        ema.update(nn.Sequential(nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match=r"trainer\.ema\.decay=1\.0"):
+        ModelEMA(net, decay=1.0)
+    with pytest.raises(RuntimeError, match="does not match this model"):
+        ModelEMA(nn.Linear(2, 2)).load_state_dict(ema.state_dict())
+
+
+def test_built_from_the_trainer_ema_node():
+    from omegaconf import OmegaConf
+
+    net = tiny_net()
+    assert ema_from_config(None, net) is None
+    assert ema_from_config(OmegaConf.create({"enabled": False, "decay": 0.9}), net) is None
+    ema = ema_from_config(OmegaConf.create({"enabled": True, "decay": 0.99, "tau": 10,
+                                            "dtype": "float64"}), net)
+    assert (ema.decay, ema.tau, ema.dtype) == (0.99, 10.0, torch.float64)
+    with pytest.raises(ValueError, match=r"trainer\.ema\.dtype='half'"):
+        ema_from_config(OmegaConf.create({"enabled": True, "dtype": "half"}), net)
+
+
+class SkipEvery3(HookBase):
+    """Vetoes every third optimizer step, like the NaN guard does."""
+
+    def after_backward(self) -> None:
+        self.trainer.skip_step = (self.trainer.iter + 1) % 3 == 0
+
+
+def _loop(model: nn.Module, steps: int, hooks: list) -> Trainer:
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(4, 3, 6, 6, generator=g), torch.randn(4, 2, generator=g))
+            for _ in range(steps)]
+
+    def loss_fn(pred, target):
+        return {"total": (pred - target).square().mean()}
+
+    t = Trainer(model, loss_fn, torch.optim.SGD(unwrap(model).parameters(), lr=0.05), data,
+                torch.device("cpu"), epochs=1, iters_per_epoch=steps, grad_clip=None)
+    t.register_hooks(hooks)
+    t.train()
+    return t
+
+
+def test_hook_updates_after_each_step_not_skipped_ones():
+    net = tiny_net()
+    ema = ModelEMA(net, decay=0.9, tau=0.0)
+    _loop(net, 9, [SkipEvery3(), EMAHook(ema)])
+    assert ema.updates == 6
+
+
+def test_hook_unwraps_ddp(tmp_path):
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                             world_size=1)
+    try:
+        net = tiny_net()
+        ema = ModelEMA(net, decay=0.5, tau=0.0)
+        ddp = nn.parallel.DistributedDataParallel(net)
+        hook = EMAHook(ema)
+        _loop(ddp, 3, [hook])
+        assert ema.updates == 3 and set(ema.shadow) == set(net.state_dict())
+        assert hook.state_dict()["updates"] == 3
+    finally:
+        tdist.destroy_process_group()
+
+
+def ema_ddp_rank(cfg, run_dir: Path) -> dict:
+    """Each rank trains the DDP-wrapped BN net on its own data with an EMAHook."""
+    import torch.distributed as tdist
+
+    from mdk import dist
+
+    r = dist.get_rank()
+    net = tiny_net()
+    ema = ModelEMA(net, decay=0.8, tau=0.0)
+    ddp = nn.parallel.DistributedDataParallel(net)
+    g = torch.Generator().manual_seed(10 + r)           # different data per rank
+    data = [(torch.randn(4, 3, 6, 6, generator=g), torch.randn(4, 2, generator=g))
+            for _ in range(4)]
+    t = Trainer(ddp, lambda p, y: {"total": (p - y).square().mean()},
+                torch.optim.SGD(net.parameters(), lr=0.05), data, torch.device("cpu"), epochs=1,
+                iters_per_epoch=4, grad_clip=None)
+
+    class Snapshot(HookBase):  # the EMA after the last update, before the epoch-end sync
+        def after_step(self) -> None:
+            self.before = {k: v.clone() for k, v in ema.shadow.items()}
+
+    snap = Snapshot()
+    t.register_hooks([EMAHook(ema), snap])  # snap sees each update; after_epoch syncs
+    t.train()
+    tdist.barrier()
+    def plain(sd: dict) -> dict:  # results come back through JSON
+        return {k: v.tolist() for k, v in sd.items()}
+
+    return {"before": dist.all_gather_object(plain(snap.before)),
+            "after": dist.all_gather_object(plain(ema.shadow))}
+
+
+@pytest.mark.ddp
+def test_ranks_agree_on_parameters_and_buffers_follow_rank0(tmp_path):
+    from launchers.spawn import run_ranks
+
+    cfg = compose([*TINY, "dist.gpus=2", "trainer.device=cpu", f"paths.data={tmp_path}/d"])
+    (tmp_path / "run").mkdir()
+    res = run_ranks(cfg, tmp_path / "run", ema_ddp_rank)
+    before, after = res["before"], res["after"]
+    params = [k for k in before[0] if "running" not in k and "num_batches" not in k]
+    buffers = ["1.running_mean", "1.running_var"]
+    # Parameters: identical on both ranks with no collective in the update (exact floats).
+    assert all(before[0][k] == before[1][k] for k in params)
+    # BN statistics saw each rank's own batch: apart before the sync, rank 0's after it.
+    assert before[0][buffers[0]] != before[1][buffers[0]]
+    for k in buffers:
+        assert after[1][k] == before[0][k] and after[0][k] == before[0][k]

@@ -1,0 +1,56 @@
+"""The evaluator on what the runner gives it: a real model's decoded predictions on the generated
+shapes val split and ``dataset.gt``; the reports from the same result."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mdk.engine import build
+from mdk.eval import ap_table, evaluate_detections, scalars
+from mdk.eval.grid import dataset_grid
+from mdk.eval.plots import pr_curve_images
+from mdk.evaluation import predict
+from test_eval_reference import devkit_ap
+
+
+@pytest.fixture
+def model_and_val(tiny_cfg):
+    cfg = tiny_cfg("trainer.device=cpu")
+    model = build.build_model(cfg)
+    _, val = build.build_data(cfg, model.grid)
+    return cfg, model, val
+
+
+def test_real_predictions_match_the_devkit_transcription(model_and_val):
+    cfg, model, val = model_and_val
+    dets, _, count = predict(model, val, 8, torch.device("cpu"), conf_thresh=0.01, nms_iou=0.5)
+    assert count == len(val) and sum(len(d["scores"]) for d in dets.values()) > 0
+    gts = {i: tuple(t.numpy() for t in val.gt(i)) for i in dets}
+    plain = {i: {k: v.numpy() for k, v in d.items()} for i, d in dets.items()}
+    n = cfg.dataset.num_classes
+    for metric in ("voc07", "voc12"):
+        r = evaluate_detections(dets, val.gt, n, metric)
+        ref = [devkit_ap(plain, gts, c, metric, 0.0) for c in range(n)]
+        np.testing.assert_allclose(r["ap"], ref, rtol=0, atol=1e-12, equal_nan=True)
+        assert r["images"] == len(val)
+    names = list(cfg.dataset.class_names)
+    assert set(scalars(r, names)) >= {"map50_voc12"}
+    assert all(name in ap_table(r, names) for name in names)
+    grid = dataset_grid(val, dets, names, count=4, score_thresh=0.0, max_dets=3)
+    assert grid.dtype == torch.uint8 and grid.shape[0] == 3
+    assert len(pr_curve_images(r, names)) == (1 if not math.isnan(r["map"]) else 0)
+
+
+def test_ground_truth_as_detections_scores_one(model_and_val):
+    cfg, _, val = model_and_val
+    dets = {}
+    for i in range(len(val)):
+        boxes, labels, _ = val.gt(i)
+        dets[i] = {"boxes": boxes, "scores": torch.ones(len(labels)), "labels": labels}
+    for metric in ("voc07", "voc12"):
+        r = evaluate_detections(dets, val.gt, cfg.dataset.num_classes, metric)
+        present = r["num_gt"] > 0
+        assert present.any() and (r["ap"][present] == 1.0).all() and r["map"] == 1.0
