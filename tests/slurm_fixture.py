@@ -16,10 +16,10 @@ from typing import Iterator
 import pytest
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
-    from netns_hosts import NamespacesUnavailable, create_hosts
+    from netns_hosts import HostSet, NamespacesUnavailable, create_hosts
     from slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
 except ImportError:  # loaded as tests.slurm_fixture (e.g. `-p tests.slurm_fixture`)
-    from tests.netns_hosts import NamespacesUnavailable, create_hosts
+    from tests.netns_hosts import HostSet, NamespacesUnavailable, create_hosts
     from tests.slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
 
 REQUIRE_ENV = "MDK_REQUIRE_SLURM"
@@ -36,9 +36,8 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 
 @pytest.fixture(scope="module")
-def slurm_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A running cluster of two nodes, ``node0`` and ``node1``, each a network namespace host
-    (``tests/netns_hosts.py``); ``os.environ['SLURM_CONF']`` points at it meanwhile.
+def namespace_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostSet]:
+    """Two hosts, ``node0`` and ``node1``, each a network namespace (``tests/netns_hosts.py``).
 
     Skips with the reason where namespaces cannot be made (not root, no ``ip``, no
     CAP_NET_ADMIN), even under MDK_REQUIRE_SLURM: that needs more than SLURM does."""
@@ -46,10 +45,20 @@ def slurm_two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmC
         hosts = create_hosts(tmp_path_factory.mktemp("hosts"))
     except NamespacesUnavailable as exc:
         pytest.skip(f"cannot make network namespace hosts here: {exc}")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"could not make network namespace hosts: {exc}")
     try:
-        yield from _cluster(tmp_path_factory.mktemp("slurm2"), hosts=hosts)
+        yield hosts
     finally:
         hosts.remove()
+
+
+@pytest.fixture(scope="module")
+def slurm_two_nodes(namespace_hosts: HostSet,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A running cluster whose two nodes are the namespace hosts (one slurmd in each, slurmctld
+    on the bridge); ``os.environ['SLURM_CONF']`` points at it meanwhile."""
+    yield from _cluster(tmp_path_factory.mktemp("slurm2"), hosts=namespace_hosts)
 
 
 def _cluster(tmpdir: Path, **kwargs) -> Iterator[SlurmCluster]:
