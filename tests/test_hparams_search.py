@@ -11,7 +11,6 @@ import math
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import optuna
 import pytest
