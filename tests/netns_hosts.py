@@ -94,10 +94,11 @@ def check_possible() -> None:
 def _free_subnet() -> str:
     """A 10.213.N /24 that no address or route of this machine uses."""
     used = _ip("-4", "-o", "addr").stdout + _ip("-4", "route").stdout
+    links, spaces = _ip("-o", "link").stdout, _ip("netns", "list").stdout.split()
     start = os.getpid() % 200
     for k in range(200):
-        n = 20 + (start + k) % 200
-        if f"10.213.{n}." not in used and f"mdkbr{n} " not in _ip("-o", "link").stdout:
+        n = 20 + (start + k) % 200  # names and addresses of a leftover set are skipped too
+        if f"10.213.{n}." not in used and f" mdkbr{n}:" not in links and f"mdk{n}n0" not in spaces:
             return f"10.213.{n}"
     raise RuntimeError("no free 10.213.N.0/24 subnet")
 
