@@ -12,14 +12,14 @@ import pickle
 import subprocess
 import sys
 
-import optuna
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, compose, run_cmd_env
 from launchers.objective import FailedRun, StageResults, with_objective
 
-# optuna 2.10's study storage on SQLAlchemy 1.4 (pinned: its RDB storage fails on 2.x) warns once
+# optuna 2.10's study storage on SQLAlchemy 1.4 (pinned: its RDB storage fails on 2.x) warns on
+# import: optuna is imported inside the tests, where this filter applies.
 pytestmark = pytest.mark.filterwarnings("ignore:Deprecated API features detected")
 
 PIPELINE = [{"stage": "step1", "best_map50": 0.5, "final_loss": 2.0},
@@ -57,6 +57,8 @@ def test_objective_refuses_what_would_break_the_study():
 def test_a_nan_value_would_end_an_optuna_study():
     """Why the objective raises instead of returning NaN: the sweeper tells COMPLETE with the value,
     and on the error tells FAIL with the same value, which optuna 2.10 refuses too."""
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
     trial = study.ask()
@@ -96,6 +98,8 @@ def test_three_trial_study_records_the_failed_trial_and_finds_the_best(tmp_path,
     """Three trials of the shipped search config over lr in {0.002, -1.0, 0.004} (the random
     sampler with seed 1 draws them in the order -1.0, 0.002, 0.004): the first run fails its
     config check, the study goes on, and the best value is the better job's final loss."""
+    import optuna
+
     db = tmp_path / "study.db"
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, str(REPO / "run.py"), "-m", "hparams_search=lr_warmup",
