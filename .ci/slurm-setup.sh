@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Idempotent install of a single-node SLURM toolchain (Debian packages) for the test suite.
-# The suite's `slurm_cluster` fixture starts the daemons itself (config in a temp dir); this
-# script only makes the binaries available. It must never fail a CI run: when it cannot install
+# Idempotent install of the SLURM toolchain (Debian packages) for the test suite, plus iproute2
+# (`ip`), which the two-node tests use to make network namespace hosts (tests/netns_hosts.py).
+# The suite's fixtures start the daemons themselves (config in a temp dir); this script only
+# makes the binaries available. It must never fail a CI run: when it cannot install
 # (not root, no apt, no network) it says why and exits 0, and the SLURM tests then skip with a reason.
 set -u
 
-PACKAGES="slurmctld slurmd slurm-client munge"
-BINARIES="slurmctld slurmd sinfo sbatch srun scontrol squeue scancel munged munge"
+PACKAGES="slurmctld slurmd slurm-client munge iproute2"
+BINARIES="slurmctld slurmd sinfo sbatch srun scontrol squeue scancel munged munge ip"
 
 missing_binaries() {
     local missing=""
     for b in $BINARIES; do
-        if ! command -v "$b" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$b" ]; then
+        if ! command -v "$b" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$b" ] && [ ! -x "/sbin/$b" ]; then
             missing="$missing $b"
         fi
     done
@@ -20,10 +21,11 @@ missing_binaries() {
 
 missing="$(missing_binaries)"
 if [ -z "$missing" ]; then
-    echo "slurm-setup: SLURM and munge already installed"
+    echo "slurm-setup: SLURM, munge and iproute2 already installed"
     exit 0
 fi
 echo "slurm-setup: missing:$missing"
+# nsenter, unshare and mount (util-linux, mount) are essential packages on Debian: always there.
 
 if [ "$(id -u)" != "0" ]; then
     echo "slurm-setup: not root, cannot install $PACKAGES; SLURM tests will skip"

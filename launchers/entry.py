@@ -24,13 +24,15 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
     stderr and exit status 1 instead of a traceback (HYDRA_FULL_ERROR=1 shows the traceback)."""
     from launchers.errors import user_error_line
     from launchers.malloc import tune_malloc
+    from launchers.objective import with_objective
     from launchers.sweep_summary import run_guarded
 
     tune_malloc()  # again here: submitit/SLURM jobs reach run() without run.py's top level
     try:
         # Multirun: a failing job returns a "failed" result instead of raising, so the other jobs
         # still run and the sweep table shows it (launchers/sweep_summary.py).
-        return run_guarded(_run, cfg)
+        # With an `objective` (searches): float() of the result is the metric (launchers/objective.py).
+        return with_objective(cfg, run_guarded(_run, cfg))
     except Exception as e:
         from launchers.spawn import RankFailedError
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -89,6 +88,16 @@ def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequen
                     f"per value, e.g. `python run.py -m hydra/launcher=submitit_slurm {key}={value} ...`")
 
 
+def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
+    """A job on several nodes meets where SLURM puts it (submitit: the job's first node, a port
+    seeded by the job id; ``launchers.env`` reads the same), so ``dist.dist_url=auto``, which
+    ``validate`` refuses for ``dist.nodes>1`` (there is no machine 0 to guess), is replaced by that
+    address in the job's config: it passes the check and the run's config says where it met."""
+    if int(cfg.dist.nodes) > 1 and str(cfg.dist.dist_url) == "auto":
+        with open_dict(cfg):
+            cfg.dist.dist_url = f"{master_addr}:{master_port}"
+
+
 @contextlib.contextmanager
 def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
     """While inside: the signals ask the training loop to save and stop. Yields a dict of the
@@ -149,6 +158,9 @@ class RequeueMixin:
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.id = env.job_id
             cfg.hydra.job.num = job_num
+        if env.num_nodes > 1:
+            te = submitit.helpers.TorchDistributedEnvironment()
+            slurm_dist_url(cfg, te.master_addr, te.master_port)
         job_dir = pin_job_dir(cfg, str(self.config.hydra.sweep.dir), job_num, sweep_overrides,
                               record=env.global_rank == 0)
         log.info("job %d (%s) runs in %s", job_num, env.job_id, job_dir)

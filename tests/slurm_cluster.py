@@ -5,6 +5,10 @@ daemons find it through ``SLURM_CONF`` (nothing in /etc/slurm is touched). They 
 loopback ports, so a SLURM on the default ports 6817/6818 is left alone, and use a private munged.
 Only daemons started here are stopped, by the pids in their own pid files. Background facts:
 ``/work/shared/notes/local-slurm.md``.
+
+``start_cluster(..., hosts=create_hosts(...))`` makes a cluster of several nodes instead: one
+slurmd per namespace host (``tests/netns_hosts.py``), each with its own node name, address, spool,
+pid and log file (``%n`` in slurm.conf), and slurmctld on the hosts' bridge address.
 """
 
 from __future__ import annotations
@@ -12,15 +16,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+try:  # tests/ is on sys.path under pytest's default (prepend) import mode
+    from netns_hosts import HostSet
+    from slurm_conf import write_config
+except ImportError:
+    from tests.netns_hosts import HostSet
+    from tests.slurm_conf import write_config
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +67,6 @@ def ensure_binaries() -> None:
         raise SlurmUnavailable(f"SLURM binaries missing: {', '.join(missing)} (run {SETUP_SCRIPT})")
 
 
-def free_port() -> int:
-    """A TCP port that is free on loopback right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def is_alive(pid: int) -> bool:
     """Whether PID is running, from /proc: ``kill -0`` also succeeds on an unreaped zombie."""
     try:
@@ -86,17 +88,6 @@ def _tail(path: Path, n: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-def _node_line() -> str:
-    """NodeName line for localhost with the CPUs/memory ``slurmd -C`` detects on this machine."""
-    out = subprocess.run([_bin("slurmd"), "-C"], capture_output=True, text=True, timeout=30).stdout
-    fields = dict(re.findall(r"(\w+)=(\S+)", out))
-    keep = ["CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory"]
-    hw = " ".join(f"{k}={fields[k]}" for k in keep if k in fields)
-    if "CPUs" not in fields:
-        raise SlurmUnavailable(f"`slurmd -C` gave no CPUs: {out!r}")
-    return f"NodeName=localhost NodeAddr=127.0.0.1 {hw} State=UNKNOWN"
-
-
 @dataclass
 class SlurmCluster:
     """A running private cluster. ``env`` is what subprocesses need to talk to it."""
@@ -106,6 +97,7 @@ class SlurmCluster:
     munge_dir: Path
     partition: str = "debug"
     env: dict[str, str] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=lambda: ["localhost"])
     started_pids: dict[str, int] = field(default_factory=dict)
 
     def run(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
@@ -120,8 +112,8 @@ class SlurmCluster:
 
     def logs(self, n: int = 30) -> str:
         """Tails of the daemon logs, for error messages."""
-        return "\n".join(f"--- {p.name} ---\n{_tail(p, n)}"
-                         for p in (self.tmpdir / "slurmctld.log", self.tmpdir / "slurmd.log"))
+        files = [self.tmpdir / "slurmctld.log", *(self.tmpdir / f"slurmd-{x}.log" for x in self.nodes)]
+        return "\n".join(f"--- {p.name} ---\n{_tail(p, n)}" for p in files)
 
     def job_ids(self) -> list[str]:
         """Ids of the jobs still queued or running."""
@@ -145,10 +137,11 @@ class SlurmCluster:
                 deadline = time.monotonic() + timeout
                 while self.job_ids() and time.monotonic() < deadline:
                     time.sleep(0.5)
-        for name in ("slurmd", "slurmctld", "munged"):
+        slurmds = [k for k in self.started_pids if k.startswith("slurmd@")]
+        for name in (*slurmds, "slurmctld", "munged"):
             pid = self.started_pids.pop(name, None)
             if pid is not None:
-                _terminate(name, pid, timeout)
+                _terminate(name.split("@")[0], pid, timeout)
         shutil.rmtree(self.munge_dir, ignore_errors=True)
 
 
@@ -210,47 +203,9 @@ def _start_munge(cluster: SlurmCluster) -> None:
         cluster.started_pids["munged"] = pid
 
 
-def write_config(tmpdir: Path, munge_socket: Path, partition: str = "debug") -> Path:
-    """Write slurm.conf into ``tmpdir``; return its path."""
-    for sub in ("state", "spool"):
-        (tmpdir / sub).mkdir(parents=True, exist_ok=True)  # slurmd does not create its spool dir
-    conf = tmpdir / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=mdktest",
-        "SlurmctldHost=localhost",
-        f"SlurmctldPort={free_port()}",
-        f"SlurmdPort={free_port()}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        # cred_expire also sets how long a requeued job waits before it may start again (default 120 s).
-        f"AuthInfo=socket={munge_socket},cred_expire=5",
-        f"StateSaveLocation={tmpdir / 'state'}",
-        f"SlurmdSpoolDir={tmpdir / 'spool'}",
-        f"SlurmctldPidFile={tmpdir / 'slurmctld.pid'}",
-        f"SlurmdPidFile={tmpdir / 'slurmd.pid'}",
-        f"SlurmctldLogFile={tmpdir / 'slurmctld.log'}",
-        f"SlurmdLogFile={tmpdir / 'slurmd.log'}",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",  # no cgroups in containers
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "ReturnToService=2",
-        "MpiDefault=none",
-        "JobRequeue=1",
-        "AccountingStorageType=accounting_storage/none",
-        "SchedulerType=sched/backfill",
-        "SchedulerParameters=bf_interval=1,sched_interval=1",  # start pending jobs within ~1 s
-        "KillWait=5",
-        _node_line(),
-        f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ]))
-    return conf
-
-
-def _start_daemon(cluster: SlurmCluster, name: str, args: list[str], pidfile: Path) -> None:
-    res = subprocess.run([_bin(name), *args], env=cluster.env, capture_output=True, text=True, timeout=60)
+def _start_daemon(cluster: SlurmCluster, name: str, argv: list[str], pidfile: Path) -> None:
+    """Run ``argv`` (a daemon that forks) and record the pid from its pid file as ``name``."""
+    res = subprocess.run(argv, env=cluster.env, capture_output=True, text=True, timeout=60)
     deadline = time.monotonic() + 10
     pid = _read_pid(pidfile)
     while (pid is None or not is_alive(pid)) and time.monotonic() < deadline:
@@ -267,14 +222,18 @@ def _wait_idle(cluster: SlurmCluster, timeout: float) -> None:
     while time.monotonic() < deadline:
         res = cluster.run("sinfo", "-h", "-N", "-p", cluster.partition, "-o", "%t", check=False)
         state = res.stdout.strip() or res.stderr.strip()
-        if state == "idle":
+        if res.stdout.split() == ["idle"] * len(cluster.nodes):
             return
         time.sleep(0.3)
-    raise RuntimeError(f"node not idle after {timeout:.0f} s (sinfo: {state!r})\n" + cluster.logs())
+    raise RuntimeError(f"nodes not idle after {timeout:.0f} s (sinfo: {state!r})\n" + cluster.logs())
 
 
-def start_cluster(tmpdir: Path, partition: str = "debug", timeout: float = 30) -> SlurmCluster:
+def start_cluster(tmpdir: Path, partition: str = "debug", timeout: float = 30,
+                  hosts: HostSet | None = None) -> SlurmCluster:
     """Start a private munged, slurmctld and slurmd; return once ``sinfo`` shows the node idle.
+
+    With ``hosts`` (namespace hosts, ``tests/netns_hosts.py``): one slurmd per host, slurmctld
+    on the hosts' bridge address, return once every node is idle.
 
     Raises SlurmUnavailable when this machine cannot run SLURM at all, RuntimeError (with the
     daemon log tails) when the daemons fail to come up. On failure, what was started is stopped.
@@ -282,14 +241,21 @@ def start_cluster(tmpdir: Path, partition: str = "debug", timeout: float = 30) -
     ensure_binaries()
     tmpdir = Path(tmpdir)
     munge_dir = Path(tempfile.mkdtemp(prefix="mdk-munge-", dir="/tmp"))
-    conf = write_config(tmpdir, munge_dir / "munge.socket", partition)
+    nodes = [(n, hosts.addr(i)) for i, n in enumerate(hosts.names)] if hosts else [("localhost", "127.0.0.1")]
+    conf = write_config(_bin("slurmd"), tmpdir, munge_dir / "munge.socket", partition, nodes,
+                        hosts.controller if hosts else None)
     env = dict(os.environ, SLURM_CONF=str(conf))
     env["PATH"] = os.pathsep.join([env.get("PATH", ""), *SBIN_DIRS])
-    cluster = SlurmCluster(tmpdir, conf, munge_dir, partition, env)
+    cluster = SlurmCluster(tmpdir, conf, munge_dir, partition, env, [n for n, _ in nodes])
     try:
         _start_munge(cluster)
-        _start_daemon(cluster, "slurmctld", ["-c"], tmpdir / "slurmctld.pid")  # -c: fresh state
-        _start_daemon(cluster, "slurmd", ["-N", "localhost"], tmpdir / "slurmd.pid")
+        # -c: fresh state
+        _start_daemon(cluster, "slurmctld", [_bin("slurmctld"), "-c"], tmpdir / "slurmctld.pid")
+        for i, (name, _) in enumerate(nodes):
+            argv = [_bin("slurmd"), "-N", name]
+            if hosts:  # the munge socket and SLURM_CONF are files: reachable from every namespace
+                argv = hosts.prefix(i, " ".join(argv))
+            _start_daemon(cluster, f"slurmd@{name}", argv, tmpdir / f"slurmd-{name}.pid")
         _wait_idle(cluster, timeout)
     except BaseException:
         cluster.stop()

@@ -16,8 +16,10 @@ from typing import Iterator
 import pytest
 
 try:  # tests/ is on sys.path under pytest's default (prepend) import mode
+    from netns_hosts import HostSet, NamespacesUnavailable, create_hosts
     from slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
 except ImportError:  # loaded as tests.slurm_fixture (e.g. `-p tests.slurm_fixture`)
+    from tests.netns_hosts import HostSet, NamespacesUnavailable, create_hosts
     from tests.slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
 
 REQUIRE_ENV = "MDK_REQUIRE_SLURM"
@@ -30,9 +32,39 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     SLURM_CONF is also exported into this process because submitit and Hydra's launcher call
     ``sbatch`` with the test process's own environment.
     """
+    yield from _cluster(tmp_path_factory.mktemp("slurm"))
+
+
+@pytest.fixture(scope="module")
+def namespace_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostSet]:
+    """Two hosts, ``node0`` and ``node1``, each a network namespace (``tests/netns_hosts.py``).
+
+    Skips with the reason where namespaces cannot be made (not root, no ``ip``, no
+    CAP_NET_ADMIN), even under MDK_REQUIRE_SLURM: that needs more than SLURM does."""
+    try:
+        hosts = create_hosts(tmp_path_factory.mktemp("hosts"))
+    except NamespacesUnavailable as exc:
+        pytest.skip(f"cannot make network namespace hosts here: {exc}")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"could not make network namespace hosts: {exc}")
+    try:
+        yield hosts
+    finally:
+        hosts.remove()
+
+
+@pytest.fixture(scope="module")
+def slurm_two_nodes(namespace_hosts: HostSet,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A running cluster whose two nodes are the namespace hosts (one slurmd in each, slurmctld
+    on the bridge); ``os.environ['SLURM_CONF']`` points at it meanwhile."""
+    yield from _cluster(tmp_path_factory.mktemp("slurm2"), hosts=namespace_hosts)
+
+
+def _cluster(tmpdir: Path, **kwargs) -> Iterator[SlurmCluster]:
     required = os.environ.get(REQUIRE_ENV, "") not in ("", "0")
     try:
-        cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+        cluster = start_cluster(tmpdir, **kwargs)
     except SlurmUnavailable as exc:
         if required:
             pytest.fail(f"{REQUIRE_ENV} is set but SLURM cannot run here: {exc}")

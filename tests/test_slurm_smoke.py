@@ -99,7 +99,7 @@ def test_second_cluster_runs_alongside_and_stops_cleanly(slurm_cluster, tmp_path
     finally:
         pids = dict(other.started_pids)
         other.stop()
-    assert set(pids) == {"munged", "slurmctld", "slurmd"}
+    assert set(pids) == {"munged", "slurmctld", "slurmd@localhost"}
     assert not any(is_alive(pid) for pid in pids.values())
     assert not other.munge_dir.exists()
     # The session cluster is untouched: its node is still idle and takes jobs.

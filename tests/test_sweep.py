@@ -216,7 +216,9 @@ def run_py(*args: str, timeout: float = 240, env: dict | None = None) -> subproc
 def test_basic_sweep_marks_failed_job_exits_1_and_protects_its_dir(tmp_path, shared_data):
     sweep = tmp_path / "sweep"
     args = ["-m", *QUICK, f"paths.data={shared_data}", f"hydra.sweep.dir={sweep}"]
-    res = run_py(*args, "trainer.eval_every=1,0")
+    # A job that fails while the sweep runs: with the pre-sweep config check on (sweep_check,
+    # tests/test_sweep_check.py) this bad value would stop the sweep before job 0 starts.
+    res = run_py(*args, "trainer.eval_every=1,0", "hydra.callbacks.sweep_check.enabled=false")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert "1 of 2 sweep jobs did not complete: #1 failed: ConfigError: trainer.eval_every=0" in res.stderr
     table = (sweep / "sweep_summary.txt").read_text().splitlines()

@@ -1,0 +1,113 @@
+"""Fail a sweep before anything is queued: each job's config gets the checks a single run makes.
+
+A sweep of 40 jobs on SLURM whose job 17 has a bad combination (a global batch the world size
+does not divide, an exact chunk that does not divide the per-process batch, a ``stages.*`` key
+for a stage that does not run, ...) would otherwise wait in the queue, start, and fail there,
+after the others have taken their GPUs. Here, a Hydra callback (``hydra.callbacks.sweep_check``
+in conf/config.yaml) runs in the launching process before the sweeper launches anything,
+composes every job's config as the launcher will (``load_sweep_config``) and runs
+``mdk.config.validate`` plus each stage's ``stage_config`` on it. The first bad job stops the
+command with exit status 1 and one line naming the job (number and swept values) and the key.
+
+Which sweeps: those whose jobs are all known up front (Hydra's basic sweeper, the default, with
+any launcher). A search (``hparams_search=...``: the Optuna sweeper) picks its trials as it goes;
+a trial with a bad value fails on its own and is recorded as failed in the study and the table.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional, Sequence
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class SweepConfigError(SystemExit):
+    """A sweep job's config is bad (SystemExit: a callback's Exception is only a warning in Hydra)."""
+
+
+def sweep_jobs(config: DictConfig) -> Optional[list[list[str]]]:
+    """The overrides of every job of this sweep, in job order; None when the sweeper decides
+    its jobs while it runs (anything but the basic sweeper)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+        return None
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    args = [f"{k}={v}" for k, v in params.items()]
+    args += [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task)]  # type: ignore[union-attr]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(args), None)
+    return [list(job) for job in batches[0]]
+
+
+def check_job(cfg: DictConfig, slurm: bool = False) -> None:
+    """What a single run checks before it starts anything (``launchers.entry._run``): the config,
+    then each stage's own config (``+stages.<stage>.*``). Raises ConfigError."""
+    from launchers.entry import stage_config
+    from launchers.requeue import slurm_dist_url
+    from mdk.config import register_resolvers, validate
+
+    register_resolvers()
+    if slurm:  # the job fills in its first node's address; a stand-in passes the same checks
+        slurm_dist_url(cfg, "slurm-node0", 29500)
+    validate(cfg)
+    for stage in list(cfg.pipeline) or [cfg.step.name]:
+        stage_config(cfg, stage)
+
+
+def _swept(jobs: Sequence[Sequence[str]]) -> set[str]:
+    """Keys whose value differs between jobs (what names a job in a message)."""
+    seen: dict[str, set[str]] = {}
+    for job in jobs:
+        for o in job:
+            key, _, value = o.partition("=")
+            seen.setdefault(key, set()).add(value)
+    return {k for k, v in seen.items() if len(v) > 1}
+
+
+def check_sweep(config: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
+    """Compose and check every job; raise SweepConfigError naming the first bad one."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    from mdk.config import ConfigError
+
+    loader = GlobalHydra.instance().config_loader()
+    slurm = "SlurmLauncher" in str(OmegaConf.select(config, "hydra.launcher._target_"))
+    swept = _swept(jobs)
+    t0 = time.perf_counter()
+    for num, job in enumerate(jobs):
+        try:
+            check_job(loader.load_sweep_config(config, list(job)), slurm)
+        except (ConfigError, HydraException, ValueError) as e:
+            label = " ".join(o for o in job if o.partition("=")[0] in swept) or " ".join(job)
+            line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise SweepConfigError(
+                f"sweep job #{num} ({label}): {line}. Nothing was started ({len(jobs)} jobs); "
+                "fix that value or leave the combination out of the sweep") from None
+    log.info("checked the configs of %d sweep jobs in %.1f s", len(jobs), time.perf_counter() - t0)
+
+
+class SweepCheck(Callback):
+    """Hydra callback: ``on_multirun_start`` checks every job before the sweeper starts any."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not self.enabled:
+            return
+        jobs = sweep_jobs(config)
+        if jobs is None:
+            log.info("sweeper %s picks its jobs as it runs: each job checks its own config",
+                     OmegaConf.select(config, "hydra.sweeper._target_"))
+            return
+        check_sweep(config, jobs)
