@@ -1,7 +1,7 @@
 """Typed schemas of the config groups (Hydra structured configs).
 
 Each YAML of ``conf/trainer``, ``conf/dist``, ``conf/step``, ``conf/scheduler`` and ``conf/paths``
-starts with ``defaults: [/schema/<group>/<name>@_here_, _self_]``: Hydra merges the file onto
+starts with ``defaults: [/_schema_<group>_<name>@_here_, _self_]``: Hydra merges the file onto
 its dataclass, so an unknown key or a value of the wrong type (``trainer.epochs=abc``) fails at
 compose time naming the key. Ranges and checks across keys are ``mdk.config.validate``'s.
 ``Any`` marks keys that take a word or a number (``cpu_threads: auto | 4``).
@@ -143,12 +143,18 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+def schema_name(group: str, name: str) -> str:
+    """The ConfigStore name of a schema: a top-level config (not a group, so ``--help`` does not
+    list schemas as config groups), referenced as ``/_schema_<group>_<name>@_here_``."""
+    return f"_schema_{group}_{name}"
+
+
 def register_schemas() -> None:
-    """Store the schemas as ``schema/<group>/<name>`` in Hydra's ConfigStore (idempotent; must
-    run before Hydra composes: run.py and mdk.compose call it)."""
+    """Store the schemas in Hydra's ConfigStore (idempotent; must run before Hydra composes:
+    run.py, mdk.compose and tests/conftest.py call it)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     for group, items in SCHEMAS.items():
         for name, node in items.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
+            cs.store(name=schema_name(group, name), node=node)

@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 from conftest import REPO, run_cmd_env
-from mdk.config import STAGES
+from mdk.stage import chain
+
+STAGES = chain("step4")  # the declared stages in pipeline order
 
 
 def _sections(text: str) -> dict[str, list[str]]:

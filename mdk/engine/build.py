@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
 
 from mdk import dist
 from mdk.config import resolve_path
 from mdk.data.build import build_datasets
+from mdk.data.loader import SafeLoader
 from mdk.data.samplers import GlobalBatchSampler
 from mdk.models.build import build_model  # noqa: F401  (re-exported: the engine's builders)
 from mdk.world import World, alone
@@ -92,7 +92,7 @@ def die_with_parent() -> None:
 
 
 def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = None
-                       ) -> tuple[DataLoader, GlobalBatchSampler]:
+                       ) -> tuple[SafeLoader, GlobalBatchSampler]:
     world = alone(world)
     sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, world.rank, world.size,
                                  cfg.seed, shuffle=True,
@@ -104,8 +104,10 @@ def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = 
     # that would make a resumed run's torch RNG state drift from an uninterrupted one.
     # fork where available: ranks started by spawn inherit 'spawn' as the default, which would
     # pickle the whole in-memory image cache into every worker every epoch.
+    # SafeLoader: a worker's error stops the workers at once and keeps its one-line message; with
+    # torch's DataLoader the process hangs at exit (mdk/data/loader.py explains why).
     ctx = "fork" if nw > 0 and sys.platform == "linux" else None
-    loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
+    loader = SafeLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
                         worker_init_fn=init_loader_worker if nw > 0 else None,
                         pin_memory=world.device.type == "cuda",
                         generator=torch.Generator().manual_seed(int(cfg.seed)))
