@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,17 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         raise SystemExit(line) from None
 
 
+def _sweep_name() -> str | None:
+    """The sweep a multirun job belongs to (its sweep dir's name), for grouping metric sinks."""
+    from launchers.sweep_summary import is_multirun
+
+    if not is_multirun():
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(str(HydraConfig.get().sweep.dir)).name
+
+
 def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     from hydra.core.hydra_config import HydraConfig
 
@@ -71,12 +82,16 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
     preflight(configs[0], env.world_size if env.external else None)  # before any process starts
     results = []
+    offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
+    group = _sweep_name()
     for s, scfg in zip(stages, configs):
         if scfg.step.train:
             log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
         else:
             log.info("=== %s ===  one pass, no training", s)
-        results.append(run_ranks(scfg, run_dir, run_stage))
+        res = run_ranks(scfg, run_dir, partial(run_stage, step_offset=offset, group=group))
+        offset += int(res.get("iterations") or 0)
+        results.append(res)
     if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
         print_summary(results, cfg, run_dir)
     return results

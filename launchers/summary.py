@@ -1,7 +1,9 @@
-"""The closing summary of a run: a table per stage and what to run next."""
+"""The closing summary of a run: a table per stage, the metric it reports, AP per class, and
+what to run next (the last stage record's ``next``)."""
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,11 +11,25 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-NEXT = {"step1": "step2", "step2": "cal", "cal": "step3", "step3": "step4"}
-
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
+
+
+def _per_class(results: list[dict[str, Any]], class_names: list[str]) -> list[str]:
+    """AP of each class (rows) at each stage's best evaluation (columns); n/a: no ground truth."""
+    scored = [r for r in results if r.get("ap")]
+    if not scored:
+        return []
+    width = max(12, *(len(n) for n in class_names))
+    lines = [f"{'AP per class':<{width}} " + " ".join(f"{r['stage']:>7}" for r in scored)]
+    for c, name in enumerate(class_names):
+        cells = []
+        for r in scored:
+            v = r["ap"][c] if c < len(r["ap"]) else float("nan")
+            cells.append(f"{'n/a' if math.isnan(v) else format(v, '.4f'):>7}")
+        lines.append(f"{name:<{width}} " + " ".join(cells))
+    return lines
 
 
 def print_summary(results: list[dict[str, Any]], cfg: DictConfig, run_dir: Path) -> None:
@@ -23,7 +39,12 @@ def print_summary(results: list[dict[str, Any]], cfg: DictConfig, run_dir: Path)
         lines.append(f"{r['stage']:<7} {_fmt(m):>8} {_fmt(r.get('best_epoch')):>7} "
                      f"{_fmt(r.get('final_loss')):>8} {_fmt(r.get('time_s'), '.1f'):>7}  "
                      f"{r.get('checkpoints', '-')}")
-    nxt = NEXT.get(results[-1]["stage"])
+    metric = next((r["metric"] for r in results if r.get("metric")), None)
+    if metric:
+        lines.append(f"mAP@0.5: {metric} on the {cfg.dataset.val_split} split, at each stage's "
+                     "best evaluation (eval.metric)")
+    lines += _per_class(results, list(cfg.dataset.class_names))
+    nxt = results[-1].get("next")
     if nxt:
         lines.append(f"next stage: python run.py step={nxt}")
     if results[-1].get("export"):

@@ -160,6 +160,15 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
             raise ConfigError(f"dataset.num_classes={cfg.dataset.num_classes} but dataset.class_names "
                               f"has {len(names)} names; make them agree")
         _min(cfg, "model.image_size", 32)
+        _one_of(cfg, "eval.metric", ("voc07", "voc12", "coco"))
+        _min(cfg, "eval.grid_images", 0)
+        ema = cfg.trainer.get("ema")
+        if ema is not None and ema.enabled:
+            if not 0 < float(ema.decay) < 1:
+                raise ConfigError(f"trainer.ema.decay={ema.decay} must be in (0, 1), e.g. 0.9999")
+            if float(ema.tau) < 0:
+                raise ConfigError(f"trainer.ema.tau={ema.tau} must be >= 0 (0: constant decay)")
+            _one_of(cfg, "trainer.ema.dtype", ("float32", "float64"))
         _min(cfg, "logger.log_every", 1)
     except ConfigError:
         raise

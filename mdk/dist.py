@@ -100,6 +100,20 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return acc.to(home)
 
 
+def broadcast(t: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """In-place broadcast of ``t`` from rank ``src`` (through the backend's device)."""
+    if not is_initialized():
+        return t
+    dev = comm_device()
+    if t.device == dev:
+        tdist.broadcast(t, src=src)
+    else:
+        buf = t.to(dev)
+        tdist.broadcast(buf, src=src)
+        t.copy_(buf)
+    return t
+
+
 def all_gather_object(obj: object) -> list:
     """Gather any picklable object from every rank (rank order); [obj] in a single process."""
     if not is_initialized():

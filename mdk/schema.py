@@ -15,6 +15,14 @@ from omegaconf import MISSING
 
 
 @dataclass
+class EMAConf:
+    enabled: bool = False
+    decay: float = 0.9999
+    tau: float = 2000.0
+    dtype: str = "float32"
+
+
+@dataclass
 class TrainerConf:
     epochs: int = 20
     batch_size: int = 16
@@ -30,6 +38,7 @@ class TrainerConf:
     tf32: bool = True
     activation_checkpointing: bool = False
     grad_clip: Optional[float] = 10.0
+    ema: EMAConf = field(default_factory=EMAConf)
     nan_skip_limit: int = 0
     progress: bool = True
     device: str = "auto"

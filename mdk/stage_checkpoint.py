@@ -167,7 +167,7 @@ class StageCheckpointer:
         if self.cfg.trainer.resume:
             ck, path = self.resumable()
             if ck is not None:
-                load_into(model, ck, path)
+                load_into(model, ck, path, prefer_ema=False)
                 if ck.get("finished"):
                     log.info("%s already done (%s); delete it to run it again", self.spec.name, path)
                 else:
@@ -211,14 +211,17 @@ def _spec_dict(node: DictConfig) -> dict:
     return d
 
 
-def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True) -> None:
+def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True,
+              prefer_ema: bool = True) -> None:
     """Load ``ck``'s weights into a freshly built model, giving it the checkpoint's structure
-    first (BN folded from the stage that folds it on)."""
+    first (BN folded from the stage that folds it on). ``prefer_ema``: the EMA weights when the
+    checkpoint has them (what was evaluated and chose best.pth); resuming takes the raw ones."""
     from mdk.quant.modes import drop_bn
 
     if ck.get("stage", "step1") != PRETRAINED and spec_of(ck).folds_bn:
         drop_bn(model)
-    load_model_weights(model, ck["model"], path, strict=strict)
+    weights = ck.get("model_ema") if prefer_ema and ck.get("model_ema") else ck["model"]
+    load_model_weights(model, weights, path, strict=strict)
 
 
 def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",

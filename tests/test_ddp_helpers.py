@@ -42,7 +42,7 @@ def eval_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Evaluate a seeded tiny model on this rank's shard; return metrics and all detections."""
     from mdk import dist
     from mdk.engine import build
-    from mdk.evaluation import evaluate, predict
+    from mdk.eval.distributed import evaluate, predict
 
     torch.manual_seed(0)
     model = build.build_model(cfg)

@@ -210,7 +210,7 @@ def test_hook_unwraps_ddp(tmp_path):
         tdist.destroy_process_group()
 
 
-def ema_ddp_rank(cfg, run_dir: Path) -> dict:
+def ema_ddp_rank(cfg, run_dir: Path, world: object = None) -> dict:
     """Each rank trains the DDP-wrapped BN net on its own data with an EMAHook."""
     import torch.distributed as tdist
 

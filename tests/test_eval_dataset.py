@@ -12,7 +12,7 @@ from mdk.engine import build
 from mdk.eval import ap_table, evaluate_detections, scalars
 from mdk.eval.grid import dataset_grid
 from mdk.eval.plots import pr_curve_images
-from mdk.evaluation import predict
+from mdk.eval.distributed import predict
 from test_eval_reference import devkit_ap
 
 

@@ -6,7 +6,6 @@ import os
 import random
 import signal
 import sys
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np

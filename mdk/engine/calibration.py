@@ -15,8 +15,10 @@ import torch
 
 from mdk import dist
 from mdk.engine.build import build_train_loader
+from mdk.engine.reports import maybe_reporter
 from mdk.engine.runner import StageContext
 from mdk.quant import calibrate
+from mdk.sinks import NullSink
 from mdk.stage import apply_stage
 
 log = logging.getLogger(__name__)
@@ -50,10 +52,14 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     # What the next stage starts from: the record's evaluation mode (5-bit activations at these
     # caps), then back to the stage's own mode.
     apply_stage(model, ctx.spec, str(cfg.chip), evaluate=True)
-    metrics = ctx.evaluate()
+    reporter = maybe_reporter(cfg, ctx.run_dir, ctx.spec.name, ctx.val_ds, NullSink(), world.is_main)
+    metrics = ctx.evaluate(keep=reporter.keep if reporter else None)
+    if reporter:  # the PR curves and detections of what the next stage starts from
+        reporter.after_eval(ctx.step_offset, best=True)
     apply_stage(model, ctx.spec, str(cfg.chip))
     log.info("with 5-bit activations at these caps: val mAP@0.5 %.4f", metrics["map50"])
-    summary = {"best_map50": metrics["map50"], "final_loss": metrics.get("loss"), "caps": caps}
+    summary = {"best_map50": metrics["map50"], "final_loss": metrics.get("loss"), "caps": caps,
+               "metric": metrics.get("metric"), "ap": metrics.get("ap")}
     if world.is_main:
         ctx.checkpoints.save_done(ctx.checkpoints.contents(
             model, iter=0, epoch=0, caps=caps, metric=metrics, best_metric=metrics["map50"],

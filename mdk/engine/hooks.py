@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -38,8 +39,9 @@ class EvalHook(HookBase):
         if (t.epoch + 1) % self.every == 0 or last:
             t0 = time.perf_counter()
             t.metrics = self.eval_fn()
-            log.info("epoch %d/%d  val mAP@0.5 %.4f  val loss %.4f  (%.1fs)", t.epoch + 1, t.epochs,
-                     t.metrics["map50"], t.metrics.get("loss", float("nan")), time.perf_counter() - t0)
+            log.info("epoch %d/%d  val mAP@0.5 %.4f  val loss %.4f  (%s, %.1fs)", t.epoch + 1,
+                     t.epochs, t.metrics["map50"], t.metrics.get("loss", float("nan")),
+                     t.metrics.get("metric", "mAP@0.5"), time.perf_counter() - t0)
         else:
             t.metrics = {}
 
@@ -58,6 +60,7 @@ class CheckpointHook(HookBase):
         self.every_iters = every_iters
         self.best, self.best_epoch = best, best_epoch
         self.before_save = before_save  # the NaN guard's check: never save after a bad step
+        self.best_metrics: dict[str, Any] = {}  # the evaluation that chose best.pth
 
     def save_last(self) -> None:
         self._save([LAST], epoch_done=False)
@@ -82,6 +85,7 @@ class CheckpointHook(HookBase):
         m = getattr(t, "metrics", {}).get("map50")
         if m is not None and m > self.best:
             self.best, self.best_epoch = m, t.epoch
+            self.best_metrics = dict(t.metrics)
             # best.pth first: a kill between the two writes leaves the old last.pth, so the
             # epoch is replayed and best.pth rewritten (the other order would lose the new best).
             names.insert(0, BEST)
@@ -182,8 +186,9 @@ class FaultHook(HookBase):
 class MetricsHook(HookBase):
     """Logs loss terms and LR every ``every`` iterations (each log is one host sync), mAP per epoch."""
 
-    def __init__(self, sink: NullSink, every: int) -> None:
+    def __init__(self, sink: NullSink, every: int, step_offset: int = 0) -> None:
         self.sink, self.every = sink, max(1, every)
+        self.offset = step_offset  # earlier stages' steps: one global step across a pipeline
         self.last: dict[str, float] = {}
 
     def after_step(self) -> None:
@@ -196,20 +201,27 @@ class MetricsHook(HookBase):
             vals = dist.all_reduce_sum(vals) / dist.world_size()
             self.last = {f"loss/{k}": float(v) for k, v in zip(t.loss_terms, vals.tolist())}
             self.last["lr"] = t.optimizer.param_groups[0]["lr"]
-            self.sink.log(self.last, t.iter)
+            self.sink.log(self.last, self.offset + t.iter)
 
     def after_epoch(self) -> None:
         m = getattr(self.trainer, "metrics", {})
         if m:
-            self.sink.log({f"val/{k}": v for k, v in m.items() if k != "images"}, self.trainer.iter)
+            self.sink.log({f"val/{k}": float(v) for k, v in m.items()
+                           if k != "images" and isinstance(v, (int, float))},
+                          self.offset + self.trainer.iter)
 
 
 class ProgressHook(HookBase):
-    """A tqdm bar per epoch on rank 0, its postfix refreshed at log steps only."""
+    """A tqdm bar per epoch on rank 0, its postfix refreshed at log steps only. When stderr is not
+    a terminal (SLURM logs, pipes) there is no bar, and a log line every ``line_every_s`` seconds
+    tells how far the epoch is instead."""
 
-    def __init__(self, metrics: MetricsHook, enabled: bool) -> None:
+    def __init__(self, metrics: MetricsHook, enabled: bool, line_every_s: float = 60.0) -> None:
         self.metrics = metrics
-        self.enabled = enabled and dist.is_main_process()
+        main = enabled and dist.is_main_process()
+        self.enabled = main and sys.stderr.isatty()
+        self.lines = main and not self.enabled
+        self.line_every_s, self._next_line = line_every_s, 0.0
         self.bar: Optional[Any] = None
 
     def before_epoch(self) -> None:
@@ -221,6 +233,13 @@ class ProgressHook(HookBase):
                             desc=f"epoch {t.epoch + 1}/{t.epochs}", leave=False)
 
     def after_step(self) -> None:
+        if self.lines and time.monotonic() >= self._next_line:
+            t, m = self.trainer, self.metrics.last
+            if self._next_line:  # not at the very first step
+                log.info("epoch %d/%d  iteration %d/%d  loss %s", t.epoch + 1, t.epochs,
+                         t.batch_in_epoch, t.iters_per_epoch,
+                         f"{m['loss/total']:.4f}" if "loss/total" in m else "-")
+            self._next_line = time.monotonic() + self.line_every_s
         if self.bar is not None:
             self.bar.update(1)
             if self.metrics.last and self.trainer.iter % self.metrics.every == 0:

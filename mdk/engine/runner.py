@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from mdk import faults
 from mdk.engine import build, precision
-from mdk.evaluation import evaluate
+from mdk.eval.distributed import evaluate
 from mdk.stage import StageSpec, apply_stage
 from mdk.stage_checkpoint import Start, StageCheckpointer
 from mdk.world import World, alone
@@ -41,7 +41,11 @@ class StageContext:
     checkpoints: StageCheckpointer
     start: Start
     loss_fn: torch.nn.Module
-    evaluate: Callable[[], dict[str, float]] = field(repr=False, default=dict)
+    # evaluate(keep=None): mAP etc. on the val split; ``keep`` receives the evaluator's full
+    # result and the detections (for reports)
+    evaluate: Callable[..., dict[str, Any]] = field(repr=False, default=dict)
+    step_offset: int = 0              # optimizer steps of the pipeline's earlier stages
+    group: Optional[str] = None       # the sweep this job belongs to (metric sinks group by it)
 
 
 def _work(kind: str) -> Callable[[StageContext], dict[str, Any]]:
@@ -58,9 +62,11 @@ def _work(kind: str) -> Callable[[StageContext], dict[str, Any]]:
     return get_method(kind)  # a stage record's `work: pkg.module.fn`
 
 
-def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None) -> dict[str, Any]:
+def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
+              step_offset: int = 0, group: Optional[str] = None) -> dict[str, Any]:
     """Run ``cfg.step`` in this process: a rank of ``world`` (made by the launcher, process group
-    joined), or alone when ``world`` is None."""
+    joined), or alone when ``world`` is None. ``step_offset``: the optimizer steps of the earlier
+    stages of a pipeline (metrics continue one global step); ``group``: the sweep's name."""
     t_start = time.perf_counter()
     world = alone(world, cfg.trainer.device)
     spec = StageSpec.from_node(cfg.step)
@@ -74,11 +80,13 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None) -> 
     model.to(world.device)
     loss_fn = build.build_loss(cfg)
     local_bs = cfg.trainer.batch_size // world.size
-    eval_fn = faults.wrap("eval", lambda: evaluate(  # MDK_FAULT=kill:eval:N hook (tests)
+    metric = str((cfg.get("eval") or {}).get("metric", "voc07"))
+    eval_fn = faults.wrap("eval", lambda keep=None: evaluate(  # MDK_FAULT=kill:eval:N (tests)
         model, val_ds, local_bs, world.device, cfg.trainer.conf_thresh, cfg.trainer.nms_iou,
-        cfg.trainer.limit_val_batches, loss_fn=loss_fn, progress=cfg.trainer.progress))
+        cfg.trainer.limit_val_batches, loss_fn=loss_fn, progress=cfg.trainer.progress,
+        metric=metric, keep=keep))
     ctx = StageContext(cfg, run_dir, world, spec, model, train_ds, val_ds, checkpoints, start,
-                       loss_fn, eval_fn)
+                       loss_fn, eval_fn, step_offset, group)
     summary: dict[str, Any] = {"stage": spec.name, "checkpoints": str(checkpoints.dir),
                                "next": spec.next}
     if start.finished and not spec.train:

@@ -1,17 +1,27 @@
-"""The ``train`` kind of work: the training loop with its hooks, for any training stage."""
+"""The ``train`` kind of work: the training loop with its hooks, for any training stage.
+
+EMA (``trainer.ema.enabled``): the averaged weights are what is evaluated, what chooses
+best.pth and what the next stage, the tools and the export load (``model_ema`` in the
+checkpoint, beside the raw ``model`` weights that resuming continues from); its state is saved
+and resumed bit-identically. It is per stage and built after the stage's mode is applied, so a
+step4 EMA starts from the fused weights; cal has no optimizer steps and no EMA.
+"""
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from mdk import dist, faults
 from mdk.config import to_container
 from mdk.engine import build, precision
+from mdk.engine.ema import EMAHook, ema_from_config
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
                               NanGuardHook, ProgressHook, sampler_epoch_hook)
 from mdk.engine.loop import Trainer
+from mdk.engine.reports import ReportHook, maybe_reporter
 from mdk.engine.runner import StageContext
 from mdk.engine.stop import StopOnRequestHook
 from mdk.sinks import build_sinks
@@ -32,7 +42,7 @@ def _wrap_ddp(ctx: StageContext) -> torch.nn.Module:
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
-    cfg, world, model = ctx.cfg, ctx.world, ctx.model
+    cfg, world = ctx.cfg, ctx.world
     net = _wrap_ddp(ctx)
     model = ctx.model
     loader, sampler = build.build_train_loader(cfg, ctx.train_ds, world)
@@ -41,53 +51,87 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                       sampler.num_batches, grad_clip=cfg.trainer.grad_clip,
                       exact_chunk=cfg.dist.get("exact_chunk"),
                       amp_dtype=precision.amp_dtype(cfg.trainer, world.device))
-    best, best_epoch = float("-inf"), -1
+    ema = ema_from_config(cfg.trainer.get("ema"), model)
+    best, best_epoch, best_metrics = float("-inf"), -1, {}
     resume = ctx.start.resume
     if resume is not None:
         optimizer.load_state_dict(resume["optimizer"])
         scheduler.load_state_dict(resume["scheduler"])
         trainer.iter = resume["iter"]
         best, best_epoch = resume.get("best_metric", best), resume.get("best_epoch", -1)
+        best_metrics = resume.get("best_metrics") or {}
         if trainer.scaler is not None and resume.get("scaler"):
             trainer.scaler.load_state_dict(resume["scaler"])
+        if ema is not None and resume.get("ema"):
+            ema.load_state_dict(resume["ema"])
         rng = resume.get("rng", {}).get(world.rank)
         if rng is not None:
             build.set_rng_state(rng)
 
     def state_fn() -> dict[str, Any]:
+        extra = {"ema": ema.state_dict(), "model_ema": ema.model_state_dict()} if ema else {}
         return ctx.checkpoints.contents(
             model, optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
             epoch=trainer.epoch, iter=trainer.iter, metric=getattr(trainer, "metrics", {}),
             rng=dict(enumerate(dist.all_gather_object(build.rng_state()))),
             scaler=trainer.scaler.state_dict() if trainer.scaler else None,
-            world_size=world.size)
+            world_size=world.size, best_metrics=ckpt.best_metrics, **extra)
 
-    sink = build_sinks(cfg.logger, ctx.run_dir, to_container(cfg), world.is_main)
-    metrics = MetricsHook(sink, cfg.logger.log_every)
+    sink = build_sinks(cfg.logger, ctx.run_dir, to_container(cfg), world.is_main,
+                       stage=ctx.spec.name, group=ctx.group,
+                       resume_step=ctx.step_offset + resume["iter"] if resume else None)
+    reporter = maybe_reporter(cfg, ctx.run_dir, ctx.spec.name, ctx.val_ds, sink, world.is_main)
+
+    def evaluate() -> dict[str, Any]:
+        keep = reporter.keep if reporter is not None else None
+        with ema.swapped(model) if ema is not None else contextlib.nullcontext():
+            return ctx.evaluate(keep=keep)
+
+    metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset)
     guard = NanGuardHook(cfg.trainer.get("nan_skip_limit", 0), cfg.logger.log_every)
     ckpt = CheckpointHook(state_fn, ctx.checkpoints.save, cfg.trainer.checkpoint_every_iters,
                           best, best_epoch, before_save=guard.check)
+    ckpt.best_metrics = best_metrics
     # Order matters: the guard sees a bad loss before anything reads or saves it; metrics read
-    # the LR before it steps; checkpoints see the evaluated metric. The fault hook exists only
-    # when MDK_FAULT is set (kill/NaN injection for the tests).
+    # the LR before it steps; the EMA is updated before the evaluation reads it; checkpoints
+    # see the evaluated metric; reports know whether it was a new best. The fault hook exists
+    # only when MDK_FAULT is set (kill/NaN injection for the tests).
     trainer.register_hooks([FaultHook() if faults.enabled() else None,
                             sampler_epoch_hook(sampler, ctx.train_ds), guard, metrics,
                             LRSchedulerHook(scheduler), ProgressHook(metrics, cfg.trainer.progress),
-                            EvalHook(ctx.evaluate, cfg.trainer.eval_every), ckpt,
+                            EMAHook(ema) if ema is not None else None,
+                            EvalHook(evaluate, cfg.trainer.eval_every), ckpt,
+                            ReportHook(reporter, ckpt, ctx.step_offset) if reporter else None,
                             # after ckpt: a stop request (preemption signal, launchers/requeue.py)
                             # writes last.pth at the next step and leaves the loop
                             StopOnRequestHook(ckpt.save_last)])
     if world.is_main and resume is None:
-        from mdk.sched.curve import plot_lr_curve
-        try:
-            plot_lr_curve(cfg.scheduler, sampler.num_batches, cfg.trainer.epochs,
-                          ctx.run_dir / f"lr_{ctx.spec.name}.png", base_lr=cfg.optim.lr)
-        except Exception as e:  # a plot must never stop training
-            log.warning("could not draw the LR curve: %s", e)
+        _plot_lr(ctx, sampler.num_batches)
     try:
         trainer.train()
     finally:
         sink.close()
-    return {"best_map50": ckpt.best if ckpt.best_epoch >= 0 else None,
-            "best_epoch": ckpt.best_epoch + 1 if ckpt.best_epoch >= 0 else None,
-            "final_loss": metrics.last.get("loss/total"), "iterations": trainer.iter}
+    return _summary(ckpt, metrics, trainer.iter)
+
+
+def _plot_lr(ctx: StageContext, iters_per_epoch: int) -> None:
+    from mdk.sched.curve import plot_lr_curve
+
+    cfg = ctx.cfg
+    try:
+        plot_lr_curve(cfg.scheduler, iters_per_epoch, cfg.trainer.epochs,
+                      ctx.run_dir / f"lr_{ctx.spec.name}.png", base_lr=cfg.optim.lr)
+    except Exception as e:  # a plot must never stop training
+        log.warning("could not draw the LR curve: %s", e)
+
+
+def _summary(ckpt: CheckpointHook, metrics: MetricsHook, iters: int) -> dict[str, Any]:
+    found = ckpt.best_epoch >= 0
+    bm: dict[str, Any] = ckpt.best_metrics or {}
+    out: dict[str, Optional[Any]] = {
+        "best_map50": ckpt.best if found else None,
+        "best_epoch": ckpt.best_epoch + 1 if found else None,
+        "final_loss": metrics.last.get("loss/total"), "iterations": iters}
+    if bm.get("ap") is not None:
+        out.update(metric=bm.get("metric"), ap=bm.get("ap"))
+    return out

@@ -218,7 +218,7 @@ def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str 
                   split: Optional[str] = None) -> dict[str, Any]:
     """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process)."""
     from mdk.engine.build import build_loss
-    from mdk.evaluation import evaluate
+    from mdk.eval.distributed import evaluate
 
     loaded = load_any(path, overrides, runtime)
     cfg = loaded.cfg
@@ -226,7 +226,8 @@ def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str 
     loss_fn = build_loss(cfg)
     res = evaluate(loaded.model, ds, int(cfg.trainer.batch_size), loaded.device,
                    cfg.trainer.conf_thresh, cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
-                   loss_fn=loss_fn, progress=bool(cfg.trainer.progress))
+                   loss_fn=loss_fn, progress=bool(cfg.trainer.progress),
+                   metric=str(cfg.eval.metric))
     res.update(description=loaded.description, split=ds.split, dataset=str(cfg.dataset.name))
     return res
 
@@ -244,7 +245,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--split", default=None, help="dataset split (default: dataset.val_split)")
+    ap.add_argument("--metric", choices=("voc07", "voc12", "coco"), default=None,
+                    help="eval.metric: VOC07 11-point (default), VOC12 area, or COCO rules")
     args = ap.parse_intermixed_args(argv)
+    if args.metric:
+        args.overrides = [*args.overrides, f"eval.metric={args.metric}"]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         res = evaluate_path(args.path, args.overrides, args.runtime, args.split)
@@ -253,7 +258,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     print(f"{res['description']}")
     print(f"dataset {res['dataset']} split {res['split']!r}: {res['images']} images")
-    print(f"mAP@0.5 {res['map50']:.4f}  loss {res['loss']:.4f}")
+    print(f"mAP@0.5 {res['map50']:.4f}  loss {res['loss']:.4f}  ({res['metric']})")
+    if "map_coco" in res:
+        print(f"COCO mAP@[.5:.95] {res['map_coco']:.4f}")
     return 0
 
 

@@ -1,0 +1,96 @@
+"""Evaluate a model on a dataset split, exact under DDP.
+
+Each rank predicts its no-padding shard (ShardSampler); detections are gathered to every rank,
+keyed by image index, and the metric (``eval.metric``: VOC07 11-point, VOC12 area, or COCO
+rules; mdk.eval) is computed once over the union, so W processes report exactly the
+single-process number whatever the split size. A model with BatchNorm evaluates with rank 0's
+running statistics on every rank (each rank's own drift apart with its own last batches).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from mdk import dist
+from mdk.data.samplers import ShardSampler
+from mdk.eval import evaluate_detections
+from mdk.models.yolo_codec import decode
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
+            conf_thresh: float, nms_iou: float, limit_batches: int | None = None,
+            num_workers: int = 0, loss_fn: Any = None, progress: bool = False
+            ) -> tuple[dict[int, dict], float, int]:
+    """Detections of this rank's shard: ({index: det}, summed loss, number of images)."""
+    limit = limit_batches * batch_size * dist.world_size() if limit_batches else None
+    sampler = ShardSampler(len(dataset), dist.get_rank(), dist.world_size(), limit)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)
+    was_training = model.training
+    model.eval()
+    out: dict[int, dict] = {}
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    bar = loader
+    if progress and dist.is_main_process():
+        from tqdm import tqdm
+        bar = tqdm(loader, desc="eval", leave=False, dynamic_ncols=True)
+    for images, targets, idx in bar:
+        pred = model(images.to(device, non_blocking=True))
+        if loss_fn is not None:  # summed on the device, read once at the end
+            loss_sum += loss_fn(pred, targets.to(device))["total"].detach().double() * len(idx)
+        count += len(idx)
+        dets = decode(pred.cpu(), dataset.image_size, conf_thresh, nms_iou,
+                      boxes_per_cell=dataset.boxes_per_cell)
+        for i, d in zip(idx.tolist(), dets):
+            out[i] = d
+    model.train(was_training)
+    return out, float(loss_sum), count
+
+
+def _sync_bn_buffers(model: torch.nn.Module) -> None:
+    """Every rank evaluates with rank 0's BatchNorm running statistics."""
+    if dist.world_size() <= 1:
+        return
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for buf in (m.running_mean, m.running_var):
+                if buf is not None:
+                    dist.broadcast(buf, src=0)
+
+
+def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
+             conf_thresh: float = 0.01, nms_iou: float = 0.5, limit_batches: int | None = None,
+             num_workers: int = 0, loss_fn: Any = None, progress: bool = False,
+             metric: str = "voc07", keep: Optional[list] = None) -> dict[str, Any]:
+    """``map50`` (the mAP@0.5 of ``metric``: VOC07 11-point, VOC12 area or COCO 101-point),
+    ``metric`` (its name), per-class ``ap``, ``images`` and, with ``loss_fn``, the mean ``loss``;
+    identical on every rank. ``keep``: a list that receives the full evaluator result and the
+    merged detections (for reports), so they are not recomputed."""
+    _sync_bn_buffers(model)
+    local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
+                                     limit_batches, num_workers, loss_fn, progress)
+    parts = dist.all_gather_object((local, loss_sum, count))
+    merged: dict[int, dict] = {}
+    for part in parts:
+        merged.update(part[0])
+    total_loss = sum(p[1] for p in parts)
+    total_count = sum(p[2] for p in parts)
+    result = evaluate_detections(merged, dataset.gt, len(dataset.class_names), metric)
+    res: dict[str, Any] = {"map50": float(result["map50"] if metric == "coco" else result["map"]),
+                           "metric": result["name"] if metric != "coco" else "COCO mAP@0.5",
+                           "ap": [float(a) for a in (result["ap50"] if metric == "coco"
+                                                     else result["ap"])],
+                           "images": len(merged)}
+    if metric == "coco":
+        res["map_coco"] = float(result["map"])  # AP@[.5:.95], COCO's headline
+    if loss_fn is not None and total_count:
+        res["loss"] = total_loss / total_count
+    if keep is not None:
+        keep[:] = [result, merged]
+    return res
