@@ -85,7 +85,7 @@ def test_hydra_rejects_unknown_keys_and_choices(override, needles, tmp_path, cap
 def test_more_gpus_than_the_machine_has(tmp_path, capsys, existing, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    status, _, err = cli(tmp_path, "dist.gpus=2", capsys=capsys)
+    status, _, err = cli(tmp_path, "dist.gpus=2", "trainer.device=auto", capsys=capsys)
     one_error_line(status, err, "config error: dist.gpus=2 but this machine has 1 GPU(s)",
                    "trainer.device=cpu")
     assert_intact(existing)

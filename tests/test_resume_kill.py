@@ -24,7 +24,7 @@ TINY_RUN = [
     "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.num_train=32",
     "dataset.generate.num_val=8", "dataset.generate.image_size=64", "logger=none",
     "trainer.progress=false", "trainer.batch_size=8", "trainer.epochs=3",
-    "trainer.checkpoint_every_iters=2", "scheduler.warmup.iters=2",
+    "trainer.checkpoint_every_iters=2", "scheduler.warmup.iters=2", "trainer.device=cpu",
 ]
 
 

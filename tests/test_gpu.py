@@ -1,0 +1,129 @@
+"""What only a GPU can show: training, AMP resume, the NaN stop, the chain with its bit-exact
+export and evaluation on CUDA. Marked ``gpu``: they run wherever CUDA exists and are skipped with
+the reason elsewhere (tests/conftest.py). Two-GPU (NCCL) tests: tests/test_multigpu.py."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, TINY, run_cmd_env
+from mdk.checkpoint import load_checkpoint
+from mdk.engine.runner import run_stage
+
+pytestmark = pytest.mark.gpu
+CUDA = ["trainer.device=cuda", "trainer.deterministic=true"]
+
+
+def _run(tmp: Path, name: str, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
+    env = run_cmd_env()
+    env.pop("MDK_FAULT", None)
+    if fault:
+        env["MDK_FAULT"] = fault
+    args = [*TINY, f"paths.data={tmp / 'data'}", f"paths.checkpoints={tmp / name}",
+            f"hydra.run.dir={tmp / 'runs' / name}", *CUDA, *extra]
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_step1_trains_on_cuda_and_repeats_bit_for_bit_in_deterministic_mode(tiny_cfg, tmp_path):
+    for name in ("a", "b"):
+        res = run_stage(tiny_cfg(*CUDA, f"paths.checkpoints={tmp_path}/{name}"), tmp_path / name)
+        assert res["best_map50"] is not None and res["final_loss"] > 0
+    ck = load_checkpoint(tmp_path / "a" / "step1" / "last.pth")
+    assert ck["config"]["trainer"]["device"] == "cuda"
+    _same(ck["model"], _weights(tmp_path / "b" / "step1" / "last.pth"))
+
+
+@pytest.mark.slow
+def test_amp_fp16_kill_then_resume_equals_uninterrupted(tmp_path):
+    amp = ("trainer.amp=true", "trainer.amp_dtype=float16", "trainer.checkpoint_every_iters=2")
+    p = _run(tmp_path, "ref", *amp)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = _run(tmp_path, "killed", *amp, fault="kill:iter:5")
+    assert p.returncode != 0
+    assert load_checkpoint(tmp_path / "killed" / "step1" / "last.pth")["iter"] < 12
+    p = _run(tmp_path, "killed", *amp)  # resumes from last.pth
+    assert p.returncode == 0, p.stderr[-3000:]
+    ref = load_checkpoint(tmp_path / "ref" / "step1" / "last.pth")
+    got = load_checkpoint(tmp_path / "killed" / "step1" / "last.pth")
+    assert ref["scaler"] is not None and ref["scaler"] == got["scaler"]  # GradScaler state resumed
+    _same(ref["model"], got["model"])
+
+
+def test_nan_loss_on_cuda_stops_naming_the_iteration_and_keeps_the_last_good(tmp_path):
+    p = _run(tmp_path, "nan", "trainer.checkpoint_every_iters=1", fault="nan:iter:3")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    line = p.stderr.strip().splitlines()[-1]
+    assert "training stopped: loss is not finite at iteration 3" in line, line
+    assert load_checkpoint(tmp_path / "nan" / "step1" / "last.pth")["iter"] == 2
+
+
+@pytest.mark.slow
+def test_chain_on_cuda_exports_a_bit_exact_chip_model_and_eval_matches_cpu(tmp_path):
+    from mdk.tools.evaluate import evaluate_path
+
+    p = _run(tmp_path, "chain", "pipeline=[step1,step2,cal,step3,step4]", "trainer.epochs=1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    # export_best raises when the integer reference disagrees with the fake-quant model on any
+    # activation, so reaching the summary line means 0 mismatches on the GPU-trained model
+    assert f"chip model exported to {tmp_path}/chain/step4/chip_model" in p.stdout + p.stderr
+    common = [*TINY, f"paths.data={tmp_path / 'data'}"]
+    for stage in ("step1", "step3"):
+        ck = tmp_path / "chain" / stage / "best.pth"
+        cpu = evaluate_path(ck, [*common, "trainer.device=cpu"])
+        gpu = evaluate_path(ck, [*common, "trainer.device=cuda"])
+        assert abs(cpu["map50"] - gpu["map50"]) <= 0.01, (stage, cpu, gpu)
+        assert abs(cpu["loss"] - gpu["loss"]) <= 1e-3 * abs(cpu["loss"]), (stage, cpu, gpu)
+
+
+def test_activation_checkpointing_gives_the_same_losses_in_deterministic_mode(tiny_cfg):
+    from mdk.engine import build, precision
+    from mdk.engine.loop import HookBase, Trainer
+
+    def losses(ac: bool) -> list[float]:
+        cfg = tiny_cfg(*CUDA, "model.net.batch_norm=false",
+                       f"trainer.activation_checkpointing={str(ac).lower()}")
+        precision.configure(cfg.trainer, torch.device("cuda"))
+        build.seed_everything(0)
+        model = build.build_model(cfg).cuda()
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8, generator=gen)
+        t = torch.zeros(8, 2, 2, 15)
+        t[:, 0, 1, :4], t[:, 0, 1, 4], t[:, 0, 1, 10] = 0.5, 1.0, 1.0
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        tr = Trainer(model, build.build_loss(cfg), opt, [(x, t)] * 4, torch.device("cuda"), 1, 4)
+        seen: list[float] = []
+
+        class Rec(HookBase):
+            def after_step(self) -> None:
+                seen.append(float(self.trainer.loss_terms["total"].detach()))
+
+        tr.register_hooks([Rec()])
+        tr.train()
+        return seen
+
+    assert losses(True) == losses(False)
+
+
+def test_exact_chunk_repeats_bit_for_bit_on_cuda(tiny_cfg, tmp_path):
+    exact = ("dist.exact_chunk=2", "model.net.batch_norm=false", "trainer.epochs=1")
+    for name in ("a", "b"):
+        run_stage(tiny_cfg(*CUDA, *exact, f"paths.checkpoints={tmp_path}/{name}"), tmp_path / name)
+    ck = load_checkpoint(tmp_path / "a" / "step1" / "last.pth")
+    _same(ck["model"], _weights(tmp_path / "b" / "step1" / "last.pth"))
+    b = load_checkpoint(tmp_path / "b" / "step1" / "last.pth")
+    assert ck["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
