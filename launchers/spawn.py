@@ -142,7 +142,9 @@ def _run_inline(cfg: DictConfig, run_dir: Path, fn: StageFn, addr: str, port: in
 
 def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     """Run ``fn(cfg, run_dir)`` on every rank of this machine; return rank 0's result."""
-    check_shm(int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0) or 0))
+    nw = cfg.trainer.num_workers if cfg.trainer.num_workers is not None else \
+        cfg.dataset.get("num_workers", 0)
+    check_shm(1 if nw == "auto" else int(nw or 0))
     env: ProcessEnv = detect()
     if cfg.dist.get("cpu_threads", "auto") != "auto":  # auto: torch's default in this process
         set_cpu_threads(cfg)  # (spawned workers below always set theirs)

@@ -83,11 +83,15 @@ def _check_trainer(cfg: DictConfig) -> None:
         _min(cfg, f"trainer.{key}", lo)
     for key in ("limit_train_batches", "limit_val_batches"):
         _min(cfg, f"trainer.{key}", 1, optional=True)
-    _min(cfg, "trainer.num_workers", 0, optional=True)
+    if _get(cfg, "trainer.num_workers") != "auto":
+        _min(cfg, "trainer.num_workers", 0, optional=True)
     _positive(cfg, "trainer.grad_clip", optional=True)
     _positive(cfg, "optim.lr")
     _one_of(cfg, "trainer.device", ("auto", "cpu", "cuda"))
     _one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
+    if cfg.trainer.get("compile") and cfg.trainer.activation_checkpointing:
+        raise ConfigError("trainer.compile=true with trainer.activation_checkpointing=true is not "
+                          "supported (the checkpointed slices do not compile); choose one")
 
 
 def _check_dist(cfg: DictConfig, world_size: Optional[int]) -> None:

@@ -37,6 +37,8 @@ class TrainerConf:
     deterministic: bool = False
     tf32: bool = True
     activation_checkpointing: bool = False
+    channels_last: bool = False
+    compile: bool = False
     grad_clip: Optional[float] = 10.0
     ema: EMAConf = field(default_factory=EMAConf)
     nan_skip_limit: int = 0

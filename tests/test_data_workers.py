@@ -25,9 +25,14 @@ def test_workers_give_the_same_weights_as_in_process_loading(tiny_cfg, tmp_path)
 
 
 def test_default_dataset_uses_a_worker(tiny_cfg):
-    from conftest import compose
+    import os
 
-    assert compose([]).dataset.num_workers == 1  # the built-in dataset as a user runs it
+    from conftest import compose
+    from mdk.world import World
+
+    cfg = compose([])  # the built-in dataset as a user runs it: num_workers auto
+    n = build.loader_workers(cfg, World())
+    assert n >= 1 and n == max(1, min(8, (os.cpu_count() or 1) - 1))
 
 
 def test_worker_ignores_preemption_signals(tiny_cfg):

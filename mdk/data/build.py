@@ -43,8 +43,11 @@ def validate_dataset_cfg(cfg: Mapping[str, Any] | DictConfig) -> dict:
     if d["num_classes"] != len(names):
         raise DataError(f"dataset.num_classes={d['num_classes']} but dataset.class_names lists "
                         f"{len(names)} classes; make them agree")
-    if int(d.get("num_workers", 0)) < 0:
-        raise DataError(f"dataset.num_workers={d['num_workers']} must be >= 0")
+    if d.get("augment_on", "auto") not in ("auto", "loader", "device"):
+        raise DataError(f"dataset.augment_on={d['augment_on']!r} must be auto, loader or device")
+    nw = d.get("num_workers", 0)
+    if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
+        raise DataError(f"dataset.num_workers={nw!r} must be an integer >= 0 or auto")
     if d.get("on_bad_image", "error") not in POLICIES:
         raise DataError(f"dataset.on_bad_image={d['on_bad_image']!r} must be one of "
                         f"{list(POLICIES)} (error: stop naming the file; skip: leave bad images "

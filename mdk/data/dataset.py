@@ -20,20 +20,14 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.transforms.v2 import functional as F
 
+from mdk.data.augment import affine_boxes, augment_boxes, augment_image, draw  # noqa: F401
 from mdk.data.voc import DataError
 from mdk.models.yolo_codec import encode_target
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
 from mdk.data.index import ensure_meta, read_meta
 
 log = logging.getLogger(__name__)
-
-# Augmentation strengths; small on purpose (the chip's 5-bit input already removes detail).
-FLIP_P, AFFINE_P = 0.5, 0.5
-SCALE_RANGE, SHIFT_FRAC, JITTER = (0.8, 1.2), 0.1, 0.2
-MIN_VISIBLE = 0.4   # an object less than 40 % inside the image after the affine is dropped
-
 
 def load_image(path: Path, image_size: int) -> torch.Tensor:
     """Decode an image to RGB uint8 ``[3, image_size, image_size]`` (bilinear resize if needed)."""
@@ -54,18 +48,6 @@ def load_image(path: Path, image_size: int) -> torch.Tensor:
     return torch.from_numpy(np.array(arr.transpose(2, 0, 1), order="C"))  # a writable copy
 
 
-def affine_boxes(boxes: torch.Tensor, labels: torch.Tensor, scale: float, shift: Sequence[float],
-                 size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Boxes under torchvision's ``affine`` (scale about the image centre, then shift), clipped
-    to the image; an object left less than ``MIN_VISIBLE`` inside the image is dropped."""
-    centre = size / 2
-    full = (boxes - centre) * scale + centre + torch.tensor([shift[0], shift[1]] * 2)
-    clipped = full.clamp(0, size)
-    area = lambda b: (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)  # noqa: E731
-    keep = area(clipped) >= MIN_VISIBLE * area(full).clamp(min=1e-6)
-    return clipped[keep], labels[keep]
-
-
 class DetectionDataset(Dataset):
     def __init__(self, root: str | Path, split: str, class_names: Sequence[str], image_size: int,
                  grid: int, boxes_per_cell: int, augment: bool, meta_dir: str | Path,
@@ -75,6 +57,9 @@ class DetectionDataset(Dataset):
         self.class_names = list(class_names)
         self.image_size, self.grid, self.boxes_per_cell = int(image_size), int(grid), int(boxes_per_cell)
         self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
+        # True: images leave un-augmented, the training device augments whole batches
+        # (dataset.augment_on, mdk/data/augment.py); boxes and targets are augmented here.
+        self.defer_images = False
         meta = ensure_meta(self.root, split, self.class_names, Path(meta_dir) / f"{split}.txt")
         header, self.entries = read_meta(meta)
         # Bad images leave the index here, before any sampler sees its length (deterministic
@@ -128,32 +113,15 @@ class DetectionDataset(Dataset):
         """The augmentation generator of one sample: a function of (seed, epoch, index) only."""
         return np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, int(index)])
 
-    def _augment(self, img: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, index: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rng, size = self.rng(index), self.image_size
-        # Draw every number up front, in a fixed order, so the stream never depends on branches.
-        flip, use_affine = rng.random() < FLIP_P, rng.random() < AFFINE_P
-        scale = rng.uniform(*SCALE_RANGE)
-        shift = (rng.uniform(-SHIFT_FRAC, SHIFT_FRAC, 2) * size).tolist()
-        bright, contrast, sat = rng.uniform(1 - JITTER, 1 + JITTER, 3).tolist()
-        if flip:
-            img = F.horizontal_flip(img)
-            boxes = torch.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], 1)
-        if use_affine:
-            img = F.affine(img, angle=0.0, translate=shift, scale=scale, shear=[0.0, 0.0],
-                           interpolation=F.InterpolationMode.BILINEAR)
-            boxes, labels = affine_boxes(boxes, labels, scale, shift, size)
-        img = F.adjust_brightness(img, bright)
-        img = F.adjust_contrast(img, contrast)
-        img = F.adjust_saturation(img, sat)
-        return img, boxes, labels
-
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         img = self.image(index)
         boxes, labels, difficult = self.gt(index)
         boxes, labels = boxes[~difficult], labels[~difficult]
         if self.augment:
-            img, boxes, labels = self._augment(img, boxes, labels, index)
+            p = draw(self.rng(index), self.image_size)
+            boxes, labels = augment_boxes(boxes, labels, p, self.image_size)
+            if not self.defer_images:  # else mdk.data.augment.BatchAugment on the device
+                img = augment_image(img, p)
         target = encode_target(boxes, labels, self.grid, self.boxes_per_cell,
                                len(self.class_names), self.image_size)
         return img, target, index

@@ -96,8 +96,7 @@ def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = 
     sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, world.rank, world.size,
                                  cfg.seed, shuffle=True,
                                  limit_batches=cfg.trainer.limit_train_batches)
-    nw = cfg.trainer.num_workers
-    nw = int(cfg.dataset.get("num_workers", 0) if nw is None else nw)
+    nw = loader_workers(cfg, world)
     # Not persistent: each epoch's workers must see dataset.set_epoch() (seeded augmentation).
     # Own generator: each iter() of a DataLoader draws a worker base seed; from the global RNG
     # that would make a resumed run's torch RNG state drift from an uninterrupted one.
@@ -111,6 +110,17 @@ def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = 
                         pin_memory=world.device.type == "cuda",
                         generator=torch.Generator().manual_seed(int(cfg.seed)))
     return loader, sampler
+
+
+def loader_workers(cfg: DictConfig, world: World) -> int:
+    """``trainer.num_workers`` (null: the dataset's ``num_workers``); ``auto``: the cores of this
+    machine per process minus the one the process itself trains on, at least 1, at most 8 (more
+    workers than that only add memory: each holds a prefetched batch)."""
+    nw = cfg.trainer.num_workers
+    nw = cfg.dataset.get("num_workers", 0) if nw is None else nw
+    if nw == "auto":
+        return max(1, min(8, (os.cpu_count() or 1) // world.local_size - 1))
+    return int(nw)
 
 
 def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: int):

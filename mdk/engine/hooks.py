@@ -184,24 +184,29 @@ class FaultHook(HookBase):
 
 
 class MetricsHook(HookBase):
-    """Logs loss terms and LR every ``every`` iterations (each log is one host sync), mAP per epoch."""
+    """Loss terms averaged over the iterations since the last log, and the LR, every ``every``
+    iterations and at each epoch's end; mAP per epoch. The terms are summed on the device each
+    step and read once per log (one host sync per log, none per step); under DDP the sum is
+    all-reduced then, so the logged loss is the same for 1 process and W processes."""
 
     def __init__(self, sink: NullSink, every: int, step_offset: int = 0) -> None:
         self.sink, self.every = sink, max(1, every)
         self.offset = step_offset  # earlier stages' steps: one global step across a pipeline
         self.last: dict[str, float] = {}
+        self._sum: Optional[torch.Tensor] = None
+        self._n = 0
 
     def after_step(self) -> None:
         t = self.trainer
-        log_now = t.iter % self.every == 0 or t.batch_in_epoch == t.iters_per_epoch
-        if log_now:
-            # Mean over ranks (each rank's loss is its share of the global batch): the logged
-            # loss is then the same for 1 process and W processes. One small collective.
-            vals = torch.stack([v.detach().float() for v in t.loss_terms.values()])
-            vals = dist.all_reduce_sum(vals) / dist.world_size()
-            self.last = {f"loss/{k}": float(v) for k, v in zip(t.loss_terms, vals.tolist())}
+        vals = torch.stack([v.detach().float().reshape(()) for v in t.loss_terms.values()])
+        self._sum = vals if self._sum is None else self._sum + vals
+        self._n += 1
+        if t.iter % self.every == 0 or t.batch_in_epoch == t.iters_per_epoch:
+            mean = dist.all_reduce_sum(self._sum) / (self._n * dist.world_size())
+            self.last = {f"loss/{k}": float(v) for k, v in zip(t.loss_terms, mean.tolist())}
             self.last["lr"] = t.optimizer.param_groups[0]["lr"]
             self.sink.log(self.last, self.offset + t.iter)
+            self._sum, self._n = None, 0
 
     def after_epoch(self) -> None:
         m = getattr(self.trainer, "metrics", {})
@@ -223,9 +228,13 @@ class ProgressHook(HookBase):
         self.lines = main and not self.enabled
         self.line_every_s, self._next_line = line_every_s, 0.0
         self.bar: Optional[Any] = None
+        self.images_per_step = 0  # the global batch (set by the engine) for the img/s figure
+        self._t0: Optional[float] = None
+        self._b0, self._w0 = 0, 0.0
 
     def before_epoch(self) -> None:
         t = self.trainer
+        self._t0, self._b0 = None, t.batch_in_epoch
         if self.enabled:
             from tqdm import tqdm
 
@@ -233,6 +242,9 @@ class ProgressHook(HookBase):
                             desc=f"epoch {t.epoch + 1}/{t.epochs}", leave=False)
 
     def after_step(self) -> None:
+        if self._t0 is None:  # from the end of the epoch's first step: loader start-up apart
+            self._t0, self._b0 = time.perf_counter(), self.trainer.batch_in_epoch
+            self._w0 = self.trainer.data_wait_s
         if self.lines and time.monotonic() >= self._next_line:
             t, m = self.trainer, self.metrics.last
             if self._next_line:  # not at the very first step
@@ -250,10 +262,17 @@ class ProgressHook(HookBase):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        m = self.metrics.last
+        m, t = self.metrics.last, self.trainer
+        # The epoch's last log step read values back from the device, so the clock is honest.
+        steps = t.batch_in_epoch - self._b0
+        rate = ""
+        if self._t0 is not None and steps > 0:
+            took = time.perf_counter() - self._t0
+            rate = (f"  ({steps * self.images_per_step / took:.1f} train img/s, data wait "
+                    f"{100 * min(1.0, (t.data_wait_s - self._w0) / max(took, 1e-9)):.1f}%)")
         if m:
-            log.info("epoch %d/%d  loss %.4f  lr %.3g", self.trainer.epoch + 1, self.trainer.epochs,
-                     m.get("loss/total", float("nan")), m.get("lr", float("nan")))
+            log.info("epoch %d/%d  loss %.4f  lr %.3g%s", t.epoch + 1, t.epochs,
+                     m.get("loss/total", float("nan")), m.get("lr", float("nan")), rate)
 
     def after_train(self) -> None:
         if self.bar is not None:  # interrupted mid-epoch: leave the terminal clean

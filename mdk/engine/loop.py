@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import nullcontext
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -43,7 +44,9 @@ class Trainer:
                  optimizer: torch.optim.Optimizer, loader: Iterable, device: torch.device,
                  epochs: int, iters_per_epoch: int, amp: bool = False,
                  grad_clip: Optional[float] = None, exact_chunk: Optional[int] = None,
-                 amp_dtype: Optional[torch.dtype] = None) -> None:
+                 amp_dtype: Optional[torch.dtype] = None,
+                 batch_transform: Optional[Callable[[torch.Tensor, Any], torch.Tensor]] = None,
+                 channels_last: bool = False) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.exact_chunk = exact_chunk  # dist.exact_chunk: world-size-invariant gradients
         if exact_chunk:
@@ -51,6 +54,9 @@ class Trainer:
         self.loader, self.device = loader, device
         self.epochs, self.iters_per_epoch = epochs, iters_per_epoch
         self.grad_clip = grad_clip
+        # On the device, after the copy: e.g. mdk.data.augment.BatchAugment(images, index)
+        self.batch_transform = batch_transform
+        self.channels_last = channels_last  # trainer.channels_last: NHWC inputs (and weights)
         self.hooks: list[HookBase] = []
         self.epoch = 0            # current epoch (0-based)
         self.iter = 0             # optimizer steps done so far (global, across epochs)
@@ -58,6 +64,7 @@ class Trainer:
         self.loss_terms: dict[str, torch.Tensor] = {}
         self.stop = False
         self.skip_step = False
+        self.data_wait_s = 0.0
         # Mixed precision (mdk/engine/precision.py): ``amp_dtype`` given, or with ``amp`` the
         # device's default (float16 on CUDA, bfloat16 on CPU). float16 needs a GradScaler
         # against gradient underflow; bfloat16 has float32's exponent range and needs none.
@@ -89,10 +96,18 @@ class Trainer:
                 self.batch_in_epoch = self.start_batch
                 self._call("before_epoch")
                 self.model.train()
-                for batch in self.loader:
+                self.data_wait_s = 0.0  # host time blocked on the loader this epoch
+                batches = iter(self.loader)
+                while True:
+                    t0 = time.perf_counter()
+                    batch = next(batches, None)
+                    self.data_wait_s += time.perf_counter() - t0
+                    if batch is None:
+                        break
                     self.run_step(batch)
                     if self.stop:
                         break
+                del batches  # the loader's workers end with the epoch (not persistent)
                 self._call("after_epoch")
                 self.epoch += 1
         finally:
@@ -115,6 +130,10 @@ class Trainer:
         images, targets = batch[0], batch[1]
         images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
+        if self.batch_transform is not None:
+            images = self.batch_transform(images, batch[2])
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         self.optimizer.zero_grad(set_to_none=True)
         if self.exact_chunk:
             self.loss_terms = chunked_forward_backward(self.model, self.forward_backward, images,

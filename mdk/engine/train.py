@@ -29,28 +29,51 @@ from mdk.sinks import build_sinks
 log = logging.getLogger(__name__)
 
 
-def _wrap_ddp(ctx: StageContext) -> torch.nn.Module:
+def _training_net(ctx: StageContext) -> torch.nn.Module:
+    """The module the loop calls: the stage's model in its memory layout, DDP-wrapped when
+    distributed, compiled with ``trainer.compile``. Checkpoints and evaluation use ctx.model."""
     model, world, cfg = ctx.model, ctx.world, ctx.cfg
-    if not world.distributed:
-        return model
-    if cfg.dist.sync_bn:
-        model = ctx.model = dist.convert_sync_bn(model, world.device)
-    if not any(p.requires_grad for p in model.parameters()):
-        return model
-    return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+    if cfg.trainer.get("channels_last"):
+        model.to(memory_format=torch.channels_last)
+    net = model
+    if world.distributed:
+        if cfg.dist.sync_bn:
+            net = model = ctx.model = dist.convert_sync_bn(model, world.device)
+        if any(p.requires_grad for p in model.parameters()):
+            net = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+    if cfg.trainer.get("compile"):
+        log.info("trainer.compile=true: the first iterations compile the model")
+        net = torch.compile(net)
+    return net
+
+
+def _batch_transform(ctx: StageContext) -> Any:
+    """Augment images on the training device (``dataset.augment_on``; auto: with CUDA)."""
+    where = str(ctx.cfg.dataset.get("augment_on", "auto"))
+    ds = ctx.train_ds
+    if not getattr(ds, "augment", False) or where == "loader" or (
+            where == "auto" and ctx.world.device.type != "cuda"):
+        return None
+    from mdk.data.augment import BatchAugment
+
+    ds.defer_images = True  # before the loader's workers fork
+    return BatchAugment(ds)
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
     cfg, world = ctx.cfg, ctx.world
-    net = _wrap_ddp(ctx)
+    net = _training_net(ctx)
     model = ctx.model
+    transform = _batch_transform(ctx)
     loader, sampler = build.build_train_loader(cfg, ctx.train_ds, world)
     optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches)
     trainer = Trainer(net, ctx.loss_fn, optimizer, loader, world.device, cfg.trainer.epochs,
                       sampler.num_batches, grad_clip=cfg.trainer.grad_clip,
                       exact_chunk=cfg.dist.get("exact_chunk"),
-                      amp_dtype=precision.amp_dtype(cfg.trainer, world.device))
+                      amp_dtype=precision.amp_dtype(cfg.trainer, world.device),
+                      batch_transform=transform,
+                      channels_last=bool(cfg.trainer.get("channels_last")))
     ema = ema_from_config(cfg.trainer.get("ema"), model)
     best, best_epoch, best_metrics = float("-inf"), -1, {}
     resume = ctx.start.resume
@@ -88,6 +111,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
             return ctx.evaluate(keep=keep)
 
     metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset)
+    progress = ProgressHook(metrics, cfg.trainer.progress)
+    progress.images_per_step = int(cfg.trainer.batch_size)
     guard = NanGuardHook(cfg.trainer.get("nan_skip_limit", 0), cfg.logger.log_every)
     ckpt = CheckpointHook(state_fn, ctx.checkpoints.save, cfg.trainer.checkpoint_every_iters,
                           best, best_epoch, before_save=guard.check)
@@ -98,7 +123,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     # only when MDK_FAULT is set (kill/NaN injection for the tests).
     trainer.register_hooks([FaultHook() if faults.enabled() else None,
                             sampler_epoch_hook(sampler, ctx.train_ds), guard, metrics,
-                            LRSchedulerHook(scheduler), ProgressHook(metrics, cfg.trainer.progress),
+                            LRSchedulerHook(scheduler), progress,
                             EMAHook(ema) if ema is not None else None,
                             EvalHook(evaluate, cfg.trainer.eval_every), ckpt,
                             ReportHook(reporter, ckpt, ctx.step_offset) if reporter else None,

@@ -14,14 +14,67 @@ against ``round_half_away`` on every float near each tie and integer in 0..31. C
 scaling, ``floor(clamp(y*31/cap + h, h, 31 + h))``, is the same function. The scale is applied as
 ``h + y * (31/cap)`` in one pass, within an ulp of ``y*31/cap`` (so only exact ties can differ);
 for the fused cap 31 no scaling happens and the result is exactly ``R(clamp(y, 0, 31))``.
+
+Devices. ``h`` is a cached 0-dim tensor per (dtype, device): building it each forward would be a
+host-to-device copy per layer, which on CUDA waits for the GPU (the step3 profile on an H100 was
+launch- and wait-bound: ~190 ms of CPU for ~126 ms of GPU work). On CUDA the forward's four
+passes run as one fused kernel (the same expression compiled once per dtype by torch.compile;
+if that fails, the eager ops are used and a warning says so). Inside a ``torch.compile``d model
+(``trainer.compile``) the cap stays a tensor, so the whole expression fuses into the model's
+kernels with no host value read.
 """
 from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
 
 import torch
 
 from mdk.quant.rounding import pred_half as _pred_half
 
+log = logging.getLogger(__name__)
+
 LEVELS = 31  # 5-bit unsigned: integers 0..31
+_CONST: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+_FUSED: dict[str, Any] = {"fn": None, "failed": False}
+
+
+def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A cached 0-dim device tensor (no host-to-device copy per forward): ``h`` and each layer's
+    scales, fixed while a stage runs."""
+    key = (value, dtype, device)
+    if key not in _CONST:
+        if len(_CONST) > 4096:  # caps change between stages/runs; keep the table small
+            _CONST.clear()
+        _CONST[key] = torch.tensor(value, dtype=dtype, device=device)
+    return _CONST[key]
+
+
+def _h_tensor(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return _const(_pred_half(dtype), dtype, device)
+
+
+def _eager_levels(y: torch.Tensor, h: torch.Tensor, scale: float, rescale: float) -> torch.Tensor:
+    """floor(clamp(h + scale * y, h, 31 + h)) * rescale, in four passes (scale 1: three)."""
+    hv = _pred_half(y.dtype)
+    v = y + h if scale == 1.0 else torch.add(h, y, alpha=scale)
+    v.clamp_(hv, LEVELS + hv).floor_()
+    return v.mul_(rescale) if rescale != 1.0 else v
+
+
+def _fused_levels() -> Optional[Callable[..., torch.Tensor]]:
+    """The same expression as one CUDA kernel (torch.compile, built on first use)."""
+    if _FUSED["failed"]:
+        return None
+    if _FUSED["fn"] is None:
+        # Tensors for the per-layer scales (not floats): one compiled kernel serves every layer
+        # (a float argument would be specialised: one recompile per cap).
+        def levels(y: torch.Tensor, h: torch.Tensor, hv: float, scale: torch.Tensor,
+                   rescale: torch.Tensor) -> torch.Tensor:
+            return torch.floor(torch.clamp(h + y * scale, hv, LEVELS + hv)) * rescale
+
+        _FUSED["fn"] = torch.compile(levels, dynamic=True)
+    return _FUSED["fn"]
 
 def _cap_value(cap: torch.Tensor) -> float:
     """Python float of the cap, cached on the tensor until it is modified in place.
@@ -46,14 +99,20 @@ class _QuantAct(torch.autograd.Function):
     def forward(ctx, y: torch.Tensor, cap: float) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(y)
         ctx.cap = cap
-        h = _pred_half(y.dtype)
-        # floor(clamp(y*31/cap, 0, 31) + h) == R(clamp(y, 0, cap) * 31/cap) (see module doc)
-        if cap == LEVELS:  # fused model: y + h exactly, no scaling
-            v = y + h
-        else:  # h + (31/cap) * y in one pass
-            v = torch.add(torch.tensor(h, dtype=y.dtype, device=y.device), y, alpha=LEVELS / cap)
-        v.clamp_(h, LEVELS + h).floor_()
-        return v.mul_(cap / LEVELS) if cap != LEVELS else v
+        # floor(clamp(y*31/cap, 0, 31) + h) == R(clamp(y, 0, cap) * 31/cap) (see module doc);
+        # the fused cap 31: y + h exactly, no scaling
+        scale, rescale = (1.0, 1.0) if cap == LEVELS else (LEVELS / cap, cap / LEVELS)
+        h = _h_tensor(y.dtype, y.device)
+        fused = _fused_levels() if y.is_cuda else None
+        if fused is not None:
+            try:
+                return fused(y, h, _pred_half(y.dtype), _const(scale, y.dtype, y.device),
+                             _const(rescale, y.dtype, y.device))
+            except Exception as e:  # noqa: BLE001 - a missing compiler must not stop training
+                _FUSED["failed"] = True
+                log.warning("fused 5-bit activation kernel unavailable (%s); using eager ops",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return _eager_levels(y, h, scale, rescale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
@@ -61,8 +120,27 @@ class _QuantAct(torch.autograd.Function):
         return torch.ops.aten.hardtanh_backward(grad, y, 0.0, ctx.cap), None
 
 
+class _QuantActTensor(torch.autograd.Function):
+    """The same quantizer with the cap as a tensor: what a ``torch.compile``d model traces (no
+    host read of the cap; the expression fuses into the model's kernels)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(y, cap)
+        hv = _pred_half(y.dtype)
+        c = cap.to(y.dtype)
+        return torch.floor(torch.clamp(y * (LEVELS / c) + hv, hv, LEVELS + hv)) * (c / LEVELS)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        y, cap = ctx.saved_tensors
+        return grad * ((y > 0) & (y < cap.to(y.dtype))).to(grad.dtype), None
+
+
 def quantize_activation(y: torch.Tensor, cap: torch.Tensor | float) -> torch.Tensor:
     """Clip to [0, cap] and round to the grid {k * cap / 31, k = 0..31}; STE inside (0, cap)."""
+    if torch.is_tensor(cap) and torch.compiler.is_compiling():
+        return _QuantActTensor.apply(y, cap)
     c = _cap_value(cap) if torch.is_tensor(cap) else float(cap)
     if not c > 0:
         raise ValueError(f"activation cap must be > 0 (got {c}); calibrate first (step=cal)")

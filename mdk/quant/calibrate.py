@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from mdk import dist
-from mdk.quant.activation import quantize_activation
+from mdk.quant.activation import LEVELS
+from mdk.quant.rounding import pred_half
 from mdk.quant.bn_fold import chip_layers
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.T
     if k == n:
         top = flat.max()
         return top, top
+    if flat.is_cuda:
+        # On the GPU kthvalue is a radix select over the whole tensor, and the shortcut below
+        # would read sizes back to the host (nonzero) several times per layer and batch.
+        return flat.kthvalue(k).values, flat.max()
     stride = max(1, n // _SAMPLE)
     sample = flat[::stride]
     # Aim 0.5% (of the population) below the target: > 6 standard deviations of the sample
@@ -99,19 +104,23 @@ def percentile_exact(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:
-    """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y)."""
+    """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y).
+
+    All candidates at once on the tensor's device, in chunks of candidates (no host read: the
+    first of equal errors wins, as a loop over them would choose)."""
     flat = x.detach().reshape(-1)
     sample = flat[:: max(1, flat.numel() // _MSE_SAMPLE)].float().clamp_min(0)
     top = sample.max()
-    if not top > 0:
-        return top
-    best_err, best = None, top
-    for j in range(1, candidates + 1):
-        cap = top * j / candidates
-        err = (quantize_activation(sample, cap) - sample).pow(2).mean()
-        if best_err is None or err < best_err:
-            best_err, best = err, cap
-    return best
+    fractions = torch.arange(1, candidates + 1, device=sample.device, dtype=torch.float32)
+    caps = (top * fractions / candidates).clamp_min(torch.finfo(torch.float32).tiny)
+    h = pred_half(torch.float32)
+    errs = []
+    for chunk in caps.split(8):
+        c = chunk[:, None]
+        q = torch.floor(torch.clamp(sample[None] * (LEVELS / c) + h, h, LEVELS + h)) * (c / LEVELS)
+        errs.append((q - sample[None]).pow(2).mean(1))
+    best = caps[torch.argmin(torch.cat(errs))]
+    return torch.where(top > 0, best, top)
 
 
 class CapObserver:

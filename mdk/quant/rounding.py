@@ -9,14 +9,21 @@ from __future__ import annotations
 import torch
 
 
-_PRED_HALF: dict[torch.dtype, float] = {}
+def _pred(dtype: torch.dtype) -> float:
+    half = torch.tensor(0.5, dtype=dtype)
+    return float(torch.nextafter(half, torch.zeros_like(half)))
+
+
+# Computed at import for every float dtype: a lookup inside a torch.compile'd model is then a
+# constant, not a tensor read that would split the graph.
+_PRED_HALF: dict[torch.dtype, float] = {d: _pred(d) for d in (torch.float16, torch.bfloat16,
+                                                               torch.float32, torch.float64)}
 
 
 def pred_half(dtype: torch.dtype) -> float:
-    """Largest ``dtype`` value below 0.5 (cached; a Python float holds it exactly)."""
+    """Largest ``dtype`` value below 0.5 (a Python float holds it exactly)."""
     if dtype not in _PRED_HALF:
-        half = torch.tensor(0.5, dtype=dtype)
-        _PRED_HALF[dtype] = float(torch.nextafter(half, torch.zeros_like(half)))
+        _PRED_HALF[dtype] = _pred(dtype)
     return _PRED_HALF[dtype]
 
 

@@ -1,0 +1,142 @@
+"""Training augmentation: horizontal flip, scale/shift (affine) and colour jitter, with boxes.
+
+Every random number of a sample comes from its generator, a function of (seed, epoch, index)
+only (``DetectionDataset.rng``), drawn up front in a fixed order (``draw``). So a sample is
+augmented the same way whatever the batch split, world size, worker count or device: the basis
+of the alignment check and of bit-identical resume.
+
+Two places run the image part, one parameter stream:
+
+* ``augment_image``: one sample in the loader worker, with torchvision's functional ops (the
+  CPU default; a CPU run's numbers are unchanged by the device path's existence);
+* ``BatchAugment``: a whole uint8 batch on the training device after the copy
+  (``dataset.augment_on: device``, the default with CUDA): one ``grid_sample`` for flip + affine
+  and batched colour ops, the same formulas as torchvision's, per-sample factors broadcast. The
+  loader then only hands over cached or decoded uint8 images, so it never makes the GPU wait
+  (at 448 px the per-sample CPU ops cost ~10 ms per image in a worker). Boxes and targets are
+  transformed in the loader either way (they are tiny).
+
+The two agree to rounding: bilinear weights and the contrast mean are float computations whose
+last bits differ between kernels, and results are rounded to uint8, so a pixel may be off by one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+from torchvision.transforms.v2 import functional as F
+
+# Augmentation strengths; small on purpose (the chip's 5-bit input already removes detail).
+FLIP_P, AFFINE_P = 0.5, 0.5
+SCALE_RANGE, SHIFT_FRAC, JITTER = (0.8, 1.2), 0.1, 0.2
+MIN_VISIBLE = 0.4   # an object less than 40 % inside the image after the affine is dropped
+GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
+
+
+@dataclass(frozen=True)
+class AugParams:
+    flip: bool
+    affine: bool
+    scale: float
+    shift: tuple[float, float]
+    bright: float
+    contrast: float
+    sat: float
+
+
+def draw(rng: np.random.Generator, size: int) -> AugParams:
+    """Every number of one sample, in a fixed order (the stream never depends on branches)."""
+    flip, use_affine = rng.random() < FLIP_P, rng.random() < AFFINE_P
+    scale = rng.uniform(*SCALE_RANGE)
+    shift = (rng.uniform(-SHIFT_FRAC, SHIFT_FRAC, 2) * size).tolist()
+    bright, contrast, sat = rng.uniform(1 - JITTER, 1 + JITTER, 3).tolist()
+    return AugParams(bool(flip), bool(use_affine), float(scale), (shift[0], shift[1]),
+                     bright, contrast, sat)
+
+
+def affine_boxes(boxes: torch.Tensor, labels: torch.Tensor, scale: float, shift: Sequence[float],
+                 size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes under torchvision's ``affine`` (scale about the image centre, then shift), clipped
+    to the image; an object left less than ``MIN_VISIBLE`` inside the image is dropped."""
+    centre = size / 2
+    full = (boxes - centre) * scale + centre + torch.tensor([shift[0], shift[1]] * 2)
+    clipped = full.clamp(0, size)
+    area = lambda b: (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)  # noqa: E731
+    keep = area(clipped) >= MIN_VISIBLE * area(full).clamp(min=1e-6)
+    return clipped[keep], labels[keep]
+
+
+def augment_boxes(boxes: torch.Tensor, labels: torch.Tensor, p: AugParams, size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    if p.flip:
+        boxes = torch.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], 1)
+    if p.affine:
+        boxes, labels = affine_boxes(boxes, labels, p.scale, p.shift, size)
+    return boxes, labels
+
+
+def augment_image(img: torch.Tensor, p: AugParams) -> torch.Tensor:
+    """One uint8 image [3, H, W] with torchvision's functional ops (the loader-side path)."""
+    if p.flip:
+        img = F.horizontal_flip(img)
+    if p.affine:
+        img = F.affine(img, angle=0.0, translate=list(p.shift), scale=p.scale, shear=[0.0, 0.0],
+                       interpolation=F.InterpolationMode.BILINEAR)
+    img = F.adjust_brightness(img, p.bright)
+    img = F.adjust_contrast(img, p.contrast)
+    return F.adjust_saturation(img, p.sat)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's grey level, floored as it floors it for uint8 images (same op order)."""
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    return r.mul(GRAY[0]).add_(g, alpha=GRAY[1]).add_(b, alpha=GRAY[2]).floor_()
+
+
+def _blend(x: torch.Tensor, other: torch.Tensor | float, ratio: torch.Tensor) -> torch.Tensor:
+    """torchvision's uint8 blend: ``ratio * x + (1 - ratio) * other``, clamped, truncated."""
+    return (x * ratio + (1.0 - ratio) * other).clamp_(0, 255).trunc_()
+
+
+def augment_batch(images: torch.Tensor, params: Sequence[AugParams]) -> torch.Tensor:
+    """A uint8 batch [B, 3, H, W] on any device, each sample with its own parameters."""
+    b, _, h, w = images.shape
+    dev = images.device
+    col = lambda vals: torch.tensor(vals, dtype=torch.float32, device=dev).view(b, 1, 1, 1)  # noqa: E731
+    x = images.float()
+    # flip then affine, as one inverse map in grid_sample's normalised coordinates
+    # (align_corners=False: pixel centres at (2i + 1) / W - 1): u_in = f * (u_out - 2t/W) / s
+    theta = torch.zeros(b, 2, 3, dtype=torch.float32)
+    for i, p in enumerate(params):
+        s, (tx, ty) = (p.scale, p.shift) if p.affine else (1.0, (0.0, 0.0))
+        f = -1.0 if p.flip else 1.0
+        theta[i, 0, 0], theta[i, 0, 2] = f / s, -f * 2 * tx / (w * s)
+        theta[i, 1, 1], theta[i, 1, 2] = 1.0 / s, -2 * ty / (h * s)
+    grid = nnf.affine_grid(theta.to(dev), [b, 3, h, w], align_corners=False)
+    x = nnf.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    x = x.round_()
+    x = (x * col([p.bright for p in params])).clamp_(0, 255).trunc_()
+    # contrast: blend with the mean grey level (float64 sum: exact for these values, so the mean
+    # does not depend on how a kernel splits the reduction)
+    mean = _gray(x).double().mean(dim=(1, 2, 3), keepdim=True).float()
+    x = _blend(x, mean, col([p.contrast for p in params]))
+    x = _blend(x, _gray(x), col([p.sat for p in params]))
+    return x.to(torch.uint8)
+
+
+class BatchAugment:
+    """Augment training batches on their device: ``images = BatchAugment(ds)(images, index)``.
+
+    The parameters are recomputed from the dataset's per-sample generators (the loader drew the
+    same numbers to transform the boxes), so nothing but the image indices crosses over."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, images: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ds = self.dataset
+        params = [draw(ds.rng(int(i)), ds.image_size) for i in index.tolist()]
+        return augment_batch(images, params)
