@@ -100,6 +100,13 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
                        torch.zeros_like(num))
 
 
+def five_bit_coefficients(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """5-bit mask: ``(R(w / step), step)`` with ``step = max|w| / 15`` per 3x3 kernel (0 for an
+    all-zero kernel, whose coefficients are 0)."""
+    step = w.abs().amax(dim=(2, 3), keepdim=True) / 15
+    return round_half_away(_safe_div(w, step)), step
+
+
 def weight_mantissas(w: torch.Tensor, mask_bits: int, scale: torch.Tensor) -> torch.Tensor:
     """Integer-valued (float dtype) mantissas of the ``mask_bits`` quantizer; ``scale = 2**shift``."""
     if mask_bits in (8, 12):
@@ -109,8 +116,8 @@ def weight_mantissas(w: torch.Tensor, mask_bits: int, scale: torch.Tensor) -> to
     a = w.abs()
     sign = torch.sign(w)
     if mask_bits == 5:
-        step = a.amax(dim=(2, 3), keepdim=True) / 15
-        return round_half_away(_safe_div(w, step)) * round_half_away(step * scale)
+        coef, step = five_bit_coefficients(w)
+        return coef * round_half_away(step * scale)
     m = a.mean(dim=(2, 3), keepdim=True)  # per (out, in) kernel
     if mask_bits == 1:
         # A sign bit, never 0: w == 0 (either zero) gets +QS(m), as in the GTI tools.
