@@ -36,7 +36,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -127,10 +127,11 @@ def _format(values: np.ndarray, negzero: np.ndarray) -> str:
     return "\n".join(text.tolist())
 
 
-def filter_and_bias_text(cm: ChipModel, majors: Sequence[MajorLayer],
-                         negzeros: Optional[Sequence[tuple[np.ndarray, np.ndarray]]] = None
-                         ) -> tuple[str, str]:
-    ws, bs, nws, nbs = [], [], [], []
+def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
+                 negzeros: Optional[Sequence[tuple[np.ndarray, np.ndarray]]] = None
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per layer: (weights, their -0 mask, biases, their -0 mask) as the converter writes them:
+    float64 ``mantissa / 2**shift`` (exact), flattened in C order, the last layer zero-padded."""
     last = len(cm.layers) - 1
     for i, L in enumerate(cm.layers):
         w = L.weight.to(torch.float64).numpy() / 2.0 ** L.shift  # exact: mantissas < 2^53
@@ -142,12 +143,19 @@ def filter_and_bias_text(cm: ChipModel, majors: Sequence[MajorLayer],
             w = np.concatenate([w, np.zeros((pad, *w.shape[1:]))])
             nw = np.concatenate([nw, np.zeros((pad, *nw.shape[1:]), dtype=bool)])
             b, nb = np.concatenate([b, np.zeros(pad)]), np.concatenate([nb, np.zeros(pad, bool)])
-        ws.append(w.ravel())
-        bs.append(b.ravel())
-        nws.append(nw.ravel())
-        nbs.append(nb.ravel())
-    return (_format(np.concatenate(ws), np.concatenate(nws)),
-            _format(np.concatenate(bs), np.concatenate(nbs)))
+        yield w.ravel(), nw.ravel(), b.ravel(), nb.ravel()
+
+
+def _write_values(path: Path, pieces: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+    """One layer at a time (GNetDet-448's filter.txt is 165 MB of text), through a temp file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        first = True
+        for values, negzero in pieces:
+            if values.size:
+                f.write(("" if first else "\n") + _format(values, negzero))
+                first = False
+    tmp.replace(path)
 
 
 def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
@@ -236,13 +244,13 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
                         L.shift, FILTER_FILE)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    filt, bias = filter_and_bias_text(cm, majors, negz)
+    _write_values(out / FILTER_FILE, ((w, nw) for w, nw, _, _ in layer_values(cm, majors, negz)))
+    _write_values(out / BIAS_FILE, ((b, nb) for _, _, b, nb in layer_values(cm, majors, negz)))
     dat_name, model_name = file_names(chip, size)
-    files = {FILTER_FILE: filt, BIAS_FILE: bias, dat_name: _dump(dat_json(cm, majors)),
-             model_name: _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE)))}
-    for name, text in files.items():
+    for name, doc in ((dat_name, dat_json(cm, majors)),
+                      (model_name, model_json(cm, majors, size, os.path.realpath(out / DAT_FILE)))):
         tmp = out / (name + ".tmp")
-        tmp.write_text(text)
+        tmp.write_text(_dump(doc))
         tmp.replace(out / name)
     log.info("GTI SDK hand-off (%d major layers) written to %s", len(majors), out)
     return out
