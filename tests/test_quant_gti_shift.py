@@ -6,7 +6,10 @@ import torch
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate, integer_ref
 from mdk.quant.chip_model import chip_model_from
-from mdk.quant.stages import apply_stage
+try:  # the stage switch moved to mdk.stage in the engine rewrite
+    from mdk.stage import apply_stage
+except ImportError:
+    from mdk.quant.stages import apply_stage
 from mdk.quant.weights import compute_shift, conv_mantissas, quantize_conv
 
 
