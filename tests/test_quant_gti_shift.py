@@ -152,3 +152,29 @@ def test_integer_reference_exact_with_one_bit_zeros_and_boundaries():
     assert torch.equal(L0.weight[1, 2], torch.zeros(3, 3, dtype=torch.int64))
     assert integer_ref.count_mismatches(model, cm, u8(3)) == [0] * len(cm.layers)
     assert integer_ref.count_mismatches(model, cm, u8(3), torch.float32) == [0] * len(cm.layers)
+
+
+def _near_powers_of_two(ulps: int) -> torch.Tensor:
+    """Every float32 within ``ulps`` ulps of 2^k, k = -10..45 (where int(log2) can flip)."""
+    out = []
+    for k in range(-10, 46):
+        c = torch.tensor(2.0 ** k, dtype=torch.float32)
+        bits = c.view(torch.int32)
+        out.append((bits + torch.arange(-ulps, ulps + 1, dtype=torch.int32)).view(torch.float32))
+    return torch.cat(out)
+
+
+def test_float64_log2_truncates_like_cpu_float32_log2():
+    """mdk takes log2 in float64 and rounds it to float32 (device independent); after int() that
+    equals CPU torch's float32 log2 (the GTI converter's) on every float32 near a power of two."""
+    r = _near_powers_of_two(3000)
+    assert torch.equal(torch.log2(r).trunc(), torch.log2(r.double()).float().trunc())
+
+
+@pytest.mark.slow
+def test_float64_log2_truncates_like_cpu_float32_log2_zero_dim():
+    """The same through 0-dim tensors, the path the GTI expression takes (a max is 0-dim)."""
+    r = _near_powers_of_two(3000)
+    ref = torch.log2(r.double()).float().trunc()
+    bad = [float(v) for v, want in zip(r, ref) if torch.log2(v.clone()).trunc() != want]
+    assert not bad, bad[:5]

@@ -61,16 +61,17 @@ def _log2_term(max_abs: torch.Tensor, bits: int) -> torch.Tensor:
     """``int(log2((2^(bits-1)-1) / (max_abs + 1e-6)))`` evaluated as the GTI tools evaluate it.
 
     The GTI MDK computes ``(2.**(bits-1)-1) / (1e-6 + max|x|)`` on float32 parameters; torch
-    evaluates ``number / tensor`` as ``tensor.reciprocal() * number``, so the ratio here is the same
-    two float32 roundings (IEEE, identical on CPU and CUDA). Its float32 ``log2`` is then rounded to
-    float32 before ``int`` truncates it, which is what moves the result at exact boundaries: for
-    ``max|w| = 127/2^k`` (8-bit weights) the epsilon makes the ratio a hair below ``2^k``; for k >= 4
-    the float32 log2 stays below k (shift k-1), for k <= 3 it rounds up to exactly k (shift k).
-    Here log2 runs in float64 and is rounded to float32: the correctly rounded float32 log2, the
-    same on every device, and equal after truncation to CPU torch's float32 ``log2`` (what the GTI
-    converter runs) on every float32 within 3000 ulps of each power of two 2^-10..2^45 (checked
-    exhaustively; further away a last-ulp difference cannot cross an integer).
-    An all-zero tensor gives ``log2((2^(bits-1)-1) / 1e-6) >= 26``: no limit below the clamp at 12.
+    evaluates ``number / tensor`` as ``tensor.reciprocal() * number``, so the ratio here is made
+    with the same float32 operations (IEEE: the same on CPU and CUDA). Then a float32 ``log2`` and
+    ``int`` (truncation). Both float32 steps matter at an exact boundary ``max|w| = 127/2^k``
+    (8-bit weights): the epsilon leaves the ratio a few ulps below ``2^k`` and for k >= 4 its
+    float32 log2 stays below k (shift k-1); for k <= 3 the ratio or its log2 rounds back to
+    exactly 2^k or k (shift k). ``log2`` runs here in float64 and is rounded to float32, i.e. the
+    correctly rounded float32 log2: the same on every device, and after truncation equal to CPU
+    torch's float32 ``log2`` (what the GTI converter runs) on every float32 within 3000 ulps of
+    each power of two 2^-10..2^45 (checked exhaustively; further away a last-ulp difference
+    cannot cross an integer). An all-zero tensor gives ``log2((2^(bits-1)-1) / 1e-6) >= 26``: no
+    limit below the clamp at 12.
     """
     denom = max_abs.to(torch.float32) + GTI_EPSILON
     ratio = denom.reciprocal() * float(2 ** (bits - 1) - 1)
