@@ -323,3 +323,25 @@ def test_export_skips_a_layout_gti_cannot_take(tmp_path, caplog):
     assert (tmp_path / "chip" / "chip_model.json").is_file()
     assert not (tmp_path / "chip" / "gti").exists()
     assert "no GTI SDK hand-off" in caplog.text and "output layer has 12 channels" in caplog.text
+
+
+def test_warns_when_the_converter_would_shift_the_last_layer_otherwise(tmp_path, caplog):
+    """The GTI converter evaluates the last layer's shift in float64: at max|w| = 127/8 float32
+    gives 3 (what training used) and float64 gives 2 (the epsilon is not absorbed)."""
+    from mdk.quant.gti_sdk import converter_shift
+    from mdk.quant.weights import compute_shift
+
+    w = torch.zeros(1, 2, 3, 3)
+    w[0, 1, 2, 2] = 127 / 8
+    assert int(compute_shift(w, torch.zeros(1), 8, 20)) == 3
+    assert converter_shift(w, torch.zeros(1), 8, 20) == 2
+    cm, floats = tiny_chip_model()
+    cm.layers[2].shift = 3
+    cm.layers[2].weight = (w * 8).to(torch.int64)
+    floats[2] = (w, torch.zeros(1))
+    write_gti_files(cm, tmp_path / "gti", float_layers=floats)
+    assert "GTI converter would compute shift 2" in caplog.text
+    caplog.clear()
+    cm, floats = tiny_chip_model()  # 100/16 = 6.25 is no boundary: both give 4, no warning
+    write_gti_files(cm, tmp_path / "gti2", float_layers=floats)
+    assert "would compute shift" not in caplog.text
