@@ -38,8 +38,8 @@ def ref_quant(w, b, mask, wb, bb):
             m = sum(abs(v) for v in k) / len(k)
             q = []
             for v in k:
-                if mask == 1:
-                    q.append(sgn(v) * QS(m))
+                if mask == 1:  # a sign bit: w == 0 gets +QS(m) (issue #16; was 0 before)
+                    q.append((1.0 if v >= 0 else -1.0) * QS(m))
                 elif mask == 2:
                     q.append(sgn(v) * QS(m) if abs(v) >= QS(m) / 4 else 0.0)
                 elif mask == 3:

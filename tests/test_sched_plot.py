@@ -38,8 +38,10 @@ def test_config_instantiates_as_the_engine_calls_it(name: str) -> None:
     cfg = compose_run([f"scheduler={name}"], epochs=13, config_dir=DEFAULT_CONFIG_DIR)
     node = cfg.scheduler
     assert node._partial_ is True
-    assert set(node.warmup) == {"iters", "start_factor", "method"}
+    # mode and epochs were added by issue #16 (GTI warmup); their defaults keep the old behaviour
+    assert set(node.warmup) == {"iters", "start_factor", "method", "mode", "epochs"}
     assert node.warmup.start_factor == 0.5 and node.warmup.method == "linear"
+    assert node.warmup.mode == "mdk" and node.warmup.epochs == 0
     assert node.interval == "epoch"
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     sched = instantiate(node)(optimizer=opt, iters_per_epoch=60)

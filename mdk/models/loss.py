@@ -1,15 +1,20 @@
-"""YOLOv1-style GNetDet loss with smooth-L1 terms.
+"""YOLOv1-style GNetDet loss with smooth-L1 terms (``loss=default``; ``loss=gti`` is
+:mod:`mdk.models.gti_loss`).
 
 Normalisation (DESIGN §4): every term is summed within an image and averaged over the images of
 the local batch. DDP then averages gradients over ranks, so with equal per-rank batches the
 gradient of a global batch does not depend on how it is split.
+
+Weights (``conf/loss/default.yaml``): ``total = lambda_coord * coord + lambda_obj * conf_obj +
+lambda_noobj * conf_noobj + lambda_cls * cls``; defaults 5, 1, 0.5, 1 (YOLOv1's), smooth-L1 ``beta`` 1.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_iou
 
 
 def _cell_boxes_to_xyxy(b: torch.Tensor, grid: int) -> torch.Tensor:
@@ -32,12 +37,36 @@ def _paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
 
 
+def check_weights(**weights: float) -> None:
+    """One clear line naming the ``loss.<key>`` that is not a finite number >= 0."""
+    for key, v in weights.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
+
+
+def check_shape(num_classes: int, boxes_per_cell: int) -> None:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"loss.num_classes must be an integer >= 1, got {num_classes!r}")
+    if isinstance(boxes_per_cell, bool) or not isinstance(boxes_per_cell, int) or boxes_per_cell < 1:
+        raise ValueError(f"loss.boxes_per_cell must be an integer >= 1, got {boxes_per_cell!r}")
+
+
 class YoloLoss(nn.Module):
+    """Terms ``coord`` (x, y, w, h of the responsible box), ``conf_obj`` (its confidence -> 1),
+    ``conf_noobj`` (every other box slot -> 0), ``cls`` (class scores of object cells), ``total``."""
+
     def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
-                 lambda_noobj: float = 0.5, beta: float = 1.0) -> None:
+                 lambda_noobj: float = 0.5, beta: float = 1.0, lambda_obj: float = 1.0,
+                 lambda_cls: float = 1.0) -> None:
         super().__init__()
+        check_shape(num_classes, boxes_per_cell)
+        check_weights(lambda_coord=lambda_coord, lambda_noobj=lambda_noobj, lambda_obj=lambda_obj,
+                      lambda_cls=lambda_cls)
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
+            raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
         self.C, self.B = num_classes, boxes_per_cell
         self.lambda_coord, self.lambda_noobj, self.beta = lambda_coord, lambda_noobj, beta
+        self.lambda_obj, self.lambda_cls = lambda_obj, lambda_cls
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """pred [N, 5B+C, S, S]; target [N, S, S, 5B+C] -> dict of loss terms and 'total'."""
@@ -70,9 +99,9 @@ class YoloLoss(nn.Module):
         cls = (sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1) * obj).sum((1, 2))
         terms = {
             "coord": self.lambda_coord * coord.mean(),
-            "conf_obj": conf_obj.mean(),
+            "conf_obj": self.lambda_obj * conf_obj.mean(),
             "conf_noobj": self.lambda_noobj * conf_noobj.mean(),
-            "cls": cls.mean(),
+            "cls": self.lambda_cls * cls.mean(),
         }
         terms["total"] = sum(terms.values())
         return terms

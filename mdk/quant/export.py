@@ -1,4 +1,5 @@
-"""Export a fused step4 model: the chip model directory (see mdk.quant.chip_model) plus ONNX.
+"""Export a fused step4 model: the chip model directory (see mdk.quant.chip_model) plus ONNX, and
+for chip 5801 the GTI SDK hand-off files in ``gti/`` (see mdk.quant.gti_sdk).
 
 The ONNX graph is built from the exported integer mantissas (not from the training module), so it
 is what the chip computes, written with standard float ops a user can run in onnxruntime:
@@ -17,11 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chip_model import ChipModel, chip_model_from, save_chip_model
+from mdk.quant.gti_sdk import GTI_CHIPS, write_gti_files
 
 log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"
+GTI_DIR = "gti"
 OPSET = 17
 
 
@@ -77,11 +81,21 @@ def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
 
 
 def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str,
-                      onnx: bool = True) -> ChipModel:
-    """Write ``chip_model.json`` + ``weights.npz`` (+ ``model.onnx``) for a fused step4 model."""
+                      onnx: bool = True, gti: bool = True) -> ChipModel:
+    """Write ``chip_model.json`` + ``weights.npz`` (+ ``model.onnx``) for a fused step4 model, and
+    (``gti``, chip 5801) the GTI converter's input files in ``out_dir/gti/``."""
     cm = chip_model_from(model, chip)
     out_dir = save_chip_model(cm, out_dir)
     if onnx:
         export_onnx(cm, out_dir / ONNX_FILE)
+    if gti and str(chip) in GTI_CHIPS:
+        layers = [(layer.conv.weight, layer.conv.bias) for layer in chip_layers(model)]
+        try:
+            write_gti_files(cm, out_dir / GTI_DIR, float_layers=layers)
+        except ValueError as e:  # a layout the GTI chip spec cannot take: the mdk export stands
+            log.warning("no GTI SDK hand-off in %s: %s", out_dir / GTI_DIR, e)
+    elif gti:
+        log.info("no GTI SDK hand-off for chip %s (the GTI PyTorch MDK converts for %s only)",
+                 chip, "/".join(GTI_CHIPS))
     log.info("chip model (%s, %d layers) exported to %s", chip, len(cm.layers), out_dir)
     return cm

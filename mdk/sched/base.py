@@ -20,6 +20,19 @@ calls ``step()`` once after every ``optimizer.step()``). The learning rate used 
   (``method: constant``) or ``start_factor + (1 - start_factor) * it / warmup.iters``
   (``method: linear``, so it reaches 1.0 exactly when warmup ends).
 
+``warmup.mode: gti`` (the GTI GNetDet MDK's ``WarmupLRScheduler``) composes the other way: the
+warmup ramps from ``start_factor * base_lr`` toward the base lr and the main schedule starts only
+after it, on a clock delayed by the warmup length ``W`` (in iterations):
+
+    lr(it) = warmup_factor(it) * base_lr        for it < W
+           = main_lr(t(it - W))                 for it >= W
+
+``warmup.epochs`` gives the warmup length in whole epochs instead of ``warmup.iters`` (then the
+factor moves once per epoch, ``(it // iters_per_epoch) / epochs``, as a scheduler stepped per epoch
+does). The GTI MDK's warmup is ``mode: gti``, ``epochs: E``, ``method: linear`` and ``start_factor
+= 1e-10 / base_lr`` (its ``min_lr`` 1e-10): epoch ``e < E`` trains at ``1e-10 + e * (base - 1e-10)
+/ E``, epoch ``E`` at the base lr, epoch ``E + k`` at ``main_lr(k)``.
+
 Because the lr is a pure function of ``it``, resuming only needs ``it`` (``state_dict``) and is exact.
 """
 from __future__ import annotations
@@ -36,8 +49,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["WarmupScheduler"]
 
-_WARMUP_KEYS = ("iters", "start_factor", "method")
+_WARMUP_KEYS = ("iters", "start_factor", "method", "mode", "epochs")
 _METHODS = ("linear", "constant")
+_MODES = ("mdk", "gti")
 _INTERVALS = ("epoch", "iter")
 
 
@@ -65,16 +79,20 @@ def _float(key: str, value: Any, lo: float, lo_open: bool, hi: float | None = No
 
 
 class WarmupScheduler(LRScheduler):
-    """Base class: warmup in iterations multiplying a closed-form main schedule.
+    """Base class: warmup in iterations (or epochs) and a closed-form main schedule.
 
-    The main schedule's clock runs from iteration 0 (warmup iterations count toward it); see the
-    module docstring for the exact formula. Subclasses implement :meth:`_main_lr`.
+    ``mode: mdk``: warmup multiplies the main schedule, whose clock runs from iteration 0 (warmup
+    iterations count toward it). ``mode: gti``: the main schedule starts after warmup. See the
+    module docstring for the exact formulas. Subclasses implement :meth:`_main_lr`.
 
     Args:
         optimizer: the wrapped optimizer; each param group's lr at construction is its base lr.
         iters_per_epoch: optimizer steps per epoch (converts iterations to epochs).
         warmup: mapping with keys ``iters`` (int >= 0, 0 = no warmup), ``start_factor``
-            (in (0, 1]) and ``method`` (``linear`` | ``constant``); ``None`` = no warmup.
+            (in (0, 1]), ``method`` (``linear`` | ``constant``), ``mode`` (``mdk``: warmup
+            multiplies the main schedule, whose clock starts at iteration 0 | ``gti``: the main
+            schedule starts after warmup) and ``epochs`` (int >= 0: warmup length in epochs
+            instead of ``iters``); ``None`` = no warmup.
         interval: ``epoch`` (main-schedule parameters count epochs) or ``iter`` (they count
             iterations).
     """
@@ -96,7 +114,13 @@ class WarmupScheduler(LRScheduler):
         unknown = sorted(set(warmup) - set(_WARMUP_KEYS))
         if unknown:
             _fail("warmup", f"has unknown keys {unknown} (allowed: {list(_WARMUP_KEYS)})", dict(warmup))
-        self.warmup_iters = _int("warmup.iters", warmup.get("iters", 0), 0)
+        self.warmup_epochs = _int("warmup.epochs", warmup.get("epochs", 0), 0)
+        iters = _int("warmup.iters", warmup.get("iters", 0), 0)
+        if self.warmup_epochs and iters:
+            _fail("warmup.epochs", f"and scheduler.warmup.iters={iters} are both set; give the warmup "
+                  "length once (set scheduler.warmup.iters=0 to warm up in epochs)", self.warmup_epochs)
+        # Warmup length in iterations, whichever unit it was given in.
+        self.warmup_iters = self.warmup_epochs * self.iters_per_epoch if self.warmup_epochs else iters
         self.warmup_start_factor = _float(
             "warmup.start_factor", warmup.get("start_factor", 1.0), 0.0, True, 1.0
         )
@@ -104,6 +128,10 @@ class WarmupScheduler(LRScheduler):
         if method not in _METHODS:
             _fail("warmup.method", f"must be one of {list(_METHODS)}", method)
         self.warmup_method = str(method)
+        mode = warmup.get("mode", "mdk")
+        if mode not in _MODES:
+            _fail("warmup.mode", f"must be one of {list(_MODES)}", mode)
+        self.warmup_mode = str(mode)
         super().__init__(optimizer)
 
     # --- the closed form -------------------------------------------------------------------
@@ -113,11 +141,17 @@ class WarmupScheduler(LRScheduler):
             return 1.0
         if self.warmup_method == "constant":
             return self.warmup_start_factor
-        alpha = it / self.warmup_iters
+        if self.warmup_epochs:  # stepped once per epoch
+            alpha = (it // self.iters_per_epoch) / self.warmup_epochs
+        else:
+            alpha = it / self.warmup_iters
         return self.warmup_start_factor + (1.0 - self.warmup_start_factor) * alpha
 
     def main_clock(self, it: int) -> int:
-        """The main schedule's time at iteration ``it`` (epochs or iterations, from 0)."""
+        """The main schedule's time at iteration ``it`` (epochs or iterations, from 0; in ``gti``
+        mode from the end of warmup, and 0 during it)."""
+        if self.warmup_mode == "gti":
+            it = max(0, it - self.warmup_iters)
         return it // self.iters_per_epoch if self.interval == "epoch" else it
 
     def _main_lr(self, base_lr: float, t: int) -> float:
@@ -128,6 +162,8 @@ class WarmupScheduler(LRScheduler):
         if it < 0:
             raise ValueError(f"iteration must be >= 0, got {it}")
         w, t = self.warmup_factor(it), self.main_clock(it)
+        if self.warmup_mode == "gti" and it < self.warmup_iters:
+            return [w * float(b) for b in self.base_lrs]  # ramps toward the base lr itself
         return [w * self._main_lr(float(b), t) for b in self.base_lrs]
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
@@ -172,15 +208,22 @@ class WarmupScheduler(LRScheduler):
         self._last_lr = list(lrs)
 
     def _schedule_params(self) -> dict[str, Any]:
+        warmup: dict[str, Any] = {
+            "iters": self.warmup_iters,
+            "start_factor": self.warmup_start_factor,
+            "method": self.warmup_method,
+        }
+        # Only when not the defaults, so checkpoints written before these keys existed still
+        # compare equal on resume.
+        if self.warmup_mode != "mdk":
+            warmup["mode"] = self.warmup_mode
+        if self.warmup_epochs:
+            warmup["epochs"] = self.warmup_epochs
         return {
             "class": type(self).__name__,
             "iters_per_epoch": self.iters_per_epoch,
             "interval": self.interval,
-            "warmup": {
-                "iters": self.warmup_iters,
-                "start_factor": self.warmup_start_factor,
-                "method": self.warmup_method,
-            },
+            "warmup": warmup,
             **self._main_params(),
         }
 

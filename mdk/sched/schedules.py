@@ -1,5 +1,7 @@
 """The four main schedules (torch's names), each with warmup; the composition rule is in
-:mod:`mdk.sched.base`: the main clock runs from iteration 0 and warmup multiplies it."""
+:mod:`mdk.sched.base`: the main clock runs from iteration 0 and warmup multiplies it
+(``warmup.mode: mdk``), or the main clock starts after warmup (``warmup.mode: gti``). The class
+docstrings below describe the default mode."""
 from __future__ import annotations
 
 import bisect

@@ -1,0 +1,151 @@
+"""The GTI GNetDet MDK's detection loss (``loss=gti``), with mdk's split-invariant normalisation.
+
+Terms, as the GTI MDK's ``GNetDetLoss`` computes them (smooth-L1, threshold ``beta`` = 1, summed):
+
+- ``noobj``: both box confidences of every cell without an object -> 0, weight ``lambda_noobj``
+  (0.005; mdk's default loss uses 0.5 on every non-responsible slot).
+- ``contain``: the responsible box (highest IoU with the target) regresses its confidence to that
+  IoU (mdk's default: to 1), weight 2. The IoU keeps its gradient, as in the GTI MDK
+  (``iou_target_grad``).
+- ``loc``: x, y of the responsible box, plus ``sqrt(w), sqrt(h)`` against the target's, weight 5.
+- ``not_contain``: the other box slots of object cells -> 0, weight 1.
+- ``cls``: class scores of object cells, weight 1.
+
+Predictions get ``+1e-8`` first (as there; it keeps ``sqrt`` finite at 0). The GTI model ends in a
+ReLU, so its w, h are >= 0; mdk's output layer is linear until step3 and w, h can be negative, so
+``sqrt`` is taken as ``sign(v) * sqrt(|v| + 1e-8)``: the same for v >= 0, and a negative width
+is pulled up instead of giving NaN.
+
+Normalisation. The GTI MDK divides every summed term by a running count of objects per batch,
+``c <- 0.9 c + 0.1 max(objects in this batch, 1)`` from ``c = 100``, updated on every call,
+validation included, and per process under DDP (so its gradient depends on the split). mdk keeps
+the same quantity per image: ``nu = c / images``, each term is its per-image mean divided by
+``nu``, and with ``normalizer: running``:
+
+    nu <- momentum * nu + (1 - momentum) * max(objects in the global batch, 1) / images in it
+
+where the two counts are summed over all ranks (one 2-element all-reduce; no host sync). Every
+rank then holds the same ``nu``, and for one process with a constant batch of N images this is
+exactly the GTI loss with ``c = N * nu``: ``normalizer_init`` 6.25 is the GTI start 100 for its
+batch of 16. The update runs only when gradients are enabled (training steps): validation does not
+move it. ``normalizer: fixed`` keeps ``nu = normalizer_init``.
+
+Split invariance (DESIGN §4): with ``fixed`` always; with ``running`` for plain DDP with equal
+per-rank batches (every rank sees the global counts). Not with ``dist.exact_chunk``: the engine
+then calls the loss once per chunk, so ``nu`` advances once per chunk from that chunk's counts
+(summed over ranks), and how many chunks a step has depends on the split; use ``fixed`` there.
+``nu`` is a buffer: ``state_dict()`` carries it, so a resumed run continues the same average when
+the loss state is saved with the checkpoint.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mdk import dist
+from mdk.models.loss import _cell_boxes_to_xyxy, _paired_iou, check_shape, check_weights
+
+log = logging.getLogger(__name__)
+
+NORMALIZERS = ("running", "fixed")
+PRED_EPS = 1e-8  # added to every prediction, as the GTI MDK does
+
+
+def signed_sqrt(v: torch.Tensor, eps: float = PRED_EPS) -> torch.Tensor:
+    """``sqrt(v + eps)`` for v >= 0 (the GTI form once ``eps`` is added); ``-sqrt(|v| + eps)``
+    below 0, so a negative width or height still gets a finite gradient toward the target."""
+    pos = v >= 0
+    # where, not abs: at v == 0 the slope is GTI's 1 / (2 sqrt(eps)), not abs's 0
+    return torch.sqrt(torch.where(pos, v, -v) + eps) * torch.where(pos, 1.0, -1.0).to(v.dtype)
+
+
+class GtiLoss(nn.Module):
+    """GTI GNetDetLoss terms and weights; returns ``loc, contain, not_contain, noobj, cls, total``."""
+
+    def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
+                 lambda_contain: float = 2.0, lambda_not_contain: float = 1.0,
+                 lambda_noobj: float = 0.005, lambda_cls: float = 1.0, beta: float = 1.0,
+                 iou_target_grad: bool = True, normalizer: str = "running",
+                 normalizer_init: float = 6.25, normalizer_momentum: float = 0.9) -> None:
+        super().__init__()
+        check_shape(num_classes, boxes_per_cell)
+        check_weights(lambda_coord=lambda_coord, lambda_contain=lambda_contain,
+                      lambda_not_contain=lambda_not_contain, lambda_noobj=lambda_noobj,
+                      lambda_cls=lambda_cls)
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
+            raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
+        if normalizer not in NORMALIZERS:
+            raise ValueError(f"loss.normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
+        if isinstance(normalizer_init, bool) or not isinstance(normalizer_init, (int, float)) \
+                or not normalizer_init > 0:
+            raise ValueError("loss.normalizer_init (objects per image) must be a number > 0, "
+                             f"got {normalizer_init!r}")
+        if isinstance(normalizer_momentum, bool) or not isinstance(normalizer_momentum, (int, float)) \
+                or not 0 <= normalizer_momentum <= 1:
+            raise ValueError(f"loss.normalizer_momentum must be in [0, 1], got {normalizer_momentum!r}")
+        self.C, self.B = num_classes, boxes_per_cell
+        self.lambda_coord, self.lambda_contain = float(lambda_coord), float(lambda_contain)
+        self.lambda_not_contain, self.lambda_noobj = float(lambda_not_contain), float(lambda_noobj)
+        self.lambda_cls, self.beta = float(lambda_cls), float(beta)
+        self.iou_target_grad = bool(iou_target_grad)
+        self.normalizer, self.momentum = normalizer, float(normalizer_momentum)
+        # float64: the average of a count, like the GTI MDK's Python float.
+        self.register_buffer("nu", torch.tensor(float(normalizer_init), dtype=torch.float64))
+
+    def _update_nu(self, obj: torch.Tensor) -> torch.Tensor:
+        if self.nu.device != obj.device:
+            self.nu = self.nu.to(obj.device)
+        if self.normalizer == "running" and torch.is_grad_enabled():
+            with torch.no_grad():
+                counts = torch.stack([obj.sum(dtype=torch.float64),
+                                      torch.full((), float(obj.shape[0]), dtype=torch.float64,
+                                                 device=obj.device)])
+                dist.all_reduce_sum(counts)  # the global batch's objects and images
+                per_image = counts[0].clamp(min=1) / counts[1]
+                self.nu.mul_(self.momentum).add_((1 - self.momentum) * per_image)
+        return self.nu
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """pred [N, 5B+C, S, S]; target [N, S, S, 5B+C] -> dict of loss terms and 'total'."""
+        N, S, B = pred.shape[0], pred.shape[-1], self.B
+        dt = torch.float64 if pred.dtype == torch.float64 else torch.float32
+        p = pred.permute(0, 2, 3, 1).to(dt) + PRED_EPS
+        t = target.to(dt)
+        pb = p[..., : 5 * B].reshape(N, S, S, B, 5)
+        tb = t[..., :5]  # the target box is replicated in every slot; take slot 0
+        obj = t[..., 4] > 0  # [N, S, S]
+
+        # IoU of each predicted box with its cell's target (with gradient, as in the GTI MDK).
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.iou_target_grad):
+            pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
+            txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
+            iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
+            iou = iou.permute(0, 2, 3, 1)  # [N, S, S, B]
+        best = iou.detach().max(-1, keepdim=True).indices  # ties: the first slot, as torch.max
+        resp = torch.zeros(iou.shape, dtype=torch.bool, device=iou.device).scatter_(-1, best, True)
+        resp &= obj.unsqueeze(-1)
+        other = obj.unsqueeze(-1) & ~resp
+        empty = ~obj.unsqueeze(-1).expand_as(resp)
+
+        sl1 = lambda a, b: F.smooth_l1_loss(a, b, reduction="none", beta=self.beta)  # noqa: E731
+        conf = pb[..., 4]
+        to_zero = sl1(conf, torch.zeros_like(conf))
+        per_image = {
+            "loc": ((sl1(pb[..., :2], tb[..., None, :2].expand_as(pb[..., :2])).sum(-1)
+                     + sl1(signed_sqrt(pb[..., 2:4]),
+                           tb[..., None, 2:4].sqrt().expand_as(pb[..., 2:4])).sum(-1)) * resp),
+            "contain": sl1(conf, iou) * resp,
+            "not_contain": to_zero * other,
+            "noobj": to_zero * empty,
+            "cls": sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1, keepdim=True) * obj.unsqueeze(-1),
+        }
+        weights = {"loc": self.lambda_coord, "contain": self.lambda_contain,
+                   "not_contain": self.lambda_not_contain, "noobj": self.lambda_noobj,
+                   "cls": self.lambda_cls}
+        nu = self._update_nu(obj).to(dt)
+        terms = {k: weights[k] * v.sum((1, 2, 3)).mean() / nu for k, v in per_image.items()}
+        terms["total"] = sum(terms.values())
+        return terms

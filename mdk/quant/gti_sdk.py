@@ -1,0 +1,256 @@
+"""Hand-off to the GTI SDK: the files the GTI GNetDet MDK's converter writes before its closed step.
+
+For chip 5801 the GTI converter (``gnetmdk/gti/converter.py`` in the GTI MDK) quantizes the
+checkpoint, writes four files into one directory and then calls GTI's closed libraries:
+``GtiConvertInternalToSDK`` (``libgticonfig5801.so``: layer-spec JSON + filter + bias -> ``chip.dat``)
+and ``GtiComposeModelFile`` (``libGTILibrary``: model JSON -> the chip ``.model``); see
+docs/pipeline.md. ``write_gti_files`` writes the same four files, in the same layout and number
+formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`:
+
+- ``filter.txt``: every weight of every layer, layer after layer, each ``[out, in, 3, 3]`` in C
+  order, one value per line as ``%.16e`` of the quantized float (``mantissa / 2**shift``, exact),
+  ``\\n`` between values and none after the last (numpy ``tofile(sep="\\n", format="%.16e")``).
+  The last layer's output channels are zero-padded to its major layer's width (256 in
+  GNetDet-448, as the converter pads it).
+- ``bias.txt``: the biases the same way.
+- ``<chip>_gnetdet_dat[_448].json``: the layer spec, one entry per *major layer* (a run of
+  sublayers ending at a 2x2 max-pool or where the mask width changes): ``coef_bits``,
+  ``image_size`` (its input size), ``input_channels``, ``output_channels``, ``pooling``,
+  ``sublayer_number``, ``learning`` false, ``last_layer_out`` false, ``major_layer`` (1-based) and
+  ``scaling`` (the sublayers' shifts); ``model: [{ChipType, MajorLayerNumber}]``.
+- ``<chip>_gnetdet_model[_448].json``: the SDK model: an image reader and the chip CNN layer
+  (``data file`` = the absolute path of ``chip.dat`` in this directory, input and output shapes).
+
+Both JSON files are ``json.dump(..., indent=4, separators=(',', ': '), sort_keys=True)`` with no
+final newline. Zeros keep the sign the GTI quantizer gives them (``-0.0000000000000000e+00`` where
+a negative weight or bias rounds to 0), so the text is byte-identical to the converter's for the
+same fused model. One exception, measure-zero: the converter evaluates the *last* layer's shift in
+float64 (a side effect of its zero-padding) while training evaluates it in float32; at an exact
+power-of-two boundary the two differ and ``write_gti_files`` warns (the files hold the trained
+values). The GTI PyTorch MDK converts for chip 5801 only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from mdk.quant.chip_model import ChipModel
+from mdk.quant.weights import GTI_EPSILON, five_bit_coefficients
+
+log = logging.getLogger(__name__)
+
+GTI_CHIPS = ("5801",)
+FILTER_FILE, BIAS_FILE, DAT_FILE = "filter.txt", "bias.txt", "chip.dat"
+MODEL_VERSION = 100  # the converter adds this to the model JSON
+TILE = 14  # the SDK's default output tile size
+
+
+@dataclass
+class MajorLayer:
+    first: int  # index of its first sublayer in ChipModel.layers
+    sublayers: int
+    coef_bits: int
+    image_size: int
+    input_channels: int
+    output_channels: int
+    pooling: bool
+
+
+def file_names(chip: str, image_size: int) -> tuple[str, str]:
+    """(layer-spec JSON, model JSON) names as the GTI MDK names its templates."""
+    suffix = "_448" if int(image_size) == 448 else ""
+    return f"{chip}_gnetdet_dat{suffix}.json", f"{chip}_gnetdet_model{suffix}.json"
+
+
+def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
+    """Group the chip layers into GTI major layers; ValueError for what the layout cannot express."""
+    out: list[MajorLayer] = []
+    size = int(image_size)
+    for i, L in enumerate(cm.layers):
+        if tuple(L.weight.shape[2:]) != (3, 3):
+            raise ValueError(f"GTI layout: layer {i} has a {tuple(L.weight.shape[2:])} kernel; the "
+                             "chip runs 3x3 convolutions only")
+        new = not out or out[-1].pooling or cm.layers[i - 1].mask_bits != L.mask_bits
+        if new:
+            out.append(MajorLayer(i, 0, L.mask_bits, size, int(L.weight.shape[1]), 0, False))
+        m = out[-1]
+        m.sublayers += 1
+        m.output_channels = max(m.output_channels, int(L.weight.shape[0]))
+        m.pooling = bool(L.pool)
+        if L.pool:
+            size //= 2
+    last = len(cm.layers) - 1
+    for k, m in enumerate(out):
+        span = range(m.first, m.first + m.sublayers)
+        widths = {int(cm.layers[j].weight.shape[0]) for j in span if j != last}
+        if len(widths) > 1:
+            raise ValueError(f"GTI layout: the sublayers of major layer {k + 1} (layers "
+                             f"{m.first}..{m.first + m.sublayers - 1}) have different output "
+                             f"channels {sorted(widths)}; the chip needs one width per major layer")
+        if last in span and widths:
+            # the output conv is zero-padded to its major layer's width (GNetDet-448: 30 -> 256)
+            m.output_channels = widths.pop()
+            if int(cm.layers[last].weight.shape[0]) > m.output_channels:
+                raise ValueError(f"GTI layout: the output layer has {cm.layers[last].weight.shape[0]} "
+                                 f"channels, more than the {m.output_channels} of the other "
+                                 f"sublayers of its major layer (the converter pads it to that width)")
+    return out
+
+
+def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
+                   w_int: torch.Tensor, b_int: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Where the GTI quantizer's float result is ``-0.0``: a negative (not -0.0) weight or bias
+    whose mantissa is 0; for 5-bit masks only when its coefficient ``R(w/step)`` is not 0 (a zero
+    coefficient is an integer and comes out +0.0)."""
+    w = w.detach().cpu()
+    neg_w = (w_int == 0) & (w < 0)
+    if mask_bits == 5:
+        neg_w &= five_bit_coefficients(w)[0] != 0
+    neg_b = (b_int == 0) & (b.detach().cpu() < 0) if b is not None else torch.zeros_like(b_int, dtype=torch.bool)
+    return neg_w.numpy(), neg_b.numpy()
+
+
+def _format(values: np.ndarray, negzero: np.ndarray) -> str:
+    """``%.16e`` per value, joined by newlines; each distinct value is formatted once."""
+    uniq, inv = np.unique(values, return_inverse=True)
+    text = np.array(["%.16e" % v for v in uniq.tolist()], dtype=object)[inv.reshape(-1)]
+    zero = values == 0  # np.unique merges 0.0 and -0.0: give each zero its sign explicitly
+    text[zero & ~negzero] = "%.16e" % 0.0
+    text[zero & negzero] = "%.16e" % -0.0
+    return "\n".join(text.tolist())
+
+
+def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
+                 negzeros: Optional[Sequence[tuple[np.ndarray, np.ndarray]]] = None
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per layer: (weights, their -0 mask, biases, their -0 mask) as the converter writes them:
+    float64 ``mantissa / 2**shift`` (exact), flattened in C order, the last layer zero-padded."""
+    last = len(cm.layers) - 1
+    for i, L in enumerate(cm.layers):
+        w = L.weight.to(torch.float64).numpy() / 2.0 ** L.shift  # exact: mantissas < 2^53
+        b = L.bias.to(torch.float64).numpy() / 2.0 ** L.shift
+        nw = negzeros[i][0] if negzeros else np.zeros(w.shape, dtype=bool)
+        nb = negzeros[i][1] if negzeros else np.zeros(b.shape, dtype=bool)
+        pad = majors[-1].output_channels - w.shape[0] if i == last else 0
+        if pad:
+            w = np.concatenate([w, np.zeros((pad, *w.shape[1:]))])
+            nw = np.concatenate([nw, np.zeros((pad, *nw.shape[1:]), dtype=bool)])
+            b, nb = np.concatenate([b, np.zeros(pad)]), np.concatenate([nb, np.zeros(pad, bool)])
+        yield w.ravel(), nw.ravel(), b.ravel(), nb.ravel()
+
+
+def _write_values(path: Path, pieces: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+    """One layer at a time (GNetDet-448's filter.txt is 165 MB of text), through a temp file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        first = True
+        for values, negzero in pieces:
+            if values.size:
+                f.write(("" if first else "\n") + _format(values, negzero))
+                first = False
+    tmp.replace(path)
+
+
+def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
+    layers = []
+    for k, m in enumerate(majors):
+        layers.append({"coef_bits": m.coef_bits, "image_size": m.image_size,
+                       "input_channels": m.input_channels, "last_layer_out": False,
+                       "learning": False, "major_layer": k + 1,
+                       "output_channels": m.output_channels, "pooling": m.pooling,
+                       "scaling": [int(L.shift) for L in cm.layers[m.first:m.first + m.sublayers]],
+                       "sublayer_number": m.sublayers})
+    return {"layer": layers, "model": [{"ChipType": int(cm.chip), "MajorLayerNumber": len(majors)}]}
+
+
+def model_json(cm: ChipModel, majors: Sequence[MajorLayer], image_size: int, dat_path: str) -> dict:
+    last = majors[-1]
+    size, channels, tile = last.image_size, last.output_channels, TILE
+    post, scaledown = "interlace_tile_decode", 0
+    if last.pooling:  # the SDK reads the pooled output; a 7x7 one in fc mode
+        size, tile = size >> 1, TILE >> 1
+        if size == 7:
+            post = "fc77_decode"
+    tile = min(size, tile) if not last.pooling else tile
+    if post == "fc77_decode":
+        out_bytes, scaledown = size * size * channels * 64 // 49, 3
+    else:
+        out_bytes = size * size * channels * 32 // 49
+    reader = {"data file": None, "data offset": None, "input format": "CS_BGR24_PLANAR",
+              "name": "image reader", "operation": "IMAGEREADER", "output channels": 3,
+              "output format": "CS_BGR24_PLANAR", "output height": int(image_size),
+              "output width": int(image_size)}
+    cnn = {"data file": dat_path, "data offset": 0,
+           "device": {"chip": str(cm.chip), "name": None, "type": 0},
+           "inputs": [{"format": "byte", "prefilter": "interlace_tile_encode",
+                       "shape": [int(image_size), int(image_size), majors[0].input_channels]}],
+           "mode": 0, "name": "cnn", "operation": "GTICNN", "output channels": channels,
+           "output height": size, "output width": size,
+           "outputs": [{"format": "byte", "layer scaledown": scaledown, "postfilter": post,
+                        "shape": [size, size, channels, tile * tile, out_bytes], "upsampling": 0}]}
+    return {"layer": [reader, cnn], "name": f"gti_{cm.chip}_gnetdet", "version": MODEL_VERSION}
+
+
+def converter_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
+                    bias_bits: int) -> int:
+    """The shift the GTI converter gives the last layer: its formula evaluated in float64."""
+    def term(t: torch.Tensor, bits: int) -> float:
+        d = t.detach().cpu().to(torch.float32).to(torch.float64).abs().max() + GTI_EPSILON
+        return float(torch.log2(d.reciprocal() * float(2 ** (bits - 1) - 1)).trunc())
+    s = term(w, weight_bits)
+    if b is not None and b.numel():
+        s = min(s, term(b, bias_bits))
+    return int(min(max(s, 0), 12))
+
+
+def _dump(doc: dict) -> str:
+    return json.dumps(doc, indent=4, separators=(",", ": "), sort_keys=True)
+
+
+def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int] = None,
+                    float_layers: Optional[Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]] = None
+                    ) -> Path:
+    """Write filter.txt, bias.txt and the two JSON files into ``out_dir`` (created).
+
+    ``float_layers``: the fused float (weight, bias) of every layer, for the sign of zeros and the
+    last-layer shift check; without it every zero is written as +0.
+    """
+    chip = str(cm.chip)
+    if chip not in GTI_CHIPS:
+        raise ValueError(f"the GTI SDK hand-off exists for chip {'/'.join(GTI_CHIPS)} only (the GTI "
+                         f"PyTorch MDK converts for it), not chip {chip}")
+    size = int(image_size or cm.meta.get("image_size") or 0)
+    if size <= 0:
+        raise ValueError("write_gti_files needs the model's image size (image_size=...)")
+    majors = major_layers(cm, size)
+    negz = None
+    if float_layers is not None:
+        negz = [negative_zeros(w, b, L.mask_bits, L.weight, L.bias)
+                for (w, b), L in zip(float_layers, cm.layers, strict=True)]
+        w, b = float_layers[-1]
+        L = cm.layers[-1]
+        conv = converter_shift(w, b, L.weight_bits, L.bias_bits)
+        if conv != L.shift:
+            log.warning("last layer: the GTI converter would compute shift %d (it evaluates the "
+                        "last layer in float64) where the model was trained with %d (float32, an "
+                        "exact power-of-two boundary); %s holds the trained values", conv,
+                        L.shift, FILTER_FILE)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_values(out / FILTER_FILE, ((w, nw) for w, nw, _, _ in layer_values(cm, majors, negz)))
+    _write_values(out / BIAS_FILE, ((b, nb) for _, _, b, nb in layer_values(cm, majors, negz)))
+    dat_name, model_name = file_names(chip, size)
+    for name, doc in ((dat_name, dat_json(cm, majors)),
+                      (model_name, model_json(cm, majors, size, os.path.realpath(out / DAT_FILE)))):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(_dump(doc))
+        tmp.replace(out / name)
+    log.info("GTI SDK hand-off (%d major layers) written to %s", len(majors), out)
+    return out
