@@ -34,12 +34,12 @@ def wait_share(cfg, train_ds, model, iters: int, workers: int) -> dict:
     from omegaconf import OmegaConf
 
     from mdk.engine import build
-    from mdk.models.loss import YoloLoss
+    from mdk.engine.build import build_loss
 
     c = OmegaConf.merge(cfg, {"trainer": {"num_workers": workers}, "dataset": {"num_workers": workers}})
     loader, _ = build.build_train_loader(c, train_ds)
     device = next(model.parameters()).device
-    loss_fn = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
+    loss_fn = build_loss(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     it = iter(loader)
     next(it)  # worker start-up (once per run with persistent workers) is not a per-step cost

@@ -40,7 +40,7 @@ def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     from mdk import dist
     from mdk.engine import build
     from mdk.engine.loop import HookBase, Trainer
-    from mdk.models.loss import YoloLoss
+    from mdk.engine.build import build_loss
 
     torch.set_num_threads(1)  # one thread per process: the comparison is processes, not threads
     warm, iters = int(cfg.bench.warmup), int(cfg.bench.iters)
@@ -52,7 +52,7 @@ def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     train_ds, _ = build.build_data(cfg, model.grid, world)
     loader, sampler = build.build_train_loader(cfg, train_ds, world)
     optimizer, _ = build.build_optim_sched(cfg, model, sampler.num_batches)
-    trainer = Trainer(net, YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell),
+    trainer = Trainer(net, build_loss(cfg),
                       optimizer, loader, torch.device("cpu"), 10**6, sampler.num_batches,
                       exact_chunk=cfg.dist.get("exact_chunk"))
     marks: dict[str, float] = {}

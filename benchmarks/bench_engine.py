@@ -59,7 +59,7 @@ def main() -> None:
     from mdk.engine.loop import HookBase, Trainer
     from mdk.data.samplers import GlobalBatchSampler
     from mdk.engine.stop import StopOnRequestHook
-    from mdk.models.loss import YoloLoss
+    from mdk.engine.build import build_loss
     from mdk.stage import apply_stage
     from mdk.world import single_process
     from mdk.sinks import build_sinks
@@ -73,11 +73,11 @@ def main() -> None:
     apply_stage(model, "step1")
     model.to(device)
     raw_model = copy.deepcopy(model)
-    loss_fn = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
+    loss_fn = build_loss(cfg)
     clip = cfg.trainer.grad_clip
     print(f"# bench_engine: model={cfg.model.name} batch={cfg.trainer.batch_size} "
           f"iters/block={a.iters} reps={a.reps} amp={cfg.trainer.amp} "
-          f"clock={'process CPU' if a.cpu_time else 'wall'} logger(tb={cfg.logger.tensorboard}) "
+          f"clock={'process CPU' if a.cpu_time else 'wall'} sinks={list(cfg.logger.sinks)} "
           f"progress={cfg.trainer.progress} log_every={cfg.logger.log_every}")
     print(f"# {common.machine()}")
 

@@ -37,7 +37,7 @@ def child(model_name: str, batch: int, ckpt: bool, steps: int, threads: int) -> 
     import torch
 
     from mdk.models.build import build_model
-    from mdk.models.loss import YoloLoss
+    from mdk.engine.build import build_loss
 
     common.set_threads(threads)
     cfg = common.compose([f"model={model_name}", f"trainer.activation_checkpointing={ckpt}"])
@@ -47,7 +47,7 @@ def child(model_name: str, batch: int, ckpt: bool, steps: int, threads: int) -> 
     model.activation_checkpointing = ckpt
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(dev).train()
-    loss_fn = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
+    loss_fn = build_loss(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     s, c = model.grid, 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
     g = torch.Generator().manual_seed(0)

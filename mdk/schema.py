@@ -109,6 +109,8 @@ class WarmupConf:
     iters: int = 0
     start_factor: float = 1.0
     method: str = "linear"
+    mode: str = "mdk"     # mdk: warmup multiplies, the main clock starts at 0 | gti: it delays it
+    epochs: int = 0       # warmup in epochs instead of iterations (GTI's unit)
 
 
 @dataclass

@@ -17,6 +17,7 @@ GROUPS = {
     "step": ["step1", "step2", "cal", "step3", "step4"],
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
     "optim": ["adamw", "sgd"],
+    "loss": ["default", "gti"],
     "dist": ["default"],
     "logger": ["tensorboard", "wandb", "none"],
     "trainer": ["default"],
@@ -43,6 +44,10 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     if group == "optim":
         opt = instantiate(cfg.optim)([torch.nn.Parameter(torch.zeros(2))])
         assert opt.param_groups[0]["lr"] == cfg.optim.lr
+    if group == "loss":
+        terms = instantiate(cfg.loss)(torch.zeros(2, 10 + cfg.dataset.num_classes, 6, 6),
+                                      torch.zeros(2, 6, 6, 10 + cfg.dataset.num_classes))
+        assert "total" in terms and torch.isfinite(terms["total"])
     if group == "scheduler":
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
         sched = instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=10)

@@ -31,12 +31,8 @@ def seed_everything(seed: int) -> None:
 
 
 def build_loss(cfg: DictConfig) -> torch.nn.Module:
-    """The training loss (also reported on the val split)."""
-    if "loss" in cfg:
-        return instantiate(cfg.loss)
-    from mdk.models.loss import YoloLoss
-
-    return YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
+    """The training loss (``loss`` group: conf/loss/*.yaml; also reported on the val split)."""
+    return instantiate(cfg.loss)
 
 
 def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None) -> tuple[Any, Any]:

@@ -78,7 +78,7 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     start = checkpoints.start(model)
     apply_stage(model, spec, str(cfg.chip))
     model.to(world.device)
-    loss_fn = build.build_loss(cfg)
+    loss_fn = build.build_loss(cfg).to(world.device)  # (a loss may hold state: GtiLoss.nu)
     local_bs = cfg.trainer.batch_size // world.size
     metric = str((cfg.get("eval") or {}).get("metric", "voc07"))
     eval_fn = faults.wrap("eval", lambda keep=None: evaluate(  # MDK_FAULT=kill:eval:N (tests)

@@ -87,6 +87,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
             trainer.scaler.load_state_dict(resume["scaler"])
         if ema is not None and resume.get("ema"):
             ema.load_state_dict(resume["ema"])
+        if resume.get("loss"):
+            ctx.loss_fn.load_state_dict(resume["loss"])
         rng = resume.get("rng", {}).get(world.rank)
         if rng is not None:
             build.set_rng_state(rng)
@@ -98,7 +100,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
             epoch=trainer.epoch, iter=trainer.iter, metric=getattr(trainer, "metrics", {}),
             rng=dict(enumerate(dist.all_gather_object(build.rng_state()))),
             scaler=trainer.scaler.state_dict() if trainer.scaler else None,
-            world_size=world.size, best_metrics=ckpt.best_metrics, **extra)
+            world_size=world.size, best_metrics=ckpt.best_metrics,
+            loss=ctx.loss_fn.state_dict(), **extra)
 
     sink = build_sinks(cfg.logger, ctx.run_dir, to_container(cfg), world.is_main,
                        stage=ctx.spec.name, group=ctx.group,

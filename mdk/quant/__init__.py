@@ -8,4 +8,5 @@
 - ``bn_fold``: fold_bn;  ``fusion``: fuse_gains, is_fused;  ``modes``: QuantMode, apply_mode
 - ``chip_model``: ChipModel, chip_model_from, save/load_chip_model;  ``export``: export_chip_model, ONNX
 - ``integer_ref``: integer-only reference forward and the exactness check
+- ``gti_sdk``: the GTI SDK hand-off files (filter/bias text, layer-spec and model JSON)
 """
