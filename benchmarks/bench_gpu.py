@@ -171,6 +171,28 @@ def forward_pass(cfg: Any, stage: str, setting: str, a: argparse.Namespace,
         return _rate(step, a.iters, a.warmup, a.batch)
 
 
+def sync_points(cfg: Any, setting: str, a: argparse.Namespace, device: torch.device) -> list[str]:
+    """Where mdk's training step waits for the GPU: a few engine steps (after warmup) under
+    ``torch.cuda.set_sync_debug_mode('warn')``, the distinct call sites that synchronised."""
+    import warnings
+
+    seen: dict[str, int] = {}
+    mode = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine_loop(cfg, setting, argparse.Namespace(**{**vars(a), "iters": 12, "warmup": 3}),
+                        device)
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            key = f"{Path(w.filename).name}:{w.lineno}"
+            seen[key] = seen.get(key, 0) + 1
+    return [f"{k} x{n}" for k, n in sorted(seen.items(), key=lambda kv: -kv[1])]
+
+
 def run_py(a: argparse.Namespace, setting: str, device: str) -> float:
     """train img/s of run.py's last epoch (the engine logs it at each epoch's end)."""
     out = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
@@ -183,10 +205,11 @@ def run_py(a: argparse.Namespace, setting: str, device: str) -> float:
            *_overrides(setting), *a.overrides]
     env = {**__import__("os").environ, "MDK_NO_BOOTSTRAP": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    rates = re.findall(r"\(([\d.]+) train img/s", p.stdout + p.stderr)
+    rates = re.findall(r"\(([\d.]+) train img/s, data wait ([\d.]+)%", p.stdout + p.stderr)
     if p.returncode != 0 or not rates:
         raise RuntimeError(f"run.py failed ({p.returncode}): {(p.stdout + p.stderr)[-2000:]}")
-    return float(rates[-1])
+    print(f"  {setting}: epochs {', '.join(f'{r} img/s (data wait {w}%)' for r, w in rates)}")
+    return float(rates[-1][0])
 
 
 def main() -> None:
@@ -205,6 +228,8 @@ def main() -> None:
     ap.add_argument("--e2e-images", type=int, default=3200, help="built-in train images")
     ap.add_argument("--data", default="outputs/data_bench_gpu")
     ap.add_argument("--quick", action="store_true", help="few iterations (a smoke test)")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="also list where the engine's step waits for the GPU (CUDA only)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every part")
     a = ap.parse_args()
     if a.quick:
@@ -233,6 +258,9 @@ def main() -> None:
     for s in dict.fromkeys(["fp32", best]):
         e = engine_loop(cfg, s, a, device)
         print(f"{s:<18} engine/raw {ceil[s] / e:5.3f}  ({e:.1f} vs {ceil[s]:.1f} img/s)")
+    if a.sync_debug and device.type == "cuda":
+        for s in dict.fromkeys(["fp32", best]):
+            print(f"{s:<18} host syncs in 12 engine steps: {sync_points(cfg, s, a, device) or 'none'}")
     e2e = [s for s in a.e2e.split(",") if s]
     if e2e:
         print(f"\n== run.py end to end (model={a.model}, default data path) / ceiling ==")

@@ -68,6 +68,7 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     from launchers.env import detect
     from launchers.spawn import run_ranks
     from launchers.summary import print_summary
+    from mdk import faults
     from mdk.config import running_stages
     from mdk.engine.runner import run_stage
     from mdk.preflight import preflight
@@ -81,6 +82,7 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
     preflight(configs[0], env.world_size if env.external else None)  # before any process starts
+    faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
     results = []
     offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
     group = _sweep_name()

@@ -11,6 +11,11 @@ comma-separated list of ``<action>:<point>:<n>[:<rank>]``
   written and fsynced but before it is renamed over the old file;
 * ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
 * ``raise:iter:N`` after optimizer step N, raise InjectedError (a bug-like crash of one rank);
+  ``raise:<point>:N:<rank>:<Class>`` raises that user-error class instead (ConfigError,
+  DataError, CheckpointError, MissingStageInput, NonFiniteLossError): each place a user error
+  can start, for the one-line-error tests; the points are ``iter`` (a rank), ``item`` (a
+  DataLoader worker fetching its N-th training sample) and ``start`` (the launching process,
+  before any rank starts);
 * ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
   mdk.engine.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
   iteration however fast the job runs (the hold changes no numbers).
@@ -39,17 +44,38 @@ class InjectedError(RuntimeError):
     """What ``raise:<point>:N`` raises: stands for a bug in one rank."""
 
 
+POINTS = ("iter", "eval", "save", "item", "start")
+_CLASSES: dict[str, str] = {}  # per item: the exception class a raise fault raises
+
+
 def _specs() -> list[tuple[str, str, int, int]]:
     raw = os.environ.get(ENV, "").strip()
     out = []
     for item in filter(None, (s.strip() for s in raw.split(","))):
         parts = item.split(":")
-        if len(parts) not in (3, 4) or parts[0] not in ("kill", "nan", "hold", "raise") or \
-                parts[1] not in ("iter", "eval", "save"):
+        if len(parts) not in (3, 4, 5) or parts[0] not in ("kill", "nan", "hold", "raise") or \
+                parts[1] not in POINTS:
             raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use "
-                             "<kill|nan|hold|raise>:<iter|eval|save>:<n>[:rank]")
-        out.append((parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0))
+                             f"<kill|nan|hold|raise>:<{'|'.join(POINTS)}>:<n>[:rank[:Class]]")
+        spec = (parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) >= 4 else 0)
+        if len(parts) == 5:
+            _CLASSES[str(spec)] = parts[4]
+        out.append(spec)
     return out
+
+
+def _error(spec: tuple[str, str, int, int]) -> BaseException:
+    from mdk import errors
+    from mdk.data.voc import DataError
+
+    name = _CLASSES.get(str(spec), "InjectedError")
+    known = {"InjectedError": InjectedError, "DataError": DataError,
+             **{n: getattr(errors, n) for n in ("ConfigError", "CheckpointError",
+                                                "MissingStageInput", "NonFiniteLossError")}}
+    if name not in known:
+        raise ValueError(f"{ENV}: unknown error class {name!r}; use one of {sorted(known)}")
+    _, point, n, rank = spec
+    return known[name](f"{ENV}: injected {name} at {point} {n} on rank {rank}")
 
 
 def enabled() -> bool:
@@ -82,7 +108,9 @@ def at(point: str, n: int | None = None) -> None:
         if action == "hold" and p == point and k == n and rank == _rank():
             _hold(f"at {point} {n}")
         if action == "raise" and p == point and k == n and rank == _rank():
-            raise InjectedError(f"{ENV}: injected error at {point} {n} on rank {rank}")
+            if str((action, p, k, rank)) not in _CLASSES:
+                raise InjectedError(f"{ENV}: injected error at {point} {n} on rank {rank}")
+            raise _error((action, p, k, rank))
 
 
 def _hold(where: str) -> None:

@@ -16,6 +16,9 @@ from omegaconf import DictConfig
 
 from mdk.checkpoint import CheckpointError, load_checkpoint
 from mdk.config import check_environment, check_writable, resolve_path, validate
+from mdk.data.voc import DataError
+from mdk.errors import ConfigError
+from mdk.stage import StageSpec
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +28,35 @@ def _check_dataset(cfg: DictConfig) -> None:
     from mdk.data.voc import check_root, read_split
 
     d = validate_dataset_cfg(cfg.dataset)
-    if d["name"] == "shapes":  # generated on first use: nothing to check yet
+    if d["name"] == "shapes":  # generated on first use: its size is the config's
+        n_train = int((d.get("generate") or {}).get("num_train", 0) or 0)
+    else:
+        root = check_root(resolve_path(d["root"], os.getcwd()))
+        n_train = len(read_split(root, d["train_split"]))  # missing or empty split file
+        read_split(root, d["val_split"])
+    batch = int(cfg.trainer.batch_size)
+    if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in ("train", "calibrate"):
+        where = ("dataset.generate.num_train" if d["name"] == "shapes"
+                 else f"the {d['train_split']!r} split of {d['root']}")
+        raise DataError(f"{where} has {n_train} images, fewer than one global batch "
+                        f"(trainer.batch_size={batch}); the last partial batch of an epoch is "
+                        "dropped, so nothing would train: lower trainer.batch_size or add images")
+
+
+def _check_scheduler(cfg: DictConfig) -> None:
+    """The scheduler's arguments, checked by building it on a throw-away optimizer (its own
+    checks name the key): a config error now, not a traceback in every rank later."""
+    import torch
+    from hydra.utils import instantiate
+
+    if not StageSpec.from_node(cfg.step).train:
         return
-    root = check_root(resolve_path(d["root"], os.getcwd()))
-    for split in (d["train_split"], d["val_split"]):
-        read_split(root, split)  # missing or empty split file
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    try:
+        instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=1)
+    except ValueError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith("scheduler.") else f"scheduler: {msg}") from None
 
 
 def _check_input(cfg: DictConfig) -> None:
@@ -76,5 +103,6 @@ def preflight(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     validate(cfg, world_size)
     check_environment(cfg)
     check_writable(cfg, os.getcwd())
+    _check_scheduler(cfg)
     _check_dataset(cfg)
     _check_input(cfg)

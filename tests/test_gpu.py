@@ -127,3 +127,16 @@ def test_exact_chunk_repeats_bit_for_bit_on_cuda(tiny_cfg, tmp_path):
     _same(ck["model"], _weights(tmp_path / "b" / "step1" / "last.pth"))
     b = load_checkpoint(tmp_path / "b" / "step1" / "last.pth")
     assert ck["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+
+
+def test_calibration_statistics_on_cuda_equal_cpu():
+    from mdk.quant.calibrate import mse_cap, percentile_and_max
+
+    g = torch.Generator().manual_seed(3)
+    for shape in ((8, 16, 56, 56), (2, 64, 224, 224)):
+        x = torch.randn(shape, generator=g).round(decimals=3)
+        for p in (99.0, 99.9):
+            cpu = percentile_and_max(x, p)
+            gpu = percentile_and_max(x.cuda(), p)
+            assert [float(v) for v in cpu] == [float(v) for v in gpu], (shape, p)
+        assert float(mse_cap(x, 64)) == pytest.approx(float(mse_cap(x.cuda(), 64)), rel=1e-6)

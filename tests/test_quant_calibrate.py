@@ -142,3 +142,13 @@ def test_nonpositive_statistic_falls_back():
         obs[0](torch.tensor([-5.0, 0.25]))
         caps = calibrate.finalize_caps(model)
     assert caps[0] == 0.25 and caps[1] == 1.0
+
+
+def test_percentile_top_k_form_equals_kthvalue():
+    """The GPU form (smallest of the n - k + 1 largest) picks the same value as kthvalue."""
+    g = torch.Generator().manual_seed(7)
+    for n, p in ((1000, 99.0), (4097, 99.9), (300_000, 99.0), (10, 50.0)):
+        x = torch.randn(n, generator=g).round(decimals=2)  # ties included
+        k = nearest_rank(p, n)
+        top = x.topk(n - k + 1, sorted=False).values
+        assert top.min() == x.kthvalue(k).values and top.max() == x.max()

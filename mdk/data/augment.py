@@ -101,29 +101,40 @@ def _blend(x: torch.Tensor, other: torch.Tensor | float, ratio: torch.Tensor) ->
     return (x * ratio + (1.0 - ratio) * other).clamp_(0, 255).trunc_()
 
 
-def augment_batch(images: torch.Tensor, params: Sequence[AugParams]) -> torch.Tensor:
-    """A uint8 batch [B, 3, H, W] on any device, each sample with its own parameters."""
+def params_tensor(params: Sequence[AugParams]) -> torch.Tensor:
+    """[B, 8] float32: flip, affine, scale, shift x, shift y, brightness, contrast, saturation."""
+    return torch.tensor([[float(p.flip), float(p.affine), p.scale, p.shift[0], p.shift[1],
+                          p.bright, p.contrast, p.sat] for p in params], dtype=torch.float32)
+
+
+def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tensor
+                  ) -> torch.Tensor:
+    """A uint8 batch [B, 3, H, W] on any device, each sample with its own parameters (a list,
+    or ``params_tensor``'s [B, 8], best already on the images' device: no host round trip)."""
     b, _, h, w = images.shape
     dev = images.device
-    col = lambda vals: torch.tensor(vals, dtype=torch.float32, device=dev).view(b, 1, 1, 1)  # noqa: E731
-    x = images.float()
+    pt = params if torch.is_tensor(params) else params_tensor(params)
+    pt = pt.to(dev, non_blocking=True)
+    flip, affine = pt[:, 0] > 0.5, pt[:, 1] > 0.5
+    s = torch.where(affine, pt[:, 2], torch.ones_like(pt[:, 2]))
+    tx = torch.where(affine, pt[:, 3], torch.zeros_like(pt[:, 3]))
+    ty = torch.where(affine, pt[:, 4], torch.zeros_like(pt[:, 4]))
+    f = torch.where(flip, -torch.ones_like(s), torch.ones_like(s))
     # flip then affine, as one inverse map in grid_sample's normalised coordinates
     # (align_corners=False: pixel centres at (2i + 1) / W - 1): u_in = f * (u_out - 2t/W) / s
-    theta = torch.zeros(b, 2, 3, dtype=torch.float32)
-    for i, p in enumerate(params):
-        s, (tx, ty) = (p.scale, p.shift) if p.affine else (1.0, (0.0, 0.0))
-        f = -1.0 if p.flip else 1.0
-        theta[i, 0, 0], theta[i, 0, 2] = f / s, -f * 2 * tx / (w * s)
-        theta[i, 1, 1], theta[i, 1, 2] = 1.0 / s, -2 * ty / (h * s)
-    grid = nnf.affine_grid(theta.to(dev), [b, 3, h, w], align_corners=False)
-    x = nnf.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    x = x.round_()
-    x = (x * col([p.bright for p in params])).clamp_(0, 255).trunc_()
+    zero = torch.zeros_like(s)
+    theta = torch.stack([torch.stack([f / s, zero, -f * 2 * tx / (w * s)], 1),
+                         torch.stack([zero, 1.0 / s, -2 * ty / (h * s)], 1)], 1)
+    grid = nnf.affine_grid(theta, [b, 3, h, w], align_corners=False)
+    x = nnf.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros",
+                        align_corners=False).round_()
+    col = lambda k: pt[:, k].view(b, 1, 1, 1)  # noqa: E731
+    x = (x * col(5)).clamp_(0, 255).trunc_()
     # contrast: blend with the mean grey level (float64 sum: exact for these values, so the mean
     # does not depend on how a kernel splits the reduction)
     mean = _gray(x).double().mean(dim=(1, 2, 3), keepdim=True).float()
-    x = _blend(x, mean, col([p.contrast for p in params]))
-    x = _blend(x, _gray(x), col([p.sat for p in params]))
+    x = _blend(x, mean, col(6))
+    x = _blend(x, _gray(x), col(7))
     return x.to(torch.uint8)
 
 
@@ -138,5 +149,7 @@ class BatchAugment:
 
     def __call__(self, images: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         ds = self.dataset
-        params = [draw(ds.rng(int(i)), ds.image_size) for i in index.tolist()]
-        return augment_batch(images, params)
+        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size) for i in index.tolist()])
+        if images.is_cuda:  # pinned, so the copy is queued, not waited for
+            pt = pt.pin_memory()
+        return augment_batch(images, pt)

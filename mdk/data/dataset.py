@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from mdk import faults
 from mdk.data.augment import affine_boxes, augment_boxes, augment_image, draw  # noqa: F401
 from mdk.data.voc import DataError
 from mdk.models.yolo_codec import encode_target
@@ -109,16 +110,22 @@ class DetectionDataset(Dataset):
         return (self._boxes[index].clone(), torch.from_numpy(e.labels.copy()),
                 torch.from_numpy(e.difficult.copy()))
 
-    def rng(self, index: int) -> np.random.Generator:
-        """The augmentation generator of one sample: a function of (seed, epoch, index) only."""
-        return np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, int(index)])
+    def rng(self, index: int, epoch: int | None = None) -> np.random.Generator:
+        """The augmentation generator of one sample: a function of (seed, epoch, index) only
+        (``epoch`` None: the one ``set_epoch`` gave)."""
+        e = self.epoch if epoch is None else epoch
+        return np.random.default_rng([self.seed & 0xFFFFFFFF, int(e), int(index)])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``key``: an index, or ``(epoch, index)`` from the training loader's sampler
+        (persistent workers never see ``set_epoch``, so the epoch travels with the index)."""
+        epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
+        faults.at("item")  # MDK_FAULT=raise:item:N:<rank>:<Class> (tests); a lookup when off
         img = self.image(index)
         boxes, labels, difficult = self.gt(index)
         boxes, labels = boxes[~difficult], labels[~difficult]
         if self.augment:
-            p = draw(self.rng(index), self.image_size)
+            p = draw(self.rng(index, epoch), self.image_size)
             boxes, labels = augment_boxes(boxes, labels, p, self.image_size)
             if not self.defer_images:  # else mdk.data.augment.BatchAugment on the device
                 img = augment_image(img, p)

@@ -108,3 +108,13 @@ class SafeLoader(DataLoader):
 
     def __iter__(self) -> SafeIterator:
         return SafeIterator(super().__iter__())
+
+    def close(self) -> None:
+        """Stop persistent workers now. Their DataLoader keeps them until it is freed, and a
+        loader held in a reference cycle (a trainer and its hooks) is freed only by the garbage
+        collector, which does not run before ``multiprocessing``'s exit hook joins the workers
+        (which ignore SIGTERM: see mdk.engine.build.init_loader_worker): a hang at exit."""
+        it = getattr(self, "_iterator", None)
+        if it is not None:
+            shutdown_workers(it)
+            self._iterator = None

@@ -14,19 +14,22 @@ from typing import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from mdk.data.voc import DataError
+from mdk.errors import ConfigError
+
 
 class GlobalBatchSampler(Sampler[list[int]]):
     def __init__(self, num_samples: int, global_batch: int, rank: int, world: int, seed: int,
                  shuffle: bool = True, limit_batches: int | None = None) -> None:
         if global_batch % world:
-            raise ValueError(f"trainer.batch_size={global_batch} is not divisible by the world "
+            raise ConfigError(f"trainer.batch_size={global_batch} is not divisible by the world "
                              f"size {world}; choose a batch size that is a multiple of {world}")
         self.n, self.B, self.rank, self.world = num_samples, global_batch, rank, world
         self.local = global_batch // world
         self.seed, self.shuffle = seed, shuffle
         full = num_samples // global_batch  # drop the last partial global batch
         if full == 0:
-            raise ValueError(f"the training split has {num_samples} images, fewer than one global "
+            raise DataError(f"the training split has {num_samples} images, fewer than one global "
                              f"batch (trainer.batch_size={global_batch}); lower the batch size")
         self.num_batches = min(full, limit_batches) if limit_batches else full
         self.epoch, self.start_batch = 0, 0
@@ -60,3 +63,19 @@ class ShardSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
+
+
+class EpochTagged(Sampler[list[tuple[int, int]]]):
+    """The batches of a GlobalBatchSampler as ``(epoch, index)`` keys: the dataset's persistent
+    loader workers (started once, not per epoch) then augment each sample for its epoch."""
+
+    def __init__(self, sampler: GlobalBatchSampler) -> None:
+        self.sampler = sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch = self.sampler.epoch
+        for batch in self.sampler:
+            yield [(epoch, i) for i in batch]

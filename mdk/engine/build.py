@@ -17,7 +17,7 @@ from mdk import dist
 from mdk.config import resolve_path
 from mdk.data.build import build_datasets
 from mdk.data.loader import SafeLoader
-from mdk.data.samplers import GlobalBatchSampler
+from mdk.data.samplers import EpochTagged, GlobalBatchSampler
 from mdk.models.build import build_model  # noqa: F401  (re-exported: the engine's builders)
 from mdk.world import World, alone
 
@@ -86,22 +86,27 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = None
-                       ) -> tuple[SafeLoader, GlobalBatchSampler]:
+def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = None,
+                       persistent: bool = True) -> tuple[SafeLoader, GlobalBatchSampler]:
+    """The training split's loader and its sampler. ``persistent``: workers that live across
+    epochs (training); a single pass (calibration) gets plain indices and per-pass workers."""
     world = alone(world)
     sampler = GlobalBatchSampler(len(train_ds), cfg.trainer.batch_size, world.rank, world.size,
                                  cfg.seed, shuffle=True,
                                  limit_batches=cfg.trainer.limit_train_batches)
     nw = loader_workers(cfg, world)
-    # Not persistent: each epoch's workers must see dataset.set_epoch() (seeded augmentation).
-    # Own generator: each iter() of a DataLoader draws a worker base seed; from the global RNG
+    # Persistent workers (a GPU epoch can take a second; starting N workers each epoch cost a
+    # large part of it): the epoch reaches them with every index (EpochTagged), not through
+    # dataset.set_epoch(). Own generator: each iter() of a DataLoader draws a worker base seed; from the global RNG
     # that would make a resumed run's torch RNG state drift from an uninterrupted one.
     # fork where available: ranks started by spawn inherit 'spawn' as the default, which would
     # pickle the whole in-memory image cache into every worker every epoch.
     # SafeLoader: a worker's error stops the workers at once and keeps its one-line message; with
     # torch's DataLoader the process hangs at exit (mdk/data/loader.py explains why).
     ctx = "fork" if nw > 0 and sys.platform == "linux" else None
-    loader = SafeLoader(train_ds, batch_sampler=sampler, num_workers=nw, multiprocessing_context=ctx,
+    persistent = persistent and nw > 0
+    loader = SafeLoader(train_ds, batch_sampler=EpochTagged(sampler) if persistent else sampler,
+                        num_workers=nw, multiprocessing_context=ctx, persistent_workers=persistent,
                         worker_init_fn=init_loader_worker if nw > 0 else None,
                         pin_memory=world.device.type == "cuda",
                         generator=torch.Generator().manual_seed(int(cfg.seed)))

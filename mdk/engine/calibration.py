@@ -31,7 +31,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     train_ds.set_epoch(0)
     aug = getattr(train_ds, "augment", False)
     train_ds.augment = False  # calibrate on the images as the chip will see them
-    loader, sampler = build_train_loader(cfg, train_ds, world)
+    loader, sampler = build_train_loader(cfg, train_ds, world, persistent=False)
     sampler.shuffle = False
     model.eval()
     bar = loader
@@ -42,9 +42,12 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
                              mse_candidates=int(c.get("mse_candidates", 64)),
                              max_values=c.get("max_values", calibrate.DEFAULT_MAX_VALUES)):
         n = 0
-        for images, _, _ in bar:
-            model(images.to(world.device, non_blocking=True))
-            n += 1
+        try:
+            for images, _, _ in bar:
+                model(images.to(world.device, non_blocking=True))
+                n += 1
+        finally:
+            loader.close()  # its persistent workers (mdk.data.loader.SafeLoader.close)
         caps = calibrate.finalize_caps(model)
     train_ds.augment = aug
     log.info("calibrated %d layers on %d batches (%s): caps %s", len(caps), n, c.method,

@@ -107,11 +107,14 @@ class Trainer:
                     self.run_step(batch)
                     if self.stop:
                         break
-                del batches  # the loader's workers end with the epoch (not persistent)
+                del batches
                 self._call("after_epoch")
                 self.epoch += 1
         finally:
             self._call("after_train")
+            close = getattr(self.loader, "close", None)
+            if close is not None:  # persistent loader workers end with the training
+                close()
 
     def forward_backward(self, images: torch.Tensor,
                          targets: torch.Tensor) -> dict[str, torch.Tensor]:
