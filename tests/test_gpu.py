@@ -140,3 +140,16 @@ def test_calibration_statistics_on_cuda_equal_cpu():
             gpu = percentile_and_max(x.cuda(), p)
             assert [float(v) for v in cpu] == [float(v) for v in gpu], (shape, p)
         assert float(mse_cap(x, 64)) == pytest.approx(float(mse_cap(x.cuda(), 64)), rel=1e-6)
+
+
+def test_prefetched_batches_equal_plain_copies():
+    from mdk.engine.device_io import CudaPrefetcher
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8, generator=g).pin_memory(),
+                torch.randn(4, 2, 2, 15, generator=g), torch.arange(4) + 4 * i) for i in range(5)]
+    got = list(CudaPrefetcher(iter(batches), torch.device("cuda")))
+    assert len(got) == 5
+    for (a, b, c), (x, y, z) in zip(batches, got):
+        assert x.is_cuda and y.is_cuda and not z.is_cuda  # the indices stay on the host
+        assert torch.equal(x.cpu(), a) and torch.equal(y.cpu(), b) and torch.equal(z, c)

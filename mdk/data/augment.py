@@ -139,17 +139,19 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
 
 
 class BatchAugment:
-    """Augment training batches on their device: ``images = BatchAugment(ds)(images, index)``.
-
-    The parameters are recomputed from the dataset's per-sample generators (the loader drew the
-    same numbers to transform the boxes), so nothing but the image indices crosses over."""
+    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``,
+    with the parameters the loader drew for the boxes (or drawn again from the indices)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
 
-    def __call__(self, images: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, batch: Any) -> torch.Tensor:
+        """``batch``: (images, targets, index[, params]); the loader's workers send the
+        parameters they drew as a fourth item, else they are drawn again here from the index."""
+        if len(batch) > 3:
+            return augment_batch(images, batch[3])
         ds = self.dataset
-        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size) for i in index.tolist()])
+        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size) for i in batch[2].tolist()])
         if images.is_cuda:  # pinned, so the copy is queued, not waited for
             pt = pt.pin_memory()
         return augment_batch(images, pt)

@@ -22,7 +22,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from mdk import faults
-from mdk.data.augment import affine_boxes, augment_boxes, augment_image, draw  # noqa: F401
+from mdk.data.augment import (affine_boxes, augment_boxes, augment_image, draw,  # noqa: F401
+                              params_tensor)
 from mdk.data.voc import DataError
 from mdk.models.yolo_codec import encode_target
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
@@ -116,14 +117,17 @@ class DetectionDataset(Dataset):
         e = self.epoch if epoch is None else epoch
         return np.random.default_rng([self.seed & 0xFFFFFFFF, int(e), int(index)])
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """``key``: an index, or ``(epoch, index)`` from the training loader's sampler
-        (persistent workers never see ``set_epoch``, so the epoch travels with the index)."""
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple:
+        """``(image uint8 [3, H, W], target, index)``; with ``defer_images`` (augmentation on
+        the training device) also the sample's augmentation parameters [8]. ``key``: an index,
+        or ``(epoch, index)`` from the training loader's sampler (persistent workers never see
+        ``set_epoch``, so the epoch travels with the index)."""
         epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
         faults.at("item")  # MDK_FAULT=raise:item:N:<rank>:<Class> (tests); a lookup when off
         img = self.image(index)
         boxes, labels, difficult = self.gt(index)
         boxes, labels = boxes[~difficult], labels[~difficult]
+        p = None
         if self.augment:
             p = draw(self.rng(index, epoch), self.image_size)
             boxes, labels = augment_boxes(boxes, labels, p, self.image_size)
@@ -131,4 +135,6 @@ class DetectionDataset(Dataset):
                 img = augment_image(img, p)
         target = encode_target(boxes, labels, self.grid, self.boxes_per_cell,
                                len(self.class_names), self.image_size)
+        if p is not None and self.defer_images:  # the device applies them to the image
+            return img, target, index, params_tensor([p])[0]
         return img, target, index

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mdk import dist, faults
+from mdk.engine.device_io import DeferredRead
 from mdk.engine.loop import HookBase, NonFiniteLossError, check_finite
 from mdk.stage_checkpoint import BEST, LAST
 from mdk.sinks import NullSink
@@ -110,6 +111,7 @@ class NanGuardHook(HookBase):
         self.limit, self.skipped = max(0, int(skip_limit)), 0
         self.every = max(1, int(check_every))
         self.first_bad: Optional[torch.Tensor] = None  # device int64: first bad iteration
+        self._read = DeferredRead()
         self.bad_values: Optional[torch.Tensor] = None  # device float per term, at that iteration
 
     def after_backward(self) -> None:
@@ -146,8 +148,14 @@ class NanGuardHook(HookBase):
 
     def after_step(self) -> None:
         t = self.trainer
-        if t.iter % self.every == 0:
-            self.check()
+        if t.iter % self.every == 0 and not self.limit and self.first_bad is not None:
+            # At log steps: read the flag of the previous log step (copied back meanwhile, no
+            # wait on CUDA) and start copying this one. Before a save and at each epoch's end
+            # check() reads it now.
+            got = self._read.pop()
+            if got is not None and int(got[0]) != self.NONE:
+                self.check()
+            self._read.push(dist.all_reduce_min(self.first_bad.clone()))
 
     def after_epoch(self) -> None:
         self.check()
@@ -195,18 +203,30 @@ class MetricsHook(HookBase):
         self.last: dict[str, float] = {}
         self._sum: Optional[torch.Tensor] = None
         self._n = 0
+        self._read = DeferredRead()  # on CUDA a log is read one interval later: no wait
+
+    def _flush(self) -> None:
+        got = self._read.pop()
+        if got is not None:
+            values, (keys, lr, step) = got
+            self.last = {f"loss/{k}": float(v) for k, v in zip(keys, values.tolist())}
+            self.last["lr"] = lr
+            self.sink.log(self.last, step)
 
     def after_step(self) -> None:
         t = self.trainer
         vals = torch.stack([v.detach().float().reshape(()) for v in t.loss_terms.values()])
         self._sum = vals if self._sum is None else self._sum + vals
         self._n += 1
-        if t.iter % self.every == 0 or t.batch_in_epoch == t.iters_per_epoch:
+        epoch_end = t.batch_in_epoch == t.iters_per_epoch
+        if t.iter % self.every == 0 or epoch_end:
             mean = dist.all_reduce_sum(self._sum) / (self._n * dist.world_size())
-            self.last = {f"loss/{k}": float(v) for k, v in zip(t.loss_terms, mean.tolist())}
-            self.last["lr"] = t.optimizer.param_groups[0]["lr"]
-            self.sink.log(self.last, self.offset + t.iter)
+            self._flush()
+            self._read.push(mean, (list(t.loss_terms), t.optimizer.param_groups[0]["lr"],
+                                   self.offset + t.iter))
             self._sum, self._n = None, 0
+            if epoch_end:  # the epoch's numbers now: one wait per epoch
+                self._flush()
 
     def after_epoch(self) -> None:
         m = getattr(self.trainer, "metrics", {})

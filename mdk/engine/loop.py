@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from mdk.engine.device_io import CudaPrefetcher
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
 from mdk.errors import NonFiniteLossError  # re-exported for the hooks
 
@@ -98,6 +99,8 @@ class Trainer:
                 self.model.train()
                 self.data_wait_s = 0.0  # host time blocked on the loader this epoch
                 batches = iter(self.loader)
+                if self.device.type == "cuda":  # the next batch's copy overlaps this step
+                    batches = CudaPrefetcher(batches, self.device)
                 while True:
                     t0 = time.perf_counter()
                     batch = next(batches, None)
@@ -134,7 +137,7 @@ class Trainer:
         images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         if self.batch_transform is not None:
-            images = self.batch_transform(images, batch[2])
+            images = self.batch_transform(images, batch)
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,77 @@
+"""Moving data between host and GPU without making either wait.
+
+``CudaPrefetcher``: the next batch is copied to the GPU on a side stream while the current step
+computes (a 32 x 448 px uint8 batch is 19 MB: ~1 ms of copy that, on the compute stream, the
+GPU would otherwise spend idle every step). ``DeferredRead``: a small device tensor (logged loss
+terms, the NaN flag) copied back to pinned host memory without waiting and read one log interval
+later, when the copy has long finished; on the CPU it is read at once.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+
+
+class CudaPrefetcher:
+    """Iterate ``batches`` with the tensors of each already on ``device``, copied one step ahead
+    on a side stream. Items whose position is in ``keep_on_host`` stay where they are (e.g. the
+    sample indices, read on the host)."""
+
+    def __init__(self, batches: Iterator[Any], device: torch.device,
+                 keep_on_host: tuple[int, ...] = (2,)) -> None:
+        self.batches, self.device, self.keep = batches, device, keep_on_host
+        self.stream = torch.cuda.Stream(device)
+        self.next = self._load()
+
+    def _load(self) -> Optional[tuple]:
+        batch = next(self.batches, None)
+        if batch is None:
+            return None
+        with torch.cuda.stream(self.stream):
+            return tuple(x.to(self.device, non_blocking=True)
+                         if torch.is_tensor(x) and i not in self.keep else x
+                         for i, x in enumerate(batch))
+
+    def __iter__(self) -> "CudaPrefetcher":
+        return self
+
+    def __next__(self) -> tuple:
+        batch = self.next
+        if batch is None:
+            raise StopIteration
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        for x in batch:
+            if torch.is_tensor(x) and x.is_cuda:
+                x.record_stream(current)  # the allocator must not reuse it before the step ends
+        self.next = self._load()
+        return batch
+
+
+class DeferredRead:
+    """One pending device-to-host read at a time: ``push`` starts it, ``pop`` returns it (the
+    copy and whatever ``push`` was given alongside), waiting only if it has not finished."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[tuple[torch.Tensor, Optional[torch.cuda.Event], Any]] = None
+
+    def push(self, t: torch.Tensor, meta: Any = None) -> None:
+        t = t.detach()
+        if t.is_cuda:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            buf.copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending = (buf, event, meta)
+        else:
+            self.pending = (t.clone(), None, meta)
+
+    def pop(self) -> Optional[tuple[torch.Tensor, Any]]:
+        if self.pending is None:
+            return None
+        buf, event, meta = self.pending
+        self.pending = None
+        if event is not None:
+            event.synchronize()
+        return buf, meta
