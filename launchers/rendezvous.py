@@ -12,8 +12,12 @@ rank that cannot reach the address just hangs or fails with a bare gloo message.
 from __future__ import annotations
 
 import errno
+import fcntl
+import ipaddress
 import logging
+import os
 import socket
+import struct
 import time
 from datetime import timedelta
 from typing import Optional
@@ -107,11 +111,48 @@ def check_in(store: tdist.Store, prefix: str, rank: int, world: int, timeout_s: 
         time.sleep(poll_s)
 
 
+def interface_towards(host: str, port: int) -> Optional[str]:
+    """The name of this machine's network interface that packets to host:port leave through.
+
+    None when it cannot be told (unresolvable host, a loopback route, not Linux)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))  # UDP: picks the route, sends nothing
+            local = s.getsockname()[0]
+        if ipaddress.ip_address(local).is_loopback:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR: the interface's IPv4 address
+                    raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                except OSError:
+                    continue
+                if socket.inet_ntoa(raw[20:24]) == local:
+                    return name
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def init_group(backend: str, rank: int, world: int, host: str, port: int, timeout_s: float,
                prefix: str, store: Optional[tdist.Store] = None) -> None:
     """Meet the other ranks at host:port and build the default process group."""
     if store is None:
         store = connect(host, port, timeout_s)
     check_in(store, prefix, rank, world, timeout_s, f"{host}:{port}")
-    tdist.init_process_group(backend, store=tdist.PrefixStore(f"{prefix}/pg", store), rank=rank,
-                             world_size=world, timeout=timedelta(seconds=timeout_s))
+    # gloo binds to the address this machine's hostname resolves to, and falls back to loopback
+    # when that address cannot be bound (hostname mapped to 127.0.1.1, a node whose name is only
+    # known to the scheduler); peers on other machines then dial 127.0.0.1 and are refused. Bind
+    # to the interface that reaches the rendezvous instead, unless the user chose one.
+    iface = None
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        iface = interface_towards(host, port)
+    if iface:
+        log.debug("rank %d: gloo on interface %s (the route to %s)", rank, iface, host)
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    try:
+        tdist.init_process_group(backend, store=tdist.PrefixStore(f"{prefix}/pg", store),
+                                 rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    finally:
+        if iface:  # read when the group is made; not left behind for later groups
+            del os.environ["GLOO_SOCKET_IFNAME"]

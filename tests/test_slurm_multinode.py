@@ -37,6 +37,12 @@ def test_namespace_hosts_have_own_names_and_reach_each_other(namespace_hosts):
     assert hostname_via_tcp(hs, src=0, dst=1, port=5001) == "node1"
     addrs = subprocess.run(hs.prefix(0, "ip -4 -o addr"), capture_output=True, text=True).stdout
     assert re.findall(r"inet (\S+)", addrs) == ["127.0.0.1/8", f"{hs.addr(0)}/24"]  # nothing else
+    # gloo is bound to the interface that reaches the rendezvous host, on either side of it
+    probe = (f"{sys.executable} -c 'import sys; sys.path.insert(0, \"{REPO}\"); from launchers."
+             "rendezvous import interface_towards as f; print(f(\"node0\", 29500))'")
+    for i in (0, 1):
+        res = subprocess.run(hs.prefix(i, probe), capture_output=True, text=True, timeout=60)
+        assert res.stdout.strip() == "eth0", res.stderr[-500:]
 
 
 def test_srun_runs_one_task_on_each_node(slurm_two_nodes):
