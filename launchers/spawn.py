@@ -86,6 +86,14 @@ def _first_failure(run_dir: Path, tag: str) -> dict[str, Any] | None:
     return min(recs, key=lambda r: r["time"]) if recs else None
 
 
+def _lost_peer(e: BaseException) -> bool:
+    """True for the error a healthy rank gets when a peer died (gloo/NCCL connection lost)."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(k in text for k in (
+        "Connection closed by peer", "remote worker crashing", "Connection reset by peer",
+        "remote process exited"))
+
+
 def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, port: int,
             prefix: str, tag: str) -> None:
     cfg = OmegaConf.create(plain)
@@ -101,8 +109,12 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
         if rank == 0:
             (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out, default=str))
         tdist.barrier()  # leave together: no rank tears gloo down under a peer still using it
-    except BaseException:
-        logging.getLogger(__name__).exception("rank %d failed", rank)
+    except BaseException as e:
+        if _lost_peer(e):  # a consequence: the rank that failed first logs the cause
+            logging.getLogger(__name__).warning("rank %d stopped: %s", rank,
+                                                str(e).splitlines()[0][:300])
+        else:
+            logging.getLogger(__name__).exception("rank %d failed", rank)
         _record_failure(Path(run_dir), tag, rank)
         if tdist.is_initialized():
             tdist.destroy_process_group()

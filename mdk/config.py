@@ -8,6 +8,7 @@ returned, not written back.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -211,9 +212,13 @@ def check_writable(cfg: DictConfig, root: str | Path) -> None:
     if not q.is_dir():
         raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is a file, not a folder; choose "
                           "another paths.checkpoints")
-    if not os.access(q, os.W_OK | os.X_OK):
-        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is not writable; choose a folder "
-                          "you can write to")
+    # A real write, not os.access: root passes access() on read-only mounts and /proc.
+    try:
+        with tempfile.TemporaryFile(dir=q, prefix=".mdk-write-probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is not writable (creating a file there failed: {e.strerror}); "
+                          "choose a folder you can write to") from None
 
 
 def resolve_path(p: str | Path, root: str | Path) -> Path:

@@ -165,3 +165,13 @@ def test_hold_fault_waits_for_a_stop_request(monkeypatch):
     finally:
         timer.cancel()
         stop.clear_stop()
+
+
+def test_unwritable_checkpoint_folder_fails_before_any_compute(tmp_path, capsys):
+    """paths.checkpoints under a folder that takes no files (here /proc, where even root's
+    os.access says writable): one config error before the data is built or a step is taken."""
+    status, out, err = cli(tmp_path, "paths.checkpoints=/proc/mdk_ck", capsys=capsys)
+    one_error_line(status, err, "config error: paths.checkpoints='/proc/mdk_ck': /proc is not "
+                   "writable", "choose a folder you can write to")
+    assert not (tmp_path / "data").exists()  # stopped before the dataset was generated
+    assert "epoch" not in out

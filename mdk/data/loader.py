@@ -34,17 +34,22 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader
 
 from mdk.data.voc import DataError
+from mdk.errors import CheckpointError, ConfigError, MissingStageInput, NonFiniteLossError
 
 log = logging.getLogger(__name__)
+# What the user is shown as one line (launchers/errors.py); a worker's copy is unwrapped.
+USER_ERRORS = (DataError, ConfigError, CheckpointError, MissingStageInput, NonFiniteLossError)
 
 _WRAPPED = re.compile(r"^Caught (\w+) (in DataLoader worker process \d+|in pin memory thread[^.]*)\.\n")
 
 
 def unwrap_worker_error(exc: BaseException) -> BaseException:
-    """For a ``DataError`` that a DataLoader re-raised from a worker, a new exception of the same
-    class whose message is the worker's own one-line message; any other exception unchanged."""
-    if not isinstance(exc, DataError) or not exc.args or not isinstance(exc.args[0], str):
-        return exc
+    """For an exception that a DataLoader re-raised from a worker (a ``DataError``, or any other
+    error class the user is shown as one line: config, checkpoint, ...), a new exception of the
+    same class whose message is the worker's own message, the worker's traceback kept as a note;
+    any other exception unchanged."""
+    if not isinstance(exc, USER_ERRORS) or not exc.args or not isinstance(exc.args[0], str):
+        return exc  # a bug keeps torch's message: the worker's traceback is what helps there
     text = exc.args[0]
     head = _WRAPPED.match(text)
     if head is None:
