@@ -1,7 +1,6 @@
 """loss=gti (the GTI MDK's GNetDetLoss terms and weights) and the loss config group."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -104,11 +103,13 @@ def test_loss_group_instantiates_with_todays_defaults():
     assert g.nu.item() == 6.25 and g.C == cfg.dataset.num_classes
 
 
-def test_running_normaliser_is_split_invariant_under_ddp(tmp_path):
+def test_running_normaliser_is_split_invariant_under_ddp(tmp_path, monkeypatch):
     """World 1 x 4 images and world 2 x 2 images: the same nu every step, and the rank gradients
     (which DDP averages) are the world-1 gradient of the same images."""
     one = three_steps(0, 1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # the spawned ranks meet on loopback; monkeypatch: left in this process, it would reach the
+    # jobs later tests submit (a two-node SLURM job then binds gloo to lo and cannot connect)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(rank_main, args=(2, str(tmp_path / "store"), str(tmp_path / "res")), nprocs=2)
     parts = [torch.load(tmp_path / f"res.{r}") for r in range(2)]
     for step in range(3):

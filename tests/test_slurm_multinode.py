@@ -74,6 +74,7 @@ def test_two_node_job_trains_the_one_process_model_bit_for_bit(slurm_two_nodes, 
            f"hydra.launcher.partition={cluster.partition}", "hydra.launcher.gpus_per_node=0",
            "hydra.launcher.timeout_min=10", "dist.nodes=2"]
     env = dict(cluster.env, MDK_NO_BOOTSTRAP="1", PYTHONPATH=str(REPO))
+    env.pop("GLOO_SOCKET_IFNAME", None)  # the job inherits it: "lo" would keep the nodes apart
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # Meanwhile (the job is mostly queueing and importing): the same run in one process.

@@ -17,6 +17,7 @@ from conftest import TINY, compose
 from launchers.entry import stage_config
 from mdk.checkpoint import load_checkpoint
 from mdk.engine.runner import run_stage
+from mdk.models.yolo_codec import decode
 from mdk.quant.integer_ref import float32_is_exact
 from mdk.tools import demo, evaluate
 
@@ -57,7 +58,6 @@ def test_integer_reference_eval_equals_fake_quant_eval_exactly(chain):
     fq = _eval(chain, "step4/best.pth", split="train")
     ref = _eval(chain, "step4/chip_model", runtime="integer", split="train")
     assert fq["images"] == ref["images"] == 48
-    assert fq["map50"] > 0  # real detections are compared, not two empty sets
     assert (ref["map50"], ref["loss"]) == (fq["map50"], fq["loss"])
     # and the raw network outputs are bit-identical, not merely close
     a = evaluate.load_any(chain["ckpt"] / "step4/best.pth", chain["overrides"])
@@ -66,7 +66,12 @@ def test_integer_reference_eval_equals_fake_quant_eval_exactly(chain):
     ds = evaluate.build_split(a.cfg, a.model, "train")
     images = torch.stack([ds.image(i) for i in range(len(ds))])
     with torch.no_grad():
-        assert torch.equal(a.model(images), b.model(images))
+        out = a.model(images)
+        assert torch.equal(out, b.model(images))
+    # Real detections were compared, not two empty sets. (Not "mAP > 0": how well this tiny
+    # quantized chain fits differs between torch versions; on torch 2.11 its step4 mAP was 0.)
+    dets = decode(out, float(a.cfg.model.image_size), 0.01, 0.5)
+    assert sum(len(d["scores"]) for d in dets) > 0
 
 
 def test_onnxruntime_eval_matches_to_tolerance(chain):
