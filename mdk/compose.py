@@ -87,8 +87,19 @@ def group_options(group: str) -> list[str]:
     """The options of a config group (e.g. ``step``: every declared stage), sorted."""
     from hydra.core.global_hydra import GlobalHydra
 
+    searchpath, _ = _app()
     with _hydra_context():
         loader = GlobalHydra.instance().config_loader()
+        if searchpath:
+            # The app's loader lists conf/ only: hydra.searchpath additions (a stage declared in
+            # another folder) are applied per composition. List them with a loader that has them.
+            from hydra._internal.config_loader_impl import ConfigLoaderImpl
+            from hydra._internal.utils import create_config_search_path
+
+            path = create_config_search_path(str(CONF_DIR))
+            for entry in searchpath:
+                path.append("searchpath", entry)
+            loader = ConfigLoaderImpl(config_search_path=path)
         return sorted(loader.get_group_options(group))
 
 

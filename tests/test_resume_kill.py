@@ -6,7 +6,6 @@ writing a checkpoint's temp file and renaming it. Each rerun is the same command
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

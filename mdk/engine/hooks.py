@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -11,7 +10,8 @@ import torch
 
 from mdk import dist, faults
 from mdk.engine.device_io import DeferredRead
-from mdk.engine.loop import HookBase, NonFiniteLossError, check_finite
+from mdk.engine.loop import HookBase
+from mdk.engine.nan_guard import NanGuardHook  # noqa: F401  (re-exported: one import for hooks)
 from mdk.stage_checkpoint import BEST, LAST
 from mdk.sinks import NullSink
 
@@ -91,93 +91,6 @@ class CheckpointHook(HookBase):
             # epoch is replayed and best.pth rewritten (the other order would lose the new best).
             names.insert(0, BEST)
         self._save(names, epoch_done=True)
-
-
-class NanGuardHook(HookBase):
-    """A NaN/Inf loss stops the run naming the iteration and the term, and no NaN ever reaches a
-    checkpoint (the last good one is kept).
-
-    Without a per-step host sync (``skip_limit`` 0, the default): each step records on the device
-    the first iteration whose loss was not finite; the flag is read (one sync, and under DDP one
-    MIN all-reduce so the ranks agree) only at ``check()``: at log steps, before every checkpoint
-    write (CheckpointHook calls it) and at each epoch end, before evaluation. The weights after a
-    bad step are never saved or evaluated. With ``skip_limit`` > 0 the answer is needed before
-    the optimizer step (skip it or not), so every step syncs once; that many bad batches are
-    skipped before it stops, the ranks agreeing through a MAX all-reduce."""
-
-    NONE = 2 ** 62  # "no bad iteration yet"
-
-    def __init__(self, skip_limit: int = 0, check_every: int = 10) -> None:
-        self.limit, self.skipped = max(0, int(skip_limit)), 0
-        self.every = max(1, int(check_every))
-        self.first_bad: Optional[torch.Tensor] = None  # device int64: first bad iteration
-        self._read = DeferredRead()
-        self.bad_values: Optional[torch.Tensor] = None  # device float per term, at that iteration
-
-    def after_backward(self) -> None:
-        t = self.trainer
-        terms = t.loss_terms
-        if self.limit:
-            self._skip_or_stop(terms)
-            return
-        vals = torch.stack([v.detach().float().reshape(()) for v in terms.values()])
-        bad = ~torch.isfinite(vals).all()
-        if self.first_bad is None:
-            self.first_bad = torch.full((), self.NONE, dtype=torch.int64, device=vals.device)
-            self.bad_values = torch.zeros_like(vals)
-        new = bad & (self.first_bad == self.NONE)
-        self.first_bad = torch.where(new, torch.full_like(self.first_bad, t.iter + 1), self.first_bad)
-        self.bad_values = torch.where(new, vals, self.bad_values)
-
-    def check(self) -> None:
-        """Raise if any step so far had a non-finite loss (every rank calls it: a collective)."""
-        if self.limit or self.first_bad is None:
-            return
-        first = dist.all_reduce_min(self.first_bad.clone())
-        it = int(first)
-        if it == self.NONE:
-            return
-        terms = self.trainer.loss_terms
-        if int(self.first_bad) == it:
-            bad = [(k, v) for k, v in zip(terms, self.bad_values.tolist()) if not math.isfinite(v)]
-            raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) "
-                                     f"{[k for k, _ in bad]} = {[v for _, v in bad]}. The last good "
-                                     "checkpoint is kept; lower optim.lr or check the data")
-        raise NonFiniteLossError(f"loss is not finite at iteration {it} on another rank. The last "
-                                 "good checkpoint is kept; lower optim.lr or check the data")
-
-    def after_step(self) -> None:
-        t = self.trainer
-        if t.iter % self.every == 0 and not self.limit and self.first_bad is not None:
-            # At log steps: read the flag of the previous log step (copied back meanwhile, no
-            # wait on CUDA) and start copying this one. Before a save and at each epoch's end
-            # check() reads it now.
-            got = self._read.pop()
-            if got is not None and int(got[0]) != self.NONE:
-                self.check()
-            self._read.push(dist.all_reduce_min(self.first_bad.clone()))
-
-    def after_epoch(self) -> None:
-        self.check()
-
-    def _skip_or_stop(self, terms: dict[str, torch.Tensor]) -> None:
-        t = self.trainer
-        bad = (~torch.isfinite(terms["total"].detach()).all()).float().reshape(1)
-        if not dist.all_reduce_max(bad).item():
-            return
-        try:
-            check_finite(terms, t.iter + 1)  # raises naming the term when it is this rank's loss
-            raise NonFiniteLossError(f"loss is not finite at iteration {t.iter + 1} on another "
-                                     "rank. The last good checkpoint is kept; lower optim.lr or "
-                                     "check the data")
-        except NonFiniteLossError as e:
-            if self.skipped >= self.limit:
-                raise NonFiniteLossError(f"{e} (trainer.nan_skip_limit={self.limit} bad "
-                                         "batches were already skipped)") from None
-            self.skipped += 1
-            t.skip_step = True
-            log.warning("%s; skipping this batch (%d of trainer.nan_skip_limit=%d)", e,
-                        self.skipped, self.limit)
 
 
 class FaultHook(HookBase):
