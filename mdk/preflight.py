@@ -28,7 +28,7 @@ def _check_dataset(cfg: DictConfig) -> None:
     from mdk.data.voc import check_root, read_split
 
     d = validate_dataset_cfg(cfg.dataset)
-    if d["name"] == "shapes":  # generated on first use: its size is the config's
+    if d.get("generate"):  # generated on first use: its size is the config's
         n_train = int((d.get("generate") or {}).get("num_train", 0) or 0)
     else:
         root = check_root(resolve_path(d["root"], os.getcwd()))
@@ -36,7 +36,7 @@ def _check_dataset(cfg: DictConfig) -> None:
         read_split(root, d["val_split"])
     batch = int(cfg.trainer.batch_size)
     if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in ("train", "calibrate"):
-        where = ("dataset.generate.num_train" if d["name"] == "shapes"
+        where = ("dataset.generate.num_train" if d.get("generate")
                  else f"the {d['train_split']!r} split of {d['root']}")
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
                         f"(trainer.batch_size={batch}); the last partial batch of an epoch is "

@@ -128,7 +128,7 @@ def test_missing_image_at_load_names_file(root, tmp_path):
 def cfg(tmp_path, **over):
     base = OmegaConf.create({"paths": {"data": str(tmp_path / "data")},
                              "dataset": OmegaConf.load("conf/dataset/shapes.yaml")})
-    base.dataset.generate = {"num_train": 6, "num_val": 3, "image_size": SIZE, "seed": 0}
+    base.dataset.generate.merge_with({"num_train": 6, "num_val": 3, "image_size": SIZE, "seed": 0})
     for k, v in over.items():
         OmegaConf.update(base, f"dataset.{k}", v)
     return base.dataset
@@ -144,13 +144,26 @@ def test_build_datasets_shapes(tmp_path):
 
 @pytest.mark.parametrize("over, match", [
     ({"num_classes": 4}, "dataset.num_classes=4 but dataset.class_names lists 5"),
-    ({"name": "coco"}, "dataset.name='coco' is unknown"),
+    ({"generate._target_": None}, "dataset.generate=.* must be null or a node with a _target_"),
     ({"class_names": ["circle", "circle"]}, "has duplicates"),
     ({"train_split": "nope"}, "split file not found"),
 ])
 def test_build_datasets_bad_config(tmp_path, over, match):
     with pytest.raises(DataError, match=match):
         build_datasets(cfg(tmp_path, **over), SIZE, S, B, 0, tmp_path / "cache")
+
+
+def test_a_dataset_is_its_yaml_not_a_name_in_a_list(tmp_path):
+    """Any name works (it labels the folders: meta files here, checkpoints by paths.checkpoints);
+    the data is made by whatever ``generate._target_`` names, called with root and class_names."""
+    train, _ = build_datasets(cfg(tmp_path, name="mine", root=str(tmp_path / "mine")), SIZE, S,
+                              B, 0, tmp_path / "cache")
+    assert len(train) == 6 and (tmp_path / "mine" / "manifest.json").is_file()
+    assert len(list((tmp_path / "cache" / "meta").glob("mine-*/train.txt"))) == 1
+    from mdk.compose import compose
+
+    c = compose(["dataset=shapes", "dataset.name=mine", "model=gnetdet_small"])
+    assert c.paths.checkpoints.endswith("gnetdet_small_mine")
 
 
 def test_build_datasets_voc_root(tmp_path):

@@ -10,12 +10,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from mdk.data.dataset import DetectionDataset
 from mdk.data.image_check import POLICIES
-from mdk.data.shapes import ensure_shapes_dataset
 from mdk.data.voc import DataError, check_root
 
 log = logging.getLogger(__name__)
-
-DATASET_NAMES = ("shapes", "voc")
 
 
 def _plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
@@ -33,8 +30,10 @@ def validate_dataset_cfg(cfg: Mapping[str, Any] | DictConfig) -> dict:
     for key in ("name", "root", "class_names", "num_classes", "train_split", "val_split"):
         if d.get(key) in (None, "???"):
             raise DataError(f"dataset.{key} is not set; see conf/dataset/{d.get('name', 'shapes')}.yaml")
-    if d["name"] not in DATASET_NAMES:
-        raise DataError(f"dataset.name={d['name']!r} is unknown; choose one of {list(DATASET_NAMES)}")
+    gen = d.get("generate")
+    if gen is not None and not (isinstance(gen, dict) and gen.get("_target_")):
+        raise DataError(f"dataset.generate={gen!r} must be null or a node with a _target_ (a "
+                        "function called with root= and class_names= that makes the data)")
     names = d["class_names"]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise DataError(f"dataset.class_names={names!r} must be a non-empty list of strings")
@@ -66,17 +65,18 @@ def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
                    boxes_per_cell: int, seed: int, cache_root: str | Path
                    ) -> tuple[DetectionDataset, DetectionDataset]:
-    """(train, val) datasets. ``name: shapes`` first generates the built-in data under
-    ``dataset.root`` (a no-op when it is already there). Under DDP call it on rank 0 first and
+    """(train, val) datasets of the VOC-layout folder ``dataset.root``. A dataset with a
+    ``generate`` node (``_target_``: the built-in shapes generator) first makes its data there (a
+    no-op when it is already there). Any dataset is a YAML in conf/dataset/; its ``name`` only
+    labels its folders (checkpoints, meta files). Under DDP call it on rank 0 first and
     barrier, so one process generates (concurrent calls are still safe: writes are atomic)."""
+    from hydra.utils import instantiate
+
     d = validate_dataset_cfg(cfg_dataset)
     root = Path(d["root"]).expanduser()
-    if d["name"] == "shapes":
-        gen = d.get("generate") or {}
-        ensure_shapes_dataset(root, num_train=int(gen.get("num_train", 1600)),
-                              num_val=int(gen.get("num_val", 400)),
-                              image_size=int(gen.get("image_size", image_size)),
-                              seed=int(gen.get("seed", 0)), class_names=d["class_names"])
+    if d.get("generate"):
+        gen = {"image_size": image_size, **d["generate"]}
+        instantiate(gen, root=root, class_names=d["class_names"])
     check_root(root)
     meta_dir = meta_dir_for(d, cache_root)
     common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
