@@ -226,7 +226,7 @@ def main() -> None:
                     help="settings to run run.py with ('' to skip)")
     ap.add_argument("--e2e-epochs", type=int, default=3)
     ap.add_argument("--e2e-images", type=int, default=3200, help="built-in train images")
-    ap.add_argument("--data", default="outputs/data_bench_gpu")
+    ap.add_argument("--data", default=str(common.REPO / "outputs" / "data_bench_gpu"))
     ap.add_argument("--quick", action="store_true", help="few iterations (a smoke test)")
     ap.add_argument("--sync-debug", action="store_true",
                     help="also list where the engine's step waits for the GPU (CUDA only)")
