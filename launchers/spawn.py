@@ -86,12 +86,10 @@ def _first_failure(run_dir: Path, tag: str) -> dict[str, Any] | None:
     return min(recs, key=lambda r: r["time"]) if recs else None
 
 
-def _lost_peer(e: BaseException) -> bool:
+def _lost_peer(text: str) -> bool:
     """True for the error a healthy rank gets when a peer died (gloo/NCCL connection lost)."""
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(k in text for k in (
-        "Connection closed by peer", "remote worker crashing", "Connection reset by peer",
-        "remote process exited"))
+    return any(k in text for k in ("closed by peer", "Connection reset", "remote worker crashing",
+                                   "remote process exited"))
 
 
 def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, port: int,
@@ -110,7 +108,8 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
             (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out, default=str))
         tdist.barrier()  # leave together: no rank tears gloo down under a peer still using it
     except BaseException as e:
-        if _lost_peer(e):  # a consequence: the rank that failed first logs the cause
+        # Only a consequence of a peer's failure: the rank that failed first logs the cause.
+        if isinstance(e, RuntimeError) and _lost_peer(str(e)):
             logging.getLogger(__name__).warning("rank %d stopped: %s", rank,
                                                 str(e).splitlines()[0][:300])
         else:
@@ -196,8 +195,7 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
             torch.multiprocessing.ProcessExitedException) as e:
         first = _first_failure(run_dir, tag)
         shutil.rmtree(run_dir / ".errors", ignore_errors=True)
-        lost = first is not None and ("closed by peer" in first["traceback"]
-                                      or "Connection reset" in first["traceback"])
+        lost = first is not None and _lost_peer(first["traceback"])
         killed = _killed_by_signal(ctx.processes, int(cfg.dist.rank) * int(cfg.dist.gpus))
         if killed and (first is None or lost):
             # The real cause: a local rank died without a word (OOM killer, kill -9); a peer's

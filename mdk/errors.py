@@ -10,6 +10,10 @@ class ConfigError(ValueError):
     """A config key or value is wrong; the message names the key and what to do."""
 
 
+class DataError(ValueError):
+    """A dataset file is missing or wrong; the message names the file and what to do."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, foreign, not writable or does not fit the model."""
 
@@ -24,3 +28,10 @@ class MissingStageInput(FileNotFoundError):
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN/Inf; the run stops keeping the last good checkpoint."""
+
+
+# Every class above is shown to the user as one line (launchers/errors.py names each kind); a
+# loader worker's copy is unwrapped to its own message (mdk/data/loader.py); MDK_FAULT can raise
+# each (mdk/faults.py).
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError,
+                                            MissingStageInput, NonFiniteLossError)

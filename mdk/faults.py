@@ -65,13 +65,10 @@ def _specs() -> list[tuple[str, str, int, int]]:
 
 
 def _error(spec: tuple[str, str, int, int]) -> BaseException:
-    from mdk import errors
-    from mdk.data.voc import DataError
+    from mdk.errors import USER_ERRORS
 
     name = _CLASSES.get(str(spec), "InjectedError")
-    known = {"InjectedError": InjectedError, "DataError": DataError,
-             **{n: getattr(errors, n) for n in ("ConfigError", "CheckpointError",
-                                                "MissingStageInput", "NonFiniteLossError")}}
+    known = {"InjectedError": InjectedError, **{c.__name__: c for c in USER_ERRORS}}
     if name not in known:
         raise ValueError(f"{ENV}: unknown error class {name!r}; use one of {sorted(known)}")
     _, point, n, rank = spec

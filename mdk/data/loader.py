@@ -33,12 +33,9 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from mdk.data.voc import DataError
-from mdk.errors import CheckpointError, ConfigError, MissingStageInput, NonFiniteLossError
+from mdk.errors import USER_ERRORS
 
 log = logging.getLogger(__name__)
-# What the user is shown as one line (launchers/errors.py); a worker's copy is unwrapped.
-USER_ERRORS = (DataError, ConfigError, CheckpointError, MissingStageInput, NonFiniteLossError)
 
 _WRAPPED = re.compile(r"^Caught (\w+) (in DataLoader worker process \d+|in pin memory thread[^.]*)\.\n")
 

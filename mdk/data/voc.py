@@ -24,13 +24,11 @@ from typing import Sequence
 
 import numpy as np
 
+from mdk.errors import DataError  # noqa: F401  (raised here; importers take it from here too)
+
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-
-
-class DataError(ValueError):
-    """A dataset file is missing or wrong; the message names the file and what to do."""
 
 
 @dataclass
