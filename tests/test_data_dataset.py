@@ -166,6 +166,22 @@ def test_a_dataset_is_its_yaml_not_a_name_in_a_list(tmp_path):
     assert c.paths.checkpoints.endswith("gnetdet_small_mine")
 
 
+def test_the_reader_class_is_config(tmp_path):
+    """dataset.reader._target_ names the Dataset class; its own keys are passed to it."""
+    c = cfg(tmp_path, **{"reader": {"_target_": "extra_dataset.FirstImages", "limit": 2}})
+    train, val = build_datasets(c, SIZE, S, B, 0, tmp_path / "cache")
+    assert type(train).__name__ == type(val).__name__ == "FirstImages"
+    assert (len(train), len(val)) == (2, 2) and train.augment and not val.augment
+    full, _ = build_datasets(cfg(tmp_path), SIZE, S, B, 0, tmp_path / "cache")
+    assert type(full) is DetectionDataset
+    assert torch.equal(train[1][1], full[1][1]) and torch.equal(train.image(1), full.image(1))
+    with pytest.raises(DataError, match=r"dataset.reader._target_='nowhere.Nothing' cannot be "):
+        build_datasets(cfg(tmp_path, **{"reader": {"_target_": "nowhere.Nothing"}}), SIZE, S, B,
+                       0, tmp_path / "cache")
+    with pytest.raises(DataError, match=r"dataset.reader=.* must be null or a node with a _targ"):
+        build_datasets(cfg(tmp_path, **{"reader": {"_target_": None}}), SIZE, S, B, 0, tmp_path / "c")
+
+
 def test_build_datasets_voc_root(tmp_path):
     voc = OmegaConf.load("conf/dataset/voc.yaml")
     assert voc.num_classes == len(voc.class_names) == 20

@@ -1,10 +1,12 @@
 """Build the train/val datasets from the ``dataset`` config group (conf/dataset/*.yaml)."""
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,6 +44,10 @@ def validate_dataset_cfg(cfg: Mapping[str, Any] | DictConfig) -> dict:
     if d["num_classes"] != len(names):
         raise DataError(f"dataset.num_classes={d['num_classes']} but dataset.class_names lists "
                         f"{len(names)} classes; make them agree")
+    reader = d.get("reader")
+    if reader is not None and not (isinstance(reader, dict) and reader.get("_target_")):
+        raise DataError(f"dataset.reader={reader!r} must be null or a node with a _target_ (the "
+                        "Dataset class that reads one split, e.g. mdk.data.dataset.DetectionDataset)")
     if d.get("augment_on", "auto") not in ("auto", "loader", "device"):
         raise DataError(f"dataset.augment_on={d['augment_on']!r} must be auto, loader or device")
     nw = d.get("num_workers", 0)
@@ -65,10 +71,12 @@ def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
                    boxes_per_cell: int, seed: int, cache_root: str | Path
                    ) -> tuple[DetectionDataset, DetectionDataset]:
-    """(train, val) datasets of the VOC-layout folder ``dataset.root``. A dataset with a
-    ``generate`` node (``_target_``: the built-in shapes generator) first makes its data there (a
-    no-op when it is already there). Any dataset is a YAML in conf/dataset/; its ``name`` only
-    labels its folders (checkpoints, meta files). Under DDP call it on rank 0 first and
+    """(train, val) datasets of the folder ``dataset.root``, each built by ``dataset.reader``
+    (``_target_``: the Dataset class, ``DetectionDataset`` for VOC layout; null means that one)
+    with ``split=``, ``augment=`` and the common arguments below. A dataset with a ``generate``
+    node (``_target_``: the built-in shapes generator) first makes its data there (a no-op when it
+    is already there). Any dataset is a YAML in conf/dataset/; its ``name`` only labels its
+    folders (checkpoints, meta files). Under DDP call it on rank 0 first and
     barrier, so one process generates (concurrent calls are still safe: writes are atomic)."""
     from hydra.utils import instantiate
 
@@ -83,6 +91,23 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
                   boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,
                   cache_images=bool(d.get("cache_images", False)), seed=seed,
                   on_bad_image=str(d.get("on_bad_image", "error")))
-    train = DetectionDataset(split=d["train_split"], augment=bool(d.get("augment", True)), **common)
-    val = DetectionDataset(split=d["val_split"], augment=False, **common)
+    reader = _reader(d.get("reader"))
+    train = reader(split=d["train_split"], augment=bool(d.get("augment", True)), **common)
+    val = reader(split=d["val_split"], augment=False, **common)
     return train, val
+
+
+def _reader(node: Mapping[str, Any] | None) -> Callable[..., DetectionDataset]:
+    """``dataset.reader`` as a callable: its ``_target_`` class with the node's other keys bound.
+    Called directly rather than through ``instantiate`` so that a DataError raised while reading
+    a split reaches the user as itself, not wrapped in Hydra's InstantiationException."""
+    if not node:
+        return DetectionDataset
+    target = str(node["_target_"])
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:  # one line naming the key
+        raise DataError(f"dataset.reader._target_={node['_target_']!r} cannot be imported ({e}); "
+                        "name a Dataset class as package.module.Class") from None
+    return functools.partial(cls, **{k: v for k, v in node.items() if not k.startswith("_")})
