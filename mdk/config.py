@@ -181,9 +181,9 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
         raise ConfigError(f"bad configuration: {e}") from e
 
 
-def stage_schedule(step: DictConfig, stage: str) -> tuple[Optional[int], float]:
+def stage_schedule(stage_cfg: DictConfig, stage: str) -> tuple[Optional[int], float]:
     """(epochs or None for trainer.epochs, lr factor) of a stage's conf/step node, checked."""
-    epochs, scale = step.get("epochs"), step.get("lr_scale", 1.0)
+    epochs, scale = stage_cfg.get("epochs"), stage_cfg.get("lr_scale", 1.0)
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ConfigError(f"step.epochs={epochs!r} ({stage}) must be an integer >= 1, or null for "
                           "trainer.epochs")

@@ -186,7 +186,7 @@ def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "in
             return load_chip_model_net(p, overrides, runtime)
         if not p.exists():
             raise ToolError(f"{p} does not exist: pass a stage checkpoint (<paths.checkpoints>/"
-                            "<step>/best.pth) or an exported chip model directory (.../step4/"
+                            "<stage>/best.pth) or an exported chip model directory (.../step4/"
                             "chip_model)")
         return load_checkpoint_model(p, overrides)
     except (CheckpointError, FileNotFoundError) as e:
