@@ -30,6 +30,7 @@ import torch
 
 SETTINGS = {  # name: (amp dtype or None, channels_last, compile)
     "fp32": (None, False, False),
+    "fp32+cl": (None, True, False),
     "fp16": ("float16", False, False),
     "bf16": ("bfloat16", False, False),
     "bf16+cl": ("bfloat16", True, False),

@@ -37,7 +37,7 @@ class TrainerConf:
     deterministic: bool = False
     tf32: bool = True
     activation_checkpointing: bool = False
-    channels_last: bool = False
+    channels_last: Any = "auto"  # true | false | auto (checked in mdk.config)
     compile: bool = False
     grad_clip: Optional[float] = 10.0
     ema: EMAConf = field(default_factory=EMAConf)

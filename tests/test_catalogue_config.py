@@ -47,6 +47,9 @@ CASES = {
     "stage_override_not_running": (["+stages.step3.epochs=12"],
                                    ["config error: stages.step3.* is set but step3 does not run "
                                     "in this command (stages: step1)"]),
+    "channels_last_value": (["trainer.channels_last=nhwc"],
+                            ["config error: trainer.channels_last='nhwc' must be true, false or "
+                             "auto"]),
     "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
     "nccl_without_cuda": (["dist.backend=nccl"], ["config error: dist.backend=nccl needs CUDA GPUs"]),
     "cuda_without_gpu": (["trainer.device=cuda"], ["config error: trainer.device=cuda but this machine "

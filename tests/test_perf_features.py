@@ -146,3 +146,39 @@ def test_amp_bf16_trains_through_quantized_stages(stage):
     # The model really ran in bf16 under autocast (not silently float32).
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(_batch()[0]).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("value, device, amp, expect", [
+    ("auto", "cpu", False, True),     # oneDNN convolutions are faster in NHWC on the CPU
+    ("auto", "cuda", True, True),     # tensor cores with AMP
+    ("auto", "cuda", False, False),   # float32 on CUDA: not measured faster, left as it was
+    (False, "cpu", False, False), (True, "cuda", False, True),
+])
+def test_channels_last_auto_resolves_per_device(value, device, amp, expect):
+    from omegaconf import OmegaConf
+
+    from mdk.engine.precision import channels_last
+
+    trainer = OmegaConf.create({"channels_last": value, "amp": amp})
+    assert channels_last(trainer, torch.device(device)) is expect
+
+
+def test_channels_last_training_matches_contiguous_to_rounding():
+    """The layout changes the order of the convolution sums, not the maths: one AdamW step of the
+    quantized-weights model in NHWC gives the NCHW step's weights to float rounding."""
+    images, targets = _batch()
+    results = []
+    for cl in (False, True):
+        model = _model()
+        if cl:
+            model.to(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = images.float() / 255
+        loss = YoloLoss(5)(model(x.contiguous(memory_format=torch.channels_last) if cl else x),
+                           targets)["total"]
+        loss.backward()
+        opt.step()
+        results.append((loss.detach(), [p.detach().clone() for p in model.parameters()]))
+    (l0, p0), (l1, p1) = results
+    assert torch.allclose(l0, l1, rtol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(p0, p1))

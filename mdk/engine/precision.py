@@ -14,6 +14,11 @@ fast default for training; off for float32-exact comparisons.
 ``trainer.amp`` with ``trainer.amp_dtype``: ``auto`` is float16 on CUDA (with a GradScaler
 against gradient underflow; its state is saved and resumed) and bfloat16 on the CPU (no scaler
 needed: bf16 has float32's exponent range); ``float16`` / ``bfloat16`` force one.
+
+``trainer.channels_last`` (memory layout of the training step, NHWC): ``auto`` is on on the CPU
+(oneDNN's convolutions run natively in NHWC: +38 % train img/s for the default run on a 2-core
+AMD EPYC, benchmarks/bench_gpu.py --device cpu) and, on CUDA, on with AMP (tensor cores;
+bf16 1245 -> 1805 img/s on an H100) and off in float32, where it was not measured faster.
 """
 from __future__ import annotations
 
@@ -59,3 +64,11 @@ def amp_dtype(trainer: DictConfig, device: torch.device) -> Optional[torch.dtype
 def needs_scaler(dtype: Optional[torch.dtype]) -> bool:
     """float16 gradients underflow without loss scaling; bfloat16 and float32 do not."""
     return dtype == torch.float16
+
+
+def channels_last(trainer: DictConfig, device: torch.device) -> bool:
+    """``trainer.channels_last`` (true | false | auto) resolved for ``device``; see above."""
+    value = trainer.get("channels_last", False)
+    if value == "auto":
+        return device.type == "cpu" or bool(trainer.get("amp"))
+    return bool(value)

@@ -33,7 +33,7 @@ def _training_net(ctx: StageContext) -> torch.nn.Module:
     """The module the loop calls: the stage's model in its memory layout, DDP-wrapped when
     distributed, compiled with ``trainer.compile``. Checkpoints and evaluation use ctx.model."""
     model, world, cfg = ctx.model, ctx.world, ctx.cfg
-    if cfg.trainer.get("channels_last"):
+    if precision.channels_last(cfg.trainer, world.device):
         model.to(memory_format=torch.channels_last)
     net = model
     if world.distributed:
@@ -73,7 +73,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                       exact_chunk=cfg.dist.get("exact_chunk"),
                       amp_dtype=precision.amp_dtype(cfg.trainer, world.device),
                       batch_transform=transform,
-                      channels_last=bool(cfg.trainer.get("channels_last")))
+                      channels_last=precision.channels_last(cfg.trainer, world.device))
     ema = ema_from_config(cfg.trainer.get("ema"), model)
     best, best_epoch, best_metrics = float("-inf"), -1, {}
     resume = ctx.start.resume
