@@ -3,6 +3,8 @@ measured in one run.
 
     python benchmarks/bench_gpu.py                      # model=gnetdet, batch 32, on CUDA
     python benchmarks/bench_gpu.py --device cpu --model gnetdet_small --batch 8 --quick
+    python benchmarks/bench_gpu.py --device cpu --model gnetdet_small --batch 16 \
+        --settings fp32,fp32+cl --e2e fp32,fp32+cl           # the CPU layout: NCHW vs NHWC
 
 1. Bare-loop ceilings: a plain PyTorch loop (forward, YOLO loss, backward, grad clip, AdamW) on
    a batch that already lives on the device, per precision / layout / compile setting.
@@ -244,7 +246,7 @@ def main() -> None:
     print("\n== bare-loop ceilings (img/s), step1 float model ==")
     for s in settings:
         ceil[s] = bare_loop(cfg, "step1", s, a, device)
-        print(f"{s:<18} {ceil[s]:8.1f}")
+        print(f"{s:<18} {ceil[s]:8.1f}  ({ceil[s] / ceil[settings[0]]:.2f} x {settings[0]})")
     best = max(ceil, key=ceil.get)
     print(f"fastest setting: {best} ({ceil[best]:.0f} img/s)")
     print("\n== stage models (ratios of time per image: higher = slower) ==")

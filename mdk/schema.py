@@ -24,7 +24,7 @@ class EMAConf:
 
 @dataclass
 class TrainerConf:
-    epochs: int = 20
+    epochs: int = 25
     batch_size: int = 16
     limit_train_batches: Optional[int] = None
     limit_val_batches: Optional[int] = None
