@@ -84,14 +84,17 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
     from mdk.engine.runner import run_stage
 
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=1", "dist.gpus=2"),
+    # One intra-op thread per rank in both runs: SLURM's task may see other cores than the local
+    # spawner's share, and the summation order of the (NHWC) convolutions follows the threads.
+    proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=1", "dist.gpus=2",
+                                 "dist.cpu_threads=1"),
                             env=_env(slurm_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
         # Meanwhile (the SLURM job spends most of its time queued and starting up): the same run
         # started by our own spawner, not SLURM.
         cfg = compose([*TINY, f"paths.data={data}", f"paths.checkpoints={tmp_path / 'local'}",
-                       "trainer.epochs=1", "dist.gpus=2"])
+                       "trainer.epochs=1", "dist.gpus=2", "dist.cpu_threads=1"])
         run_ranks(cfg, tmp_path / "local_run", run_stage)
         out, _ = proc.communicate(timeout=240)
     finally:
