@@ -5,6 +5,9 @@ launcher turns each into one line on stderr (launchers/errors.py) instead of a t
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names the key and what to do."""
@@ -35,3 +38,13 @@ class NonFiniteLossError(FloatingPointError):
 # each (mdk/faults.py).
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError,
                                             MissingStageInput, NonFiniteLossError)
+
+
+def import_target(target: str, key: str, hint: str, error: type[Exception] = ConfigError) -> Any:
+    """The object a config's dotted ``_target_`` names (a sink or dataset reader class). Not found:
+    one ``error`` line naming ``key`` and the value, then ``hint`` (what to write instead)."""
+    module, _, attr = str(target).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise error(f"{key}={target!r} cannot be imported ({e}); {hint}") from None

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -13,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from mdk.data.dataset import DetectionDataset
 from mdk.data.image_check import POLICIES
 from mdk.data.voc import DataError, check_root
+from mdk.errors import import_target
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,6 @@ def _reader(node: Mapping[str, Any] | None) -> Callable[..., DetectionDataset]:
     a split reaches the user as itself, not wrapped in Hydra's InstantiationException."""
     if not node:
         return DetectionDataset
-    target = str(node["_target_"])
-    module, _, name = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:  # one line naming the key
-        raise DataError(f"dataset.reader._target_={node['_target_']!r} cannot be imported ({e}); "
-                        "name a Dataset class as package.module.Class") from None
+    cls = import_target(node["_target_"], "dataset.reader._target_",
+                        "name a Dataset class as package.module.Class", DataError)
     return functools.partial(cls, **{k: v for k, v in node.items() if not k.startswith("_")})

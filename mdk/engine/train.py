@@ -29,11 +29,11 @@ from mdk.sinks import build_sinks
 log = logging.getLogger(__name__)
 
 
-def _training_net(ctx: StageContext) -> torch.nn.Module:
+def _training_net(ctx: StageContext, channels_last: bool) -> torch.nn.Module:
     """The module the loop calls: the stage's model in its memory layout, DDP-wrapped when
     distributed, compiled with ``trainer.compile``. Checkpoints and evaluation use ctx.model."""
     model, world, cfg = ctx.model, ctx.world, ctx.cfg
-    if precision.channels_last(cfg.trainer, world.device):
+    if channels_last:
         model.to(memory_format=torch.channels_last)
     net = model
     if world.distributed:
@@ -63,7 +63,8 @@ def _batch_transform(ctx: StageContext) -> Any:
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
     cfg, world = ctx.cfg, ctx.world
-    net = _training_net(ctx)
+    channels_last = precision.channels_last(cfg.trainer, world.device)
+    net = _training_net(ctx, channels_last)
     model = ctx.model
     transform = _batch_transform(ctx)
     loader, sampler = build.build_train_loader(cfg, ctx.train_ds, world)
@@ -73,7 +74,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                       exact_chunk=cfg.dist.get("exact_chunk"),
                       amp_dtype=precision.amp_dtype(cfg.trainer, world.device),
                       batch_transform=transform,
-                      channels_last=precision.channels_last(cfg.trainer, world.device))
+                      channels_last=channels_last)
     ema = ema_from_config(cfg.trainer.get("ema"), model)
     best, best_epoch, best_metrics = float("-inf"), -1, {}
     resume = ctx.start.resume

@@ -10,27 +10,16 @@ with the methods of :class:`NullSink`.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from mdk.errors import import_target
 from mdk.sinks.base import MultiSink, NullSink
 from mdk.sinks.tensorboard_sink import TensorBoardSink
 from mdk.sinks.wandb_sink import WandbSink
 
 log = logging.getLogger(__name__)
-
-
-def _import(target: str, where: str) -> Any:
-    from mdk.config import ConfigError
-
-    module, _, attr = str(target).rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"{where}._target_={target!r} cannot be imported ({e}); give a "
-                          "class path such as mdk.sinks.TensorBoardSink") from None
 
 
 def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any], is_main: bool,
@@ -79,7 +68,8 @@ def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any],
 
                 options = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items()
                            if k != "_target_"}
-            cls = _import(node["_target_"], where)
+            cls = import_target(node["_target_"], f"{where}._target_",
+                                "give a class path such as mdk.sinks.TensorBoardSink")
             try:
                 sinks.append(cls(run_dir=Path(run_dir), stage=stage, group=group,
                                  resume_step=resume_step, config=config, **options))
