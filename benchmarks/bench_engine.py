@@ -53,7 +53,7 @@ def main() -> None:
 
     import torch
 
-    from mdk.engine import build
+    from mdk.engine import build, precision
     from mdk.engine.hooks import (LRSchedulerHook, MetricsHook, NanGuardHook, ProgressHook,
                                   sampler_epoch_hook)
     from mdk.engine.loop import HookBase, Trainer
@@ -77,13 +77,16 @@ def main() -> None:
     clip = cfg.trainer.grad_clip
     print(f"# bench_engine: model={cfg.model.name} batch={cfg.trainer.batch_size} "
           f"iters/block={a.iters} reps={a.reps} amp={cfg.trainer.amp} "
+          f"({precision.amp_dtype(cfg.trainer, device, float_model=True)}) "
           f"clock={'process CPU' if a.cpu_time else 'wall'} sinks={list(cfg.logger.sinks)} "
           f"progress={cfg.trainer.progress} log_every={cfg.logger.log_every}")
     print(f"# {common.machine()}")
 
     # --- engine: the real Trainer and per-iteration hooks, one epoch per block -------------
     optimizer, scheduler = build.build_optim_sched(cfg, model, a.iters)
-    trainer = Trainer(model, loss_fn, optimizer, batches, device, 0, a.iters, amp=cfg.trainer.amp,
+    # trainer.amp resolved as train_stage resolves it for step1 (a float stage)
+    trainer = Trainer(model, loss_fn, optimizer, batches, device, 0, a.iters,
+                      amp_dtype=precision.amp_dtype(cfg.trainer, device, float_model=True),
                       grad_clip=clip)
     tmp = Path(tempfile.mkdtemp(prefix="bench_engine_"))
     sink = build_sinks(cfg.logger, tmp, {}, True)

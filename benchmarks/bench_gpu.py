@@ -38,7 +38,7 @@ SETTINGS = {  # name: (amp dtype or None, channels_last, compile)
     "bf16+cl": ("bfloat16", True, False),
     "bf16+cl+compile": ("bfloat16", True, True),
 }
-OVERRIDES = {None: [], "float16": ["trainer.amp=true", "trainer.amp_dtype=float16"],
+OVERRIDES = {None: ["trainer.amp=false"], "float16": ["trainer.amp=true", "trainer.amp_dtype=float16"],
              "bfloat16": ["trainer.amp=true", "trainer.amp_dtype=bfloat16"]}
 
 

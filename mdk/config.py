@@ -90,6 +90,9 @@ def _check_trainer(cfg: DictConfig) -> None:
     _positive(cfg, "optim.lr")
     _one_of(cfg, "trainer.device", ("auto", "cpu", "cuda"))
     _one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
+    if _get(cfg, "trainer.amp") not in (True, False, "auto"):
+        raise ConfigError(f"trainer.amp={_get(cfg, 'trainer.amp')!r} must be true, false or auto "
+                          "(auto: bfloat16 autocast for float stages trained on the CPU)")
     if _get(cfg, "trainer.channels_last") not in (True, False, "auto"):
         raise ConfigError(f"trainer.channels_last={_get(cfg, 'trainer.channels_last')!r} must be "
                           "true, false or auto (auto: on the CPU, and on CUDA with trainer.amp)")

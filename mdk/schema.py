@@ -24,7 +24,7 @@ class EMAConf:
 
 @dataclass
 class TrainerConf:
-    epochs: int = 25
+    epochs: int = 40
     batch_size: int = 16
     limit_train_batches: Optional[int] = None
     limit_val_batches: Optional[int] = None
@@ -32,7 +32,7 @@ class TrainerConf:
     eval_every: int = 1
     checkpoint_every_iters: int = 0
     resume: bool = True
-    amp: bool = False
+    amp: Any = "auto"  # true | false | auto (checked in mdk.config; mdk/engine/precision.py)
     amp_dtype: str = "auto"
     deterministic: bool = False
     tf32: bool = True

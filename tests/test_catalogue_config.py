@@ -50,6 +50,8 @@ CASES = {
     "channels_last_value": (["trainer.channels_last=nhwc"],
                             ["config error: trainer.channels_last='nhwc' must be true, false or "
                              "auto"]),
+    "amp_value": (["trainer.amp=maybe"],
+                  ["config error: trainer.amp='maybe' must be true, false or auto"]),
     "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
     "nccl_without_cuda": (["dist.backend=nccl"], ["config error: dist.backend=nccl needs CUDA GPUs"]),
     "cuda_without_gpu": (["trainer.device=cuda"], ["config error: trainer.device=cuda but this machine "

@@ -163,6 +163,41 @@ def test_channels_last_auto_resolves_per_device(value, device, amp, expect):
     assert channels_last(trainer, torch.device(device)) is expect
 
 
+@pytest.mark.parametrize("amp, device, float_model, expect", [
+    ("auto", "cpu", True, torch.bfloat16),    # step1 on the CPU: bf16 autocast (issue 18 recipe)
+    ("auto", "cpu", False, None),             # quantized stages keep float32 (cap/31 grids)
+    ("auto", "cuda", True, None),             # CUDA: float32 + TF32 stays the default
+    (True, "cuda", False, torch.float16), (True, "cpu", False, torch.bfloat16),
+    (False, "cpu", True, None),
+])
+def test_amp_auto_resolves_per_device_and_stage(amp, device, float_model, expect):
+    from omegaconf import OmegaConf
+
+    from mdk.engine.precision import amp_dtype, channels_last
+
+    trainer = OmegaConf.create({"amp": amp, "amp_dtype": "auto", "channels_last": "auto"})
+    assert amp_dtype(trainer, torch.device(device), float_model) is expect
+    # channels_last=auto follows the resolved amp on CUDA, and is on for every CPU stage
+    assert channels_last(trainer, torch.device(device), float_model) is (
+        device == "cpu" or expect is not None)
+
+
+def test_default_step1_trains_in_bf16_on_the_cpu_and_step2_does_not():
+    """The composed defaults, resolved the way train_stage resolves them."""
+    from mdk.compose import compose
+    from mdk.engine.precision import amp_dtype
+    from mdk.stage import StageSpec
+
+    cfg = compose(["trainer.device=cpu"])
+    cpu = torch.device("cpu")
+    assert cfg.trainer.amp == "auto" and cfg.trainer.epochs == 40
+    kinds = {}
+    for name in ("step1", "step2", "step3", "step4"):
+        spec = StageSpec.from_node(compose([f"step={name}"]).step)
+        kinds[name] = amp_dtype(cfg.trainer, cpu, spec.quant.is_float)
+    assert kinds == {"step1": torch.bfloat16, "step2": None, "step3": None, "step4": None}
+
+
 def test_channels_last_training_matches_contiguous_to_rounding():
     """The layout changes the order of the convolution sums, not the maths: one AdamW step of the
     quantized-weights model in NHWC gives the NCHW step's weights to float rounding."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -48,6 +48,22 @@ def _training_net(ctx: StageContext, channels_last: bool) -> torch.nn.Module:
     return net
 
 
+@contextlib.contextmanager
+def _standard_layout(model: torch.nn.Module, channels_last: bool) -> Iterator[None]:
+    """Evaluate in the standard (NCHW) layout, whatever the training layout: a float sum in NHWC
+    can differ in its last bit, and best.pth's numbers must be what ``mdk.tools.evaluate`` and
+    the integer reference give for that file. The weights' values are untouched; the layout is
+    put back for training (a copy of ~16 weight tensors per evaluation)."""
+    if not channels_last:
+        yield
+        return
+    model.to(memory_format=torch.contiguous_format)
+    try:
+        yield
+    finally:
+        model.to(memory_format=torch.channels_last)
+
+
 def _batch_transform(ctx: StageContext) -> Any:
     """Augment images on the training device (``dataset.augment_on``; auto: with CUDA)."""
     where = str(ctx.cfg.dataset.get("augment_on", "auto"))
@@ -63,7 +79,8 @@ def _batch_transform(ctx: StageContext) -> Any:
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
     cfg, world = ctx.cfg, ctx.world
-    channels_last = precision.channels_last(cfg.trainer, world.device)
+    float_model = ctx.spec.quant.is_float   # trainer.amp=auto: bf16 on the CPU for float stages
+    channels_last = precision.channels_last(cfg.trainer, world.device, float_model)
     net = _training_net(ctx, channels_last)
     model = ctx.model
     transform = _batch_transform(ctx)
@@ -72,9 +89,13 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     trainer = Trainer(net, ctx.loss_fn, optimizer, loader, world.device, cfg.trainer.epochs,
                       sampler.num_batches, grad_clip=cfg.trainer.grad_clip,
                       exact_chunk=cfg.dist.get("exact_chunk"),
-                      amp_dtype=precision.amp_dtype(cfg.trainer, world.device),
+                      amp_dtype=precision.amp_dtype(cfg.trainer, world.device, float_model),
                       batch_transform=transform,
                       channels_last=channels_last)
+    if trainer.amp_dtype is not None:
+        log.info("mixed precision: %s autocast in the training step (trainer.amp=%s; "
+                 "trainer.amp=false trains in float32)", str(trainer.amp_dtype).replace("torch.", ""),
+                 cfg.trainer.amp)
     ema = ema_from_config(cfg.trainer.get("ema"), model)
     best, best_epoch, best_metrics = float("-inf"), -1, {}
     resume = ctx.start.resume
@@ -111,7 +132,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
 
     def evaluate() -> dict[str, Any]:
         keep = reporter.keep if reporter is not None else None
-        with ema.swapped(model) if ema is not None else contextlib.nullcontext():
+        with _standard_layout(model, channels_last), \
+                ema.swapped(model) if ema is not None else contextlib.nullcontext():
             return ctx.evaluate(keep=keep)
 
     metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset)
