@@ -114,3 +114,26 @@ def test_weights_are_checked_by_key():
         YoloLoss(0, 2)
     with pytest.raises(ValueError, match=r"loss\.beta"):
         YoloLoss(3, 2, beta=0.0)
+
+
+def test_ignore_iou_leaves_a_good_second_box_without_a_confidence_target():
+    """The hand example's object cell with box 0 on the object (IoU 1, responsible) and box 1
+    [0.6, 0.1, 0.9, 0.4] around it (IoU 0.0625 / 0.09 = 0.694): with ignore_iou 0.5 box 1's
+    confidence 0.4 is not pushed to 0; with null (YOLOv1) or 0.7 it is."""
+    import pytest
+
+    pred, target = hand_example()
+    pred[0, 0:4, 0, 1] = torch.tensor([0.5, 0.5, 0.25, 0.25], dtype=torch.float64)
+    pred[0, 5:9, 0, 1] = torch.tensor([0.5, 0.5, 0.3, 0.3], dtype=torch.float64)
+    # only the empty cell (0.2, -0.1): 0.5 * (0.02 + 0.005)
+    assert abs(YoloLoss(1, 2)(pred, target)["conf_noobj"].item() - 0.0125) < 1e-12
+    # box 1 too: 0.5 * (0.08 + 0.02 + 0.005)
+    for ignore in (None, 0.7):
+        got = YoloLoss(1, 2, ignore_iou=ignore)(pred, target)["conf_noobj"].item()
+        assert abs(got - 0.0525) < 1e-12, ignore
+    # the responsible box's own terms are unchanged by the rule
+    a, b = YoloLoss(1, 2)(pred, target), YoloLoss(1, 2, ignore_iou=None)(pred, target)
+    assert a["conf_obj"].item() == b["conf_obj"].item() and a["coord"].item() == b["coord"].item()
+    for bad in (1.5, -0.1, True, "half"):
+        with pytest.raises(ValueError, match="loss.ignore_iou"):
+            YoloLoss(1, 2, ignore_iou=bad)

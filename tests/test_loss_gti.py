@@ -95,8 +95,8 @@ def test_loss_group_instantiates_with_todays_defaults():
     f = instantiate(cfg.loss)
     ref = YoloLoss(cfg.dataset.num_classes, cfg.model.net.boxes_per_cell)
     assert type(f) is YoloLoss and (f.C, f.B) == (ref.C, ref.B)
-    assert (f.lambda_coord, f.lambda_obj, f.lambda_noobj, f.lambda_cls, f.beta) == \
-        (ref.lambda_coord, ref.lambda_obj, ref.lambda_noobj, ref.lambda_cls, ref.beta)
+    assert (f.lambda_coord, f.lambda_obj, f.lambda_noobj, f.lambda_cls, f.beta, f.ignore_iou) == \
+        (ref.lambda_coord, ref.lambda_obj, ref.lambda_noobj, ref.lambda_cls, ref.beta, ref.ignore_iou)
     cfg = compose([*TINY, "trainer.device=cpu", _loss_override("gti"), "loss.lambda_noobj=0.01"])
     g = instantiate(cfg.loss)
     assert type(g) is GtiLoss and g.lambda_noobj == 0.01 and g.lambda_coord == 5.0
