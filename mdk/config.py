@@ -155,6 +155,22 @@ def _check_stages(cfg: DictConfig) -> None:
                               "drop the override")
 
 
+def _check_loss(cfg: DictConfig) -> None:
+    """The loss group's own checks (its constructor names the ``loss.<key>``), run here so a bad
+    weight is one config line before any data is built, not a Hydra error from the run."""
+    if cfg.get("loss") is None:
+        return
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        instantiate(cfg.loss)  # a few floats and a buffer: no data, no device
+    except InstantiationException as e:
+        if not isinstance(e.__cause__, ValueError):
+            raise
+        raise ConfigError(str(e.__cause__)) from e.__cause__
+
+
 def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     """Raise ConfigError naming the first bad key; returns nothing on a good config.
 
@@ -181,6 +197,7 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
                 raise ConfigError(f"trainer.ema.tau={ema.tau} must be >= 0 (0: constant decay)")
             _one_of(cfg, "trainer.ema.dtype", ("float32", "float64"))
         _min(cfg, "logger.log_every", 1)
+        _check_loss(cfg)
     except ConfigError:
         raise
     except Exception as e:  # a missing mandatory value (???) or an interpolation that fails
