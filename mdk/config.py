@@ -51,6 +51,13 @@ def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={v!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}")
 
 
+def _true_false_auto(cfg: DictConfig, key: str, auto_means: str) -> None:
+    """A switch whose ``auto`` is resolved per device and stage (mdk/engine/precision.py)."""
+    v = _get(cfg, key)
+    if v not in (True, False, "auto"):
+        raise ConfigError(f"{key}={v!r} must be true, false or auto (auto: {auto_means})")
+
+
 def _check_dist_url(url: str) -> None:
     if url == "auto":
         return
@@ -90,12 +97,8 @@ def _check_trainer(cfg: DictConfig) -> None:
     _positive(cfg, "optim.lr")
     _one_of(cfg, "trainer.device", ("auto", "cpu", "cuda"))
     _one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
-    if _get(cfg, "trainer.amp") not in (True, False, "auto"):
-        raise ConfigError(f"trainer.amp={_get(cfg, 'trainer.amp')!r} must be true, false or auto "
-                          "(auto: bfloat16 autocast for float stages trained on the CPU)")
-    if _get(cfg, "trainer.channels_last") not in (True, False, "auto"):
-        raise ConfigError(f"trainer.channels_last={_get(cfg, 'trainer.channels_last')!r} must be "
-                          "true, false or auto (auto: on the CPU, and on CUDA with trainer.amp)")
+    _true_false_auto(cfg, "trainer.amp", "bfloat16 autocast for float stages trained on the CPU")
+    _true_false_auto(cfg, "trainer.channels_last", "on the CPU, and on CUDA with trainer.amp")
     if cfg.trainer.get("compile") and cfg.trainer.activation_checkpointing:
         raise ConfigError("trainer.compile=true with trainer.activation_checkpointing=true is not "
                           "supported (the checkpointed slices do not compile); choose one")
