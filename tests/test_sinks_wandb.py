@@ -26,7 +26,9 @@ def _offline(monkeypatch, tmp_path):
 
 
 def offline_runs(run_dir: Path) -> list[str]:
-    return sorted(p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*"))
+    """Run ids of the offline folders ``offline-run-<YYYYMMDD_HHMMSS>-<id>``; wandb appends
+    ``-1`` to the folder of a run started in the same second as one already there."""
+    return sorted(p.name.split("-")[3] for p in (run_dir / "wandb").glob("offline-run-*"))
 
 
 def make(run_dir: Path, stage: str, **kw) -> WandbSink:
