@@ -39,14 +39,15 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     if group == "model":
         m = instantiate(cfg.model.net)
         out = m(torch.zeros(1, 3, cfg.model.image_size, cfg.model.image_size, dtype=torch.uint8))
-        assert out.shape == (1, 10 + cfg.dataset.num_classes, m.grid, m.grid)
+        width = 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
+        assert out.shape == (1, width, m.grid, m.grid)
         assert m.grid == cfg.model.image_size // 32
     if group == "optim":
         opt = instantiate(cfg.optim)([torch.nn.Parameter(torch.zeros(2))])
         assert opt.param_groups[0]["lr"] == cfg.optim.lr
     if group == "loss":
-        terms = instantiate(cfg.loss)(torch.zeros(2, 10 + cfg.dataset.num_classes, 6, 6),
-                                      torch.zeros(2, 6, 6, 10 + cfg.dataset.num_classes))
+        width = 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
+        terms = instantiate(cfg.loss)(torch.zeros(2, width, 6, 6), torch.zeros(2, 6, 6, width))
         assert "total" in terms and torch.isfinite(terms["total"])
     if group == "scheduler":
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)

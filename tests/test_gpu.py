@@ -102,8 +102,9 @@ def test_activation_checkpointing_gives_the_same_losses_in_deterministic_mode(ti
         model = build.build_model(cfg).cuda()
         gen = torch.Generator().manual_seed(1)
         x = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8, generator=gen)
-        t = torch.zeros(8, 2, 2, 15)
-        t[:, 0, 1, :4], t[:, 0, 1, 4], t[:, 0, 1, 10] = 0.5, 1.0, 1.0
+        b = cfg.model.net.boxes_per_cell
+        t = torch.zeros(8, 2, 2, 5 * b + cfg.dataset.num_classes)
+        t[:, 0, 1, :4], t[:, 0, 1, 4], t[:, 0, 1, 5 * b] = 0.5, 1.0, 1.0
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         tr = Trainer(model, build.build_loss(cfg), opt, [(x, t)] * 4, torch.device("cuda"), 1, 4)
         seen: list[float] = []
