@@ -1,6 +1,7 @@
 """YOLO loss on hand-made targets."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mdk.models.loss import YoloLoss
@@ -120,8 +121,6 @@ def test_ignore_iou_leaves_a_good_second_box_without_a_confidence_target():
     """The hand example's object cell with box 0 on the object (IoU 1, responsible) and box 1
     [0.6, 0.1, 0.9, 0.4] around it (IoU 0.0625 / 0.09 = 0.694): with ignore_iou 0.5 box 1's
     confidence 0.4 is not pushed to 0; with null (YOLOv1) or 0.7 it is."""
-    import pytest
-
     pred, target = hand_example()
     pred[0, 0:4, 0, 1] = torch.tensor([0.5, 0.5, 0.25, 0.25], dtype=torch.float64)
     pred[0, 5:9, 0, 1] = torch.tensor([0.5, 0.5, 0.3, 0.3], dtype=torch.float64)
@@ -137,3 +136,29 @@ def test_ignore_iou_leaves_a_good_second_box_without_a_confidence_target():
     for bad in (1.5, -0.1, True, "half"):
         with pytest.raises(ValueError, match="loss.ignore_iou"):
             YoloLoss(1, 2, ignore_iou=bad)
+
+
+def test_one_box_per_cell_hand_computed():
+    """gnetdet_small's layout, B = 1: ``[x, y, w, h, conf, classes]``. The one slot is always the
+    responsible one, whatever its IoU, and empty cells are the only 'no object' terms.
+
+    Object: centre (0.75, 0.25), 0.4 x 0.4, class 0 of 1, grid 2 -> cell row 0, col 1, offset
+    (0.5, 0.5). Prediction there: h 0.2 (off by 0.2: 0.5 * 0.04 = 0.02, x lambda_coord 5 = 0.1),
+    conf 0.6 (0.5 * 0.16 = 0.08), class 0.7 (0.5 * 0.09 = 0.045); empty cell (1, 0) conf 0.2
+    (0.5 * 0.04 = 0.02, x lambda_noobj 0.5 = 0.01). Total 0.235."""
+    target = encode_target(torch.tensor([[0.55, 0.05, 0.95, 0.45]]), torch.tensor([0]),
+                           grid=2, boxes_per_cell=1, num_classes=1, image_size=1)
+    assert target.shape == (2, 2, 6)
+    assert target[0, 1].tolist() == pytest.approx([0.5, 0.5, 0.4, 0.4, 1.0, 1.0])
+    pred = torch.zeros(1, 6, 2, 2, dtype=torch.float64)
+    pred[0, :, 0, 1] = torch.tensor([0.5, 0.5, 0.4, 0.2, 0.6, 0.7], dtype=torch.float64)
+    pred[0, 4, 1, 0] = 0.2
+    want = {"coord": 0.1, "conf_obj": 0.08, "conf_noobj": 0.01, "cls": 0.045, "total": 0.235}
+    for ignore in (0.5, None):  # nothing for the ignore rule to act on with one slot
+        got = YoloLoss(1, 1, ignore_iou=ignore)(pred, target.unsqueeze(0).double())
+        assert {k: v.item() for k, v in got.items()} == pytest.approx(want, abs=1e-7)
+    # a slot far off the object (IoU 0) is still the responsible one: conf -> 1, box -> the object
+    pred[0, 0:4, 0, 1] = torch.tensor([0.0, 0.0, 0.05, 0.05], dtype=torch.float64)
+    got = YoloLoss(1, 1)(pred, target.unsqueeze(0).double())
+    assert got["conf_obj"].item() == pytest.approx(0.08, abs=1e-7)
+    assert got["coord"].item() == pytest.approx(5 * 2 * (0.5 * 0.25 + 0.5 * 0.35 ** 2), abs=1e-6)
