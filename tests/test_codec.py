@@ -30,11 +30,14 @@ def test_normalised_boxes_with_image_size_one():
     torch.testing.assert_close(px, norm)
 
 
-def test_round_trip_returns_original_boxes_and_labels():
+@pytest.mark.parametrize("b", [1, 2])  # gnetdet_small, gnetdet
+def test_round_trip_returns_original_boxes_and_labels(b):
     boxes = torch.tensor([[5.0, 7.0, 60.0, 50.0], [100.0, 90.0, 190.0, 180.0],
                           [70.0, 10.0, 110.0, 40.0], [0.0, 150.0, 30.0, 192.0]])
     labels = torch.tensor([0, 4, 2, 1])
-    det = decode(perfect(encode_target(boxes, labels, S, B, C, SIZE)), SIZE)[0]
+    target = encode_target(boxes, labels, S, b, C, SIZE)
+    assert target.shape == (S, S, 5 * b + C)
+    det = decode(perfect(target), SIZE, boxes_per_cell=b)[0]
     order = torch.argsort(det["boxes"][:, 0])
     ref = torch.argsort(boxes[:, 0])
     torch.testing.assert_close(det["boxes"][order], boxes[ref], atol=1e-4, rtol=0)
@@ -46,7 +49,7 @@ def test_same_cell_keeps_larger_box_regardless_of_order():
     small, big = [40.0, 40.0, 50.0, 50.0], [30.0, 30.0, 60.0, 62.0]   # both centres in cell (1,1)
     for boxes, labels in (([small, big], [0, 1]), ([big, small], [1, 0])):
         t = encode_target(torch.tensor(boxes), torch.tensor(labels), S, B, C, SIZE)
-        det = decode(perfect(t), SIZE)[0]
+        det = decode(perfect(t), SIZE, boxes_per_cell=B)[0]
         assert det["labels"].tolist() == [1]
         torch.testing.assert_close(det["boxes"][0], torch.tensor(big), atol=1e-4, rtol=0)
 
@@ -74,7 +77,7 @@ def test_decode_scores_nms_and_threshold():
         p = cell_pred(0.1, 0.5, 0.3, 0.3, 0.9, scores, row=2, col=3, pred=p)
         return cell_pred(0.5, 0.5, 0.2, 0.2, 0.1, [0.05, 0, 0, 0, 0], row=0, col=0, pred=p)
 
-    same = decode(scene(2), SIZE, conf_thresh=0.01, nms_iou=0.5)[0]
+    same = decode(scene(2), SIZE, conf_thresh=0.01, nms_iou=0.5, boxes_per_cell=B)[0]
     assert same["labels"].tolist() == [2]                        # NMS kept the higher score
     torch.testing.assert_close(same["scores"], torch.tensor([0.72]))   # 0.8 conf x 0.9 class
     cx, cy = (2 + 0.9) / S * SIZE, (2 + 0.5) / S * SIZE
@@ -82,10 +85,10 @@ def test_decode_scores_nms_and_threshold():
     torch.testing.assert_close(same["boxes"][0], torch.tensor(
         [cx - half, cy - half, cx + half, cy + half]), atol=1e-3, rtol=0)
 
-    other = decode(scene(3), SIZE, conf_thresh=0.01, nms_iou=0.5)[0]   # NMS is per class
+    other = decode(scene(3), SIZE, conf_thresh=0.01, nms_iou=0.5, boxes_per_cell=B)[0]   # NMS is per class
     assert other["labels"].tolist() == [2, 3]
     torch.testing.assert_close(other["scores"], torch.tensor([0.72, 0.45]))
-    loose = decode(scene(3), SIZE, conf_thresh=0.001)[0]               # 0.1 x 0.05 = 0.005 passes
+    loose = decode(scene(3), SIZE, conf_thresh=0.001, boxes_per_cell=B)[0]               # 0.1 x 0.05 = 0.005 passes
     assert loose["labels"].tolist() == [2, 3, 0]
 
 
@@ -97,11 +100,11 @@ def test_decode_max_det_batch_and_clipping():
     p[0, 10] = 1.0
     p[2, 0:5, 0, 0] = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0])   # box centred on the corner
     p[2, 11, 0, 0] = 1.0
-    out = decode(p, SIZE, max_det=7)
+    out = decode(p, SIZE, max_det=7, boxes_per_cell=B)
     assert len(out) == 3 and len(out[0]["boxes"]) == 7 and len(out[1]["boxes"]) == 0
     assert out[0]["scores"].tolist() == sorted(out[0]["scores"].tolist(), reverse=True)
     torch.testing.assert_close(out[0]["scores"][0], torch.tensor(0.4))
     torch.testing.assert_close(out[2]["boxes"][0], torch.tensor([0.0, 0.0, 96.0, 96.0]))
     assert out[2]["labels"].tolist() == [1]
     with pytest.raises(ValueError, match="expected"):
-        decode(torch.zeros(1, 10, S, S), SIZE)
+        decode(torch.zeros(1, 10, S, S), SIZE, boxes_per_cell=B)

@@ -42,7 +42,7 @@ def test_item_shapes_and_plain_target_matches_gt(root, tmp_path):
         assert index == i
         boxes, labels, difficult = ds.gt(i)
         assert boxes.dtype == torch.float32 and labels.dtype == torch.int64 and not difficult.any()
-        det = decode(target.permute(2, 0, 1)[None], SIZE)[0]
+        det = decode(target.permute(2, 0, 1)[None], SIZE, boxes_per_cell=B)[0]
         if len(det["boxes"]) == len(boxes):     # one object per cell (else the codec keeps one)
             got, want = sorted_boxes(det["boxes"], det["labels"]), sorted_boxes(boxes, labels)
             torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=0)
@@ -86,7 +86,7 @@ def test_augmented_boxes_stay_in_image(root, tmp_path):
         ds.set_epoch(epoch)
         for i in range(len(ds)):
             t = ds[i][1]
-            det = decode(t.permute(2, 0, 1)[None], SIZE)[0]
+            det = decode(t.permute(2, 0, 1)[None], SIZE, boxes_per_cell=B)[0]
             assert ((det["boxes"] >= 0) & (det["boxes"] <= SIZE)).all()
             assert (t[..., 4] == 1).sum() == len(det["boxes"])
 

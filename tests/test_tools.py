@@ -70,7 +70,8 @@ def test_integer_reference_eval_equals_fake_quant_eval_exactly(chain):
         assert torch.equal(out, b.model(images))
     # Real detections were compared, not two empty sets. (Not "mAP > 0": how well this tiny
     # quantized chain fits differs between torch versions; on torch 2.11 its step4 mAP was 0.)
-    dets = decode(out, float(a.cfg.model.image_size), 0.01, 0.5)
+    dets = decode(out, float(a.cfg.model.image_size), 0.01, 0.5,
+                  boxes_per_cell=int(a.cfg.model.net.boxes_per_cell))
     assert sum(len(d["scores"]) for d in dets) > 0
 
 

@@ -62,13 +62,15 @@ def cell_boxes(pred: torch.Tensor, boxes_per_cell: int, image_size: float) -> tu
 
 @torch.no_grad()
 def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
-           nms_iou: float = 0.5, max_det: int = 100, boxes_per_cell: int = 2) -> list[dict]:
+           nms_iou: float = 0.5, max_det: int = 100, *, boxes_per_cell: int) -> list[dict]:
     """Turn raw outputs ``[N, 5B + C, S, S]`` into per-image detections.
 
     ``score = box conf x class score`` of the cell's best class (YOLOv1's class-specific
     confidence; the model's outputs are regressed to 0/1 targets, so scores are not
     probabilities and may exceed 1). Boxes with ``score <= conf_thresh`` or zero area are dropped,
     then per-class NMS (``torchvision.ops.batched_nms``) and the top ``max_det`` remain.
+    ``boxes_per_cell`` has no default: the presets differ (gnetdet 2, gnetdet_small 1), and a wrong
+    B reads class channels as boxes without any error whenever 5B + C still fits.
     Returns ``[{"boxes": [K, 4] xyxy pixels, "scores": [K], "labels": [K] int64}]``.
     """
     n, ch, s, s2 = pred.shape
