@@ -34,10 +34,14 @@ def test_world1_and_world2_train_the_same_weights(tmp_path):
     report = run_alignment(cfg, [2], batch_size=8, iters=4, out=tmp_path / "al", noise_floor=1e-6)
     diffs = report[2]
     worst = max(d.max_rel for d in diffs)
-    assert worst <= 1e-6, ckpt_diff.format_table(diffs, 5)
     # the noise floor: world 1 again from init x (1 + 1e-6 N(0,1)); it moved, but stayed close
     floor = max(d.max_rel for d in report["floor"])
     assert 1e-8 < floor < 1e-3, floor
+    # DDP's float32 all-reduce rounds its partial sums differently (~1e-7 per gradient, grown by
+    # AdamW): world 2 must stay within that noise, i.e. closer to world 1 than a 1e-6 nudge of
+    # the init gets (measured: 1.7e-6 against 9.3e-6; with one box per cell, 9.4e-7 against
+    # 1.1e-5 with two). A real split bug (sampling, loss normalisation) is 1e-3 or more.
+    assert worst <= floor and worst < 1e-5, ckpt_diff.format_table(diffs, 5)
     # ... and training really moved the weights (the comparison is not of two copies of init)
     init = torch.load(tmp_path / "al" / "init.pth")
     w1 = torch.load(tmp_path / "al" / "world1.pth")["model"]
