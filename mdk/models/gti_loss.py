@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdk import dist
-from mdk.models.loss import _cell_boxes_to_xyxy, _paired_iou, check_shape, check_weights
+from mdk.models.loss import (_cell_boxes_to_xyxy, _paired_iou, check_beta, check_shape,
+                             check_weights, is_number)
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +76,13 @@ class GtiLoss(nn.Module):
         check_weights(lambda_coord=lambda_coord, lambda_contain=lambda_contain,
                       lambda_not_contain=lambda_not_contain, lambda_noobj=lambda_noobj,
                       lambda_cls=lambda_cls)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
-            raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
+        check_beta(beta)
         if normalizer not in NORMALIZERS:
             raise ValueError(f"loss.normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
-        if isinstance(normalizer_init, bool) or not isinstance(normalizer_init, (int, float)) \
-                or not normalizer_init > 0:
+        if not is_number(normalizer_init) or not normalizer_init > 0:
             raise ValueError("loss.normalizer_init (objects per image) must be a number > 0, "
                              f"got {normalizer_init!r}")
-        if isinstance(normalizer_momentum, bool) or not isinstance(normalizer_momentum, (int, float)) \
-                or not 0 <= normalizer_momentum <= 1:
+        if not is_number(normalizer_momentum) or not 0 <= normalizer_momentum <= 1:
             raise ValueError(f"loss.normalizer_momentum must be in [0, 1], got {normalizer_momentum!r}")
         self.C, self.B = num_classes, boxes_per_cell
         self.lambda_coord, self.lambda_contain = float(lambda_coord), float(lambda_contain)

@@ -12,7 +12,8 @@ lambda_noobj * conf_noobj + lambda_cls * cls``; defaults 5, 1, 0.5, 1 (YOLOv1's)
 not responsible gets no confidence target when its box already overlaps the object by more than
 this IoU. Without it (``null``, YOLOv1) the two slots of a cell that predict the same box are
 told "1" and "0" by turns as the responsibility flips between them, and their confidences
-settle at ~0.5: on the default run one seed in three spent its whole run there (``conf_obj``
+settle at ~0.5: on the default run of the time (gnetdet_small then had two slots; it has one
+now) one seed in three spent its whole run there (``conf_obj``
 and ``conf_noobj`` flat at ~0.25 from epoch 3 on, val mAP 0.858 against 0.893 and 0.897).
 """
 from __future__ import annotations
@@ -44,11 +45,21 @@ def _paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
 
 
+def is_number(v: object) -> bool:
+    """An int or float from the config (YAML's true/false are bools, not numbers here)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
 def check_weights(**weights: float) -> None:
     """One clear line naming the ``loss.<key>`` that is not a finite number >= 0."""
     for key, v in weights.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if not is_number(v) or not math.isfinite(v) or v < 0:
             raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
+
+
+def check_beta(beta: float) -> None:
+    if not is_number(beta) or not beta > 0:
+        raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
 
 
 def check_shape(num_classes: int, boxes_per_cell: int) -> None:
@@ -69,11 +80,8 @@ class YoloLoss(nn.Module):
         check_shape(num_classes, boxes_per_cell)
         check_weights(lambda_coord=lambda_coord, lambda_noobj=lambda_noobj, lambda_obj=lambda_obj,
                       lambda_cls=lambda_cls)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
-            raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
-        if ignore_iou is not None and (isinstance(ignore_iou, bool)
-                                       or not isinstance(ignore_iou, (int, float))
-                                       or not 0 <= ignore_iou <= 1):
+        check_beta(beta)
+        if ignore_iou is not None and (not is_number(ignore_iou) or not 0 <= ignore_iou <= 1):
             raise ValueError(f"loss.ignore_iou must be an IoU in [0, 1] or null, got {ignore_iou!r}")
         self.ignore_iou = None if ignore_iou is None else float(ignore_iou)
         self.C, self.B = num_classes, boxes_per_cell
