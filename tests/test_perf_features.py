@@ -119,7 +119,8 @@ def _overfit(model: GNetDet, amp: bool, steps: int = 20) -> list[float]:
     images, targets = _batch(n=4, seed=1)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     t = Trainer(model, YoloLoss(5), opt, [(images, targets)] * steps, torch.device("cpu"),
-                epochs=1, iters_per_epoch=steps, amp=amp, grad_clip=10.0)
+                epochs=1, iters_per_epoch=steps, grad_clip=10.0,
+                amp_dtype=torch.bfloat16 if amp else None)
     rec = _Losses()
     t.register_hooks([rec])
     t.train()

@@ -87,8 +87,8 @@ def train_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict[str, Any]:
     optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches)
     epochs = math.ceil(iters / sampler.num_batches)
     trainer = Trainer(net, build.build_loss(cfg), optimizer, loader, device, epochs,
-                      sampler.num_batches, amp=False,
-                      grad_clip=cfg.trainer.grad_clip, exact_chunk=cfg.dist.get("exact_chunk"))
+                      sampler.num_batches, grad_clip=cfg.trainer.grad_clip,
+                      exact_chunk=cfg.dist.get("exact_chunk"))
 
     class StopAfter(HookBase):
         def after_step(self) -> None:

@@ -43,7 +43,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, loss_fn: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, loader: Iterable, device: torch.device,
-                 epochs: int, iters_per_epoch: int, amp: bool = False,
+                 epochs: int, iters_per_epoch: int,
                  grad_clip: Optional[float] = None, exact_chunk: Optional[int] = None,
                  amp_dtype: Optional[torch.dtype] = None,
                  batch_transform: Optional[Callable[[torch.Tensor, Any], torch.Tensor]] = None,
@@ -66,11 +66,9 @@ class Trainer:
         self.stop = False
         self.skip_step = False
         self.data_wait_s = 0.0
-        # Mixed precision (mdk/engine/precision.py): ``amp_dtype`` given, or with ``amp`` the
-        # device's default (float16 on CUDA, bfloat16 on CPU). float16 needs a GradScaler
-        # against gradient underflow; bfloat16 has float32's exponent range and needs none.
-        if amp and amp_dtype is None:
-            amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+        # Mixed precision: ``amp_dtype`` is trainer.amp resolved by mdk/engine/precision.py
+        # (None: float32). float16 needs a GradScaler against gradient underflow; bfloat16 has
+        # float32's exponent range and needs none.
         self.amp_dtype: Optional[torch.dtype] = amp_dtype
         self.scaler: Optional[torch.amp.GradScaler] = (
             torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None)
