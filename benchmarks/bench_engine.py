@@ -58,7 +58,7 @@ def main() -> None:
                                   sampler_epoch_hook)
     from mdk.engine.loop import HookBase, Trainer
     from mdk.data.samplers import GlobalBatchSampler
-    from mdk.engine.stop import StopOnRequestHook
+    from mdk.engine.stop_hook import StopOnRequestHook
     from mdk.engine.build import build_loss
     from mdk.stage import apply_stage
     from mdk.world import single_process

@@ -124,7 +124,7 @@ def engine_loop(cfg: Any, setting: str, a: argparse.Namespace, device: torch.dev
     from mdk.engine.build import build_loss
     from mdk.engine.hooks import LRSchedulerHook, MetricsHook, NanGuardHook
     from mdk.engine.loop import Trainer
-    from mdk.engine.stop import StopOnRequestHook
+    from mdk.engine.stop_hook import StopOnRequestHook
     from mdk.sched import WarmupCosineAnnealingLR
     from mdk.sinks import NullSink
 

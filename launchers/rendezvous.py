@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch.distributed as tdist
 
+from mdk.errors import UserError
+
 log = logging.getLogger(__name__)
 
 HINT = ("check that machine 0 (dist.rank=0) is running, that every machine uses the same "
@@ -31,8 +33,10 @@ HINT = ("check that machine 0 (dist.rank=0) is running, that every machine uses 
         "machine (firewall, VPN, a cluster network interface that is not the default one)")
 
 
-class RendezvousError(RuntimeError):
+class RendezvousError(UserError, RuntimeError):
     """The ranks of a run could not meet; the message says where and what to check."""
+
+    label = "distributed setup error"
 
 
 def parse_url(url: str) -> tuple[str, int]:

@@ -12,7 +12,7 @@ scratch and its checkpoints (``<job dir>/checkpoints``, see ``mdk_ckpt``) are or
   ``<sweep dir>/.submitit/jobdirs/N.json``; a rerun of job N with the same overrides reuses it;
 * SIGUSR2 (submitit's time-out / preemption signal) and SIGTERM (preemption, ``scontrol requeue``,
   ``scancel``) ask the training loop to write last.pth at the next step and stop
-  (``mdk.engine.stop``); after that, USR2 goes on to submitit's own handler, which resubmits this
+  (``mdk.stop``); after that, USR2 goes on to submitit's own handler, which resubmits this
   same call (``checkpoint``) and requeues the job; SIGTERM just exits (SLURM requeues or cancels).
   When no training loop is running (calibration, evaluation, data generation) the signal goes to
   submitit's handler at once, as without this class.
@@ -102,7 +102,7 @@ def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
 def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
     """While inside: the signals ask the training loop to save and stop. Yields a dict of the
     previous handlers by signal number, plus the signal that arrived under ``"received"``."""
-    from mdk.engine.stop import arm, request_stop  # here: Hydra imports this module at every start
+    from mdk.stop import arm, request_stop  # here: Hydra imports this module at every start
 
     prev: dict[Any, Any] = {s: signal.getsignal(s) for s in signums}
 
@@ -149,7 +149,7 @@ class RequeueMixin:
                  singleton_state: dict) -> JobReturn:
         import submitit
 
-        from mdk.engine.stop import StopRequested, clear_stop
+        from mdk.stop import StopRequested, clear_stop
 
         Singleton.set_state(singleton_state)
         setup_globals()

@@ -20,17 +20,14 @@ def is_initialized() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def get_rank() -> int:
+def _group_rank() -> int:
+    """This process's place in the process group, for the collectives below only: who does
+    what in a run (rank-0 side effects, shards) is the ``mdk.world.World``'s."""
     return tdist.get_rank() if is_initialized() else 0
 
 
 def world_size() -> int:
     return tdist.get_world_size() if is_initialized() else 1
-
-
-def is_main_process() -> bool:
-    """Rank-0-only side effects (checkpoints, metric sinks, progress bar) are decided here."""
-    return get_rank() == 0
 
 
 def barrier() -> None:
@@ -83,7 +80,7 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     additions are then the same, in the same order, for every world size that holds the same parts
     in the same global order, and so is the result, bit for bit. ``parts`` must be non-empty, of
     one shape and dtype, and the same count on every rank."""
-    rank, world = get_rank(), world_size()
+    rank, world = _group_rank(), world_size()
     home, dev = parts[0].device, comm_device() if world > 1 else parts[0].device
     acc = None
     if rank > 0:

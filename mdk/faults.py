@@ -17,7 +17,7 @@ comma-separated list of ``<action>:<point>:<n>[:<rank>]``
   DataLoader worker fetching its N-th training sample) and ``start`` (the launching process,
   before any rank starts);
 * ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
-  mdk.engine.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
+  mdk.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
   iteration however fast the job runs (the hold changes no numbers).
 
 ``rank`` (default 0) picks the process of a distributed run that takes the fault.
@@ -28,10 +28,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections import Counter
 from typing import Any, Callable
 
 import torch
+
+from mdk.errors import user_errors
+from mdk.stop import stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +69,8 @@ def _specs() -> list[tuple[str, str, int, int]]:
 
 
 def _error(spec: tuple[str, str, int, int]) -> BaseException:
-    from mdk.errors import USER_ERRORS
-
     name = _CLASSES.get(str(spec), "InjectedError")
-    known = {"InjectedError": InjectedError, **{c.__name__: c for c in USER_ERRORS}}
+    known = {"InjectedError": InjectedError, **{c.__name__: c for c in user_errors()}}
     if name not in known:
         raise ValueError(f"{ENV}: unknown error class {name!r}; use one of {sorted(known)}")
     _, point, n, rank = spec
@@ -79,10 +81,17 @@ def enabled() -> bool:
     return bool(os.environ.get(ENV))
 
 
-def _rank() -> int:
-    from mdk import dist
+_this: dict[str, int] = {"rank": 0}
 
-    return dist.get_rank()
+
+def set_rank(rank: int) -> None:
+    """The rank whose faults this process takes: its World's (the stage runner sets it; a
+    process running alone, or the launching one, is rank 0). Forked loader workers inherit it."""
+    _this["rank"] = int(rank)
+
+
+def _rank() -> int:
+    return _this["rank"]
 
 
 def _kill(where: str) -> None:
@@ -111,10 +120,6 @@ def at(point: str, n: int | None = None) -> None:
 
 
 def _hold(where: str) -> None:
-    import time
-
-    from mdk.stop import stop_requested
-
     log.warning("%s: holding %s until a stop is requested (at most %.0f s)", ENV, where, HOLD_S)
     end = time.monotonic() + HOLD_S
     while stop_requested() is None and time.monotonic() < end:

@@ -1,7 +1,8 @@
 """The stop flag: a request to save and stop, set by whoever asks (a launcher's signal handler,
-a test), read by the training loop's StopOnRequestHook (mdk/engine/stop.py).
+a test), read by the training loop's StopOnRequestHook (mdk/engine/stop_hook.py).
 
-Low on purpose: fault injection and the engine both read it, and it imports nothing of mdk.
+Low on purpose: fault injection and the engine both read it, and it imports nothing of mdk. Its
+state changes only through the functions below.
 """
 from __future__ import annotations
 
@@ -37,6 +38,19 @@ def request_stop(reason: str) -> bool:
 def arm(on: bool = True) -> None:
     """Called by a launcher on every rank before training when stop requests may come."""
     _state["armed"] = on
+
+
+def is_armed() -> bool:
+    return _state["armed"]
+
+
+def start_listening() -> None:
+    """A training loop that acts on requests starts (StopOnRequestHook.before_train)."""
+    _state["listeners"] += 1
+
+
+def stop_listening() -> None:
+    _state["listeners"] = max(0, _state["listeners"] - 1)
 
 
 def stop_requested() -> Optional[str]:

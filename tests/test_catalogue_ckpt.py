@@ -46,7 +46,7 @@ def test_truncated_last_falls_back_to_best(run_dir, capsys):
     assert "last.pth.corrupt" in out and "resuming from" in out and "best.pth (iteration 2)" in out
     assert_intact({k: v for k, v in before.items() if k != last})
     assert_intact({last: before[last]}, moved={last: last.with_name("last.pth.corrupt")})
-    assert step1(run_dir)["iter"] == 4  # resumed at 2, trained epoch 2
+    assert step1(run_dir)["trainer"]["iter"] == 4  # resumed at 2, trained epoch 2
 
 
 def test_foreign_last_and_no_best_starts_over_with_a_warning(run_dir, capsys):
@@ -57,7 +57,7 @@ def test_foreign_last_and_no_best_starts_over_with_a_warning(run_dir, capsys):
     assert status == 0, err[-2000:]
     assert f"checkpoint {d / 'last.pth'} is not a PyTorch checkpoint (it starts with b'thes'" in out
     assert (d / "last.pth.corrupt").read_text() == "these are my notes, not a checkpoint\n"
-    assert step1(run_dir)["iter"] == 2  # trained from scratch
+    assert step1(run_dir)["trainer"]["iter"] == 2  # trained from scratch
 
 
 def test_truncated_stage_input(run_dir, capsys):
@@ -131,7 +131,7 @@ def test_nan_skip_limit_skips_then_stops(run_dir, capsys, monkeypatch):
     assert status == 0, err[-2000:]
     assert "skipping this batch (1 of trainer.nan_skip_limit=1)" in out
     ck = step1(run_dir)
-    assert ck["iter"] == 4 and not checkpoint.nonfinite_tensors(ck["model"])
+    assert ck["trainer"]["iter"] == 4 and not checkpoint.nonfinite_tensors(ck["model"])
     monkeypatch.setenv("MDK_FAULT", "nan:iter:5,nan:iter:6")
     status, _, err = cli(run_dir, "trainer.epochs=3", "trainer.nan_skip_limit=1", capsys=capsys)
     one_error_line(status, err, "loss is not finite at iteration 6",
@@ -145,7 +145,7 @@ def test_hold_fault_waits_for_a_stop_request(monkeypatch):
     import time
 
     from mdk import faults
-    from mdk.engine import stop
+    from mdk import stop
 
     monkeypatch.setenv(faults.ENV, "hold:iter:3")
     monkeypatch.setattr(faults, "HOLD_S", 0.5)

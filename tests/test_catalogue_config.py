@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import REPO
 from launchers.errors import user_error_line
+from mdk.errors import user_errors
 from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot
 
 
@@ -131,3 +133,15 @@ def test_user_error_raised_inside_a_rank_is_one_line_naming_the_rank():
         "training stopped (rank 1): loss is not finite at iteration 3: term(s) ['coord'] = [nan]")
     assert user_error_line(RankFailedError("rank 0 failed:\nKeyError: 'x'")) is None
     assert user_error_line(KeyError("x")) is None  # a bug keeps its traceback
+
+
+def test_every_kind_of_user_error_is_documented_with_its_label():
+    """mdk/errors.py is the one list of kinds; docs/errors.md names each kind's label."""
+    text = (REPO / "docs" / "errors.md").read_text()
+    kinds = user_errors()
+    assert {c.__name__ for c in kinds} >= {"ConfigError", "DataError", "CheckpointError",
+                                            "MissingStageInput", "NonFiniteLossError",
+                                            "RendezvousError"}
+    for cls in kinds:
+        assert f"`{cls.label}`" in text, cls
+        assert user_error_line(cls("msg")) == f"{cls.label}: msg"

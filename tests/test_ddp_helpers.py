@@ -31,7 +31,7 @@ def raise_on_rank1(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Rank 1 fails after 0.5 s; rank 0 meanwhile waits in a collective it would never leave."""
     from mdk import dist
 
-    if dist.get_rank() == 1:
+    if world.rank == 1:
         time.sleep(0.5)
         raise ValueError("boom from rank 1")
     dist.barrier()  # never satisfied: only the parent's SIGTERM ends this
@@ -48,14 +48,15 @@ def eval_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     model = build.build_model(cfg)
     _, val_ds = build.build_data(cfg, model.grid, world)
     bs = 4  # per rank, as in training
-    res = evaluate(model, val_ds, bs, torch.device("cpu"), conf_thresh=0.0, nms_iou=0.5)
-    dets, _, _ = predict(model, val_ds, bs, torch.device("cpu"), 0.0, 0.5)
+    res = evaluate(model, val_ds, bs, torch.device("cpu"), conf_thresh=0.0, nms_iou=0.5,
+                   world=world)
+    dets, _, _ = predict(model, val_ds, bs, torch.device("cpu"), 0.0, 0.5, world=world)
     merged: dict = {}
     for part in dist.all_gather_object(dets):
         for k, d in part.items():
             assert k not in merged, f"image {k} predicted by two ranks"
             merged[k] = {n: t.tolist() for n, t in d.items()}
-    oracle = evaluate(Oracle(val_ds), val_ds, bs, torch.device("cpu"), 0.01, 0.5)
+    oracle = evaluate(Oracle(val_ds), val_ds, bs, torch.device("cpu"), 0.01, 0.5, world=world)
     return {"metrics": res, "dets": {str(k): merged[k] for k in sorted(merged)},
             "oracle": oracle, "world": dist.world_size()}
 
@@ -92,7 +93,7 @@ def ordered_sum_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     share's local sum all-reduced, on every rank."""
     from mdk import dist
 
-    r, w = dist.get_rank(), dist.world_size()
+    r, w = world.rank, world.size
     k = len(ORDER_SENSITIVE) // w
     parts = [torch.tensor([v], dtype=torch.float32) for v in ORDER_SENSITIVE[r * k:(r + 1) * k]]
     ordered = dist.ordered_sum(parts)
@@ -118,7 +119,7 @@ def global_bn_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     from mdk import dist
     from mdk.sync_bn import GlobalBatchNorm2d
 
-    r, w = dist.get_rank(), dist.world_size()
+    r, w = world.rank, world.size
     x, dy = bn_batch()
     k = x.shape[0] // w
     bn = GlobalBatchNorm2d(4).double()

@@ -205,18 +205,18 @@ def test_hook_unwraps_ddp(tmp_path):
         hook = EMAHook(ema)
         _loop(ddp, 3, [hook])
         assert ema.updates == 3 and set(ema.shadow) == set(net.state_dict())
-        assert hook.state_dict()["updates"] == 3
+        assert ema.state_dict()["updates"] == 3
     finally:
         tdist.destroy_process_group()
 
 
-def ema_ddp_rank(cfg, run_dir: Path, world: object = None) -> dict:
+def ema_ddp_rank(cfg, run_dir: Path, world) -> dict:
     """Each rank trains the DDP-wrapped BN net on its own data with an EMAHook."""
     import torch.distributed as tdist
 
     from mdk import dist
 
-    r = dist.get_rank()
+    r = world.rank
     net = tiny_net()
     ema = ModelEMA(net, decay=0.8, tau=0.0)
     ddp = nn.parallel.DistributedDataParallel(net)

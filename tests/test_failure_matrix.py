@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cmd_env
+from mdk.errors import UserError, user_errors
 
 SMALL = [
     "model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
@@ -28,9 +29,9 @@ SMALL = [
     "trainer.epochs=1", "trainer.progress=false", "logger=none", "scheduler.warmup.iters=2",
     "trainer.device=cpu",
 ]
-KINDS = {"ConfigError": "config error", "DataError": "data error",
-         "CheckpointError": "checkpoint error", "MissingStageInput": "missing stage input",
-         "NonFiniteLossError": "training stopped"}
+# Every kind of user error mdk raises (mdk/errors.py's one list; subclasses share a kind's path).
+KINDS = {c.__name__: c.label for c in user_errors()
+         if c.__module__ == "mdk.errors" and UserError in c.__bases__}
 # place -> (fault point, rank, overrides): where the error starts
 PLACES = {
     "parent": ("start", 0, ["dataset.num_workers=0"]),

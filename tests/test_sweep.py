@@ -20,7 +20,9 @@ from omegaconf import OmegaConf
 from conftest import REPO, TINY, run_cmd_env
 from launchers import sweep_summary as ss
 from launchers.requeue import check_resources_not_swept, pin_job_dir, stop_on_signals
-from mdk.engine import stop
+from mdk import stop
+from mdk.engine.result import StageResult
+from mdk.engine.stop_hook import StopOnRequestHook
 from mdk.engine.loop import HookBase, Trainer
 
 QUICK = [*TINY, "trainer.epochs=1", "trainer.limit_train_batches=2"]
@@ -28,9 +30,9 @@ QUICK = [*TINY, "trainer.epochs=1", "trainer.limit_train_batches=2"]
 
 # --- records and table ------------------------------------------------------------------------
 def test_job_record_of_a_pipeline_takes_last_scored_stage_and_sums_time():
-    stages = [{"stage": "step1", "best_map50": 0.5, "final_loss": 2.0, "time_s": 3.0},
-              {"stage": "cal", "time_s": 1.5},
-              {"stage": "step3", "best_map50": 0.25, "final_loss": 1.5, "time_s": 2.0}]
+    stages = [StageResult("step1", best_map50=0.5, final_loss=2.0, time_s=3.0),
+              StageResult("cal", time_s=1.5),
+              StageResult("step3", best_map50=0.25, final_loss=1.5, time_s=2.0)]
     rec = ss.job_record(stages, ["scheduler=step"], started=0.0)
     assert (rec["status"], rec["best_map50"], rec["final_loss"], rec["time_s"]) == \
         ("completed", 0.25, 1.5, 6.5)
@@ -177,7 +179,7 @@ def _trainer(epochs: int = 3, per_epoch: int = 4) -> Trainer:
 def test_signal_saves_last_at_the_next_step_boundary_and_stops(at, saved_by_hook):
     t = _trainer()
     epoch_saves, hook_saves = _Saves(), []
-    stop_hook = stop.StopOnRequestHook(lambda: hook_saves.append(t.iter))
+    stop_hook = StopOnRequestHook(lambda: hook_saves.append(t.iter))
     t.register_hooks([_Signal(at), epoch_saves, stop_hook])
     before = signal.getsignal(signal.SIGUSR1)
     stop.clear_stop()
@@ -250,4 +252,4 @@ def test_submitit_local_two_tasks_share_one_run(tmp_path, shared_data):
     assert sorted(p.name for p in job.glob("rank*.log")) == ["rank0.log", "rank1.log"]
     assert "submitit_local: 2 CPU worker processes with gloo" in (job / "rank0.log").read_text()
     ck = torch.load(job / "checkpoints" / "step1" / "last.pth", map_location="cpu", weights_only=False)
-    assert ck["world_size"] == 2 and sorted(ck["rng"]) == [0, 1] and ck["iter"] == 2
+    assert ck["world_size"] == 2 and sorted(ck["rng"]) == [0, 1] and ck["trainer"]["iter"] == 2

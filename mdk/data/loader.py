@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from mdk.errors import USER_ERRORS
+from mdk.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def unwrap_worker_error(exc: BaseException) -> BaseException:
     error class the user is shown as one line: config, checkpoint, ...), a new exception of the
     same class whose message is the worker's own message, the worker's traceback kept as a note;
     any other exception unchanged."""
-    if not isinstance(exc, USER_ERRORS) or not exc.args or not isinstance(exc.args[0], str):
+    if not isinstance(exc, UserError) or not exc.args or not isinstance(exc.args[0], str):
         return exc  # a bug keeps torch's message: the worker's traceback is what helps there
     text = exc.args[0]
     head = _WRAPPED.match(text)

@@ -18,6 +18,7 @@ from mdk import dist
 from mdk.data.samplers import ShardSampler
 from mdk.eval import evaluate_detections
 from mdk.models.yolo_codec import decode
+from mdk.world import World
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +26,13 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
             conf_thresh: float, nms_iou: float, limit_batches: int | None = None,
-            num_workers: int = 0, loss_fn: Any = None, progress: bool = False
-            ) -> tuple[dict[int, dict], float, int]:
-    """Detections of this rank's shard: ({index: det}, summed loss, number of images)."""
-    limit = limit_batches * batch_size * dist.world_size() if limit_batches else None
-    sampler = ShardSampler(len(dataset), dist.get_rank(), dist.world_size(), limit)
+            num_workers: int = 0, loss_fn: Any = None, progress: bool = False,
+            world: Optional[World] = None) -> tuple[dict[int, dict], float, int]:
+    """Detections of this rank's shard: ({index: det}, summed loss, number of images).
+    ``world``: this process's place in the run (None: alone)."""
+    world = world or World()
+    limit = limit_batches * batch_size * world.size if limit_batches else None
+    sampler = ShardSampler(len(dataset), world.rank, world.size, limit)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)
     was_training = model.training
     model.eval()
@@ -37,7 +40,7 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
     bar = loader
-    if progress and dist.is_main_process():
+    if progress and world.is_main:
         from tqdm import tqdm
         bar = tqdm(loader, desc="eval", leave=False, dynamic_ncols=True)
     for images, targets, idx in bar:
@@ -67,14 +70,16 @@ def _sync_bn_buffers(model: torch.nn.Module) -> None:
 def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
              conf_thresh: float = 0.01, nms_iou: float = 0.5, limit_batches: int | None = None,
              num_workers: int = 0, loss_fn: Any = None, progress: bool = False,
-             metric: str = "voc07", keep: Optional[list] = None) -> dict[str, Any]:
+             metric: str = "voc07", keep: Optional[list] = None,
+             world: Optional[World] = None) -> dict[str, Any]:
     """``map50`` (the mAP@0.5 of ``metric``: VOC07 11-point, VOC12 area or COCO 101-point),
     ``metric`` (its name), per-class ``ap``, ``images`` and, with ``loss_fn``, the mean ``loss``;
     identical on every rank. ``keep``: a list that receives the full evaluator result and the
-    merged detections (for reports), so they are not recomputed."""
+    merged detections (for reports), so they are not recomputed. ``world``: this process's place
+    in the run (None: alone); each rank of a distributed run passes its own."""
     _sync_bn_buffers(model)
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
-                                     limit_batches, num_workers, loss_fn, progress)
+                                     limit_batches, num_workers, loss_fn, progress, world)
     parts = dist.all_gather_object((local, loss_sum, count))
     merged: dict[int, dict] = {}
     for part in parts:

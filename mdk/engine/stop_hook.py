@@ -18,9 +18,8 @@ import torch
 
 from mdk import dist
 from mdk.engine.loop import HookBase
-# The flag lives low (mdk/stop.py); re-exported here for the launchers and tests that ask.
-from mdk.stop import (StopRequested, _state, arm, clear_stop, listening,  # noqa: F401
-                      request_stop, stop_requested)
+from mdk.stop import (StopRequested, is_armed, start_listening, stop_listening,
+                      stop_requested)
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +32,16 @@ class StopOnRequestHook(HookBase):
         self.save_last = save_last
 
     def before_train(self) -> None:
-        _state["listeners"] += 1
+        start_listening()
 
     def after_train(self) -> None:
-        _state["listeners"] = max(0, _state["listeners"] - 1)
+        stop_listening()
 
     def _agreed(self) -> bool:
         flag = stop_requested() is not None
         if dist.world_size() <= 1:
             return flag
-        if not _state["armed"]:
+        if not is_armed():
             return False
         t = torch.tensor([1.0 if flag else 0.0], device=self.trainer.device)
         return bool(dist.all_reduce_max(t).item())
