@@ -7,10 +7,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.config import register_resolvers, validate
-from mdk.stage import stage_config  # noqa: F401  (tests and tools import it from here too)
+from launchers.env import detect
+from launchers.errors import user_error_line
+from launchers.malloc import tune_malloc
+from launchers.objective import with_objective
+from launchers.spawn import RankFailedError, run_ranks
+from launchers.summary import print_summary
+from launchers.sweep_summary import is_multirun, run_guarded
+from mdk import faults
+from mdk.config import validate
+from mdk.engine.result import StageResult
+from mdk.engine.runner import stage_on_rank
+from mdk.paths import register_resolvers
+from mdk.preflight import preflight
+from mdk.stage import StageSpec, stage_config
+from mdk.stage_config import running_stages
 
 log = logging.getLogger(__name__)
 
@@ -19,14 +33,9 @@ def _resolved(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
-def run(cfg: DictConfig) -> list[dict[str, Any]]:
+def run(cfg: DictConfig) -> Any:
     """Run the stages; a user error (bad config/data/checkpoint, NaN loss) becomes one line on
     stderr and exit status 1 instead of a traceback (HYDRA_FULL_ERROR=1 shows the traceback)."""
-    from launchers.errors import user_error_line
-    from launchers.malloc import tune_malloc
-    from launchers.objective import with_objective
-    from launchers.sweep_summary import run_guarded
-
     tune_malloc()  # again here: submitit/SLURM jobs reach run() without run.py's top level
     try:
         # Multirun: a failing job returns a "failed" result instead of raising, so the other jobs
@@ -34,8 +43,6 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         # With an `objective` (searches): float() of the result is the metric (launchers/objective.py).
         return with_objective(cfg, run_guarded(_run, cfg))
     except Exception as e:
-        from launchers.spawn import RankFailedError
-
         line = user_error_line(e)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
@@ -53,26 +60,12 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
 
 def _sweep_name() -> str | None:
     """The sweep a multirun job belongs to (its sweep dir's name), for grouping metric sinks."""
-    from launchers.sweep_summary import is_multirun
-
     if not is_multirun():
         return None
-    from hydra.core.hydra_config import HydraConfig
-
     return Path(str(HydraConfig.get().sweep.dir)).name
 
 
-def _run(cfg: DictConfig) -> list[dict[str, Any]]:
-    from hydra.core.hydra_config import HydraConfig
-
-    from launchers.env import detect
-    from launchers.spawn import run_ranks
-    from launchers.summary import print_summary
-    from mdk import faults
-    from mdk.config import running_stages
-    from mdk.engine.runner import run_stage
-    from mdk.preflight import preflight
-
+def _run(cfg: DictConfig) -> list[StageResult]:
     register_resolvers()
     env = detect()
     validate(cfg, env.world_size if env.external else None)  # the real world under torchrun/SLURM
@@ -81,18 +74,19 @@ def _run(cfg: DictConfig) -> list[dict[str, Any]]:
     # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
-    preflight(configs[0], env.world_size if env.external else None)  # before any process starts
+    preflight(configs[0])  # machine and files, before any process starts
     faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
-    results = []
+    results: list[StageResult] = []
     offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
     group = _sweep_name()
     for s, scfg in zip(stages, configs):
-        if scfg.step.train:
+        if StageSpec.from_node(scfg.step).trains:
             log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
         else:
             log.info("=== %s ===  one pass, no training", s)
-        res = run_ranks(scfg, run_dir, partial(run_stage, step_offset=offset, group=group))
-        offset += int(res.get("iterations") or 0)
+        res = StageResult.from_dict(
+            run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
+        offset += res.iterations
         results.append(res)
     if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
         print_summary(results, cfg, run_dir)

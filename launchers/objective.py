@@ -2,8 +2,8 @@
 
 ``python run.py -m hparams_search=<name>`` runs an Optuna study through hydra-optuna-sweeper
 (conf/hparams_search/). The sweeper takes ``float(job return value)`` as the trial's value, so a
-run returns its stage results as a ``StageResults``: still the list of per-stage dicts that the
-sweep table reads (launchers/sweep_summary.py, unchanged), and ``float()`` of it is the
+run returns its stage results as a ``StageResults``: the list of ``StageResult`` records that the
+sweep table reads (launchers/sweep_summary.py), and ``float()`` of it is the
 objective, ``objective.metric`` of stage ``objective.stage`` (null: the last stage that reports
 the metric, e.g. step3 in ``pipeline=[step1,step2,cal,step3]``).
 
@@ -26,24 +26,26 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from mdk.engine.result import StageResult
+
 
 class StageResults(list):
-    """The per-stage result dicts of a run; ``float()`` gives the search objective."""
+    """The StageResults of a run; ``float()`` gives the search objective."""
 
-    def __init__(self, results: Sequence[Any], stages: Sequence[str], metric: str,
+    def __init__(self, results: Sequence[StageResult], stages: Sequence[str], metric: str,
                  stage: Optional[str] = None) -> None:
         super().__init__(results)
         self.stages, self.metric, self.stage = list(stages), metric, stage
 
     def objective(self) -> float:
         """The metric of the chosen stage; ValueError (the trial fails) if missing or not finite."""
-        pairs = [(r.get("stage") or s, r) for s, r in zip(self.stages, self) if isinstance(r, dict)]
+        pairs = [(r.stage, r) for r in self]
         if self.stage is not None:
             if self.stage not in self.stages:
                 raise ValueError(f"objective.stage={self.stage} did not run (stages: "
                                  f"{', '.join(self.stages)}); pick one of them or null")
             pairs = [(s, r) for s, r in pairs if s == self.stage]
-        scored = [(s, r[self.metric]) for s, r in pairs if r.get(self.metric) is not None]
+        scored = [(s, r.value(self.metric)) for s, r in pairs if r.value(self.metric) is not None]
         if not scored:
             where = f"stage {self.stage}" if self.stage else f"stages {', '.join(self.stages)}"
             raise ValueError(f"objective.metric={self.metric}: no value in the results of {where}")

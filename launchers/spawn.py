@@ -105,7 +105,7 @@ def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, 
         init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s), prefix)
         out = fn(cfg, Path(run_dir), world)
         if rank == 0:
-            (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out, default=str))
+            (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out))
         tdist.barrier()  # leave together: no rank tears gloo down under a peer still using it
     except BaseException as e:
         # Only a consequence of a peer's failure: the rank that failed first logs the cause.

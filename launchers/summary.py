@@ -9,6 +9,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from mdk.engine.result import StageResult
+
 log = logging.getLogger(__name__)
 
 
@@ -16,39 +18,38 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
 
 
-def _per_class(results: list[dict[str, Any]], class_names: list[str]) -> list[str]:
+def _per_class(results: list[StageResult], class_names: list[str]) -> list[str]:
     """AP of each class (rows) at each stage's best evaluation (columns); n/a: no ground truth."""
-    scored = [r for r in results if r.get("ap")]
+    scored = [r for r in results if r.ap]
     if not scored:
         return []
     width = max(12, *(len(n) for n in class_names))
-    lines = [f"{'AP per class':<{width}} " + " ".join(f"{r['stage']:>7}" for r in scored)]
+    lines = [f"{'AP per class':<{width}} " + " ".join(f"{r.stage:>7}" for r in scored)]
     for c, name in enumerate(class_names):
         cells = []
         for r in scored:
-            v = r["ap"][c] if c < len(r["ap"]) else float("nan")
+            v = r.ap[c] if c < len(r.ap) else float("nan")
             cells.append(f"{'n/a' if math.isnan(v) else format(v, '.4f'):>7}")
         lines.append(f"{name:<{width}} " + " ".join(cells))
     return lines
 
 
-def print_summary(results: list[dict[str, Any]], cfg: DictConfig, run_dir: Path) -> None:
+def print_summary(results: list[StageResult], cfg: DictConfig, run_dir: Path) -> None:
     lines = [f"{'stage':<7} {'mAP@0.5':>8} {'best ep':>7} {'loss':>8} {'time s':>7}  checkpoints"]
     for r in results:
-        m = r.get("best_map50", r.get("map50"))
-        lines.append(f"{r['stage']:<7} {_fmt(m):>8} {_fmt(r.get('best_epoch')):>7} "
-                     f"{_fmt(r.get('final_loss')):>8} {_fmt(r.get('time_s'), '.1f'):>7}  "
-                     f"{r.get('checkpoints', '-')}")
-    metric = next((r["metric"] for r in results if r.get("metric")), None)
+        lines.append(f"{r.stage:<7} {_fmt(r.best_map50):>8} {_fmt(r.best_epoch):>7} "
+                     f"{_fmt(r.final_loss):>8} {_fmt(r.time_s, '.1f'):>7}  "
+                     f"{r.checkpoints or '-'}")
+    metric = next((r.metric for r in results if r.metric), None)
     if metric:
         lines.append(f"mAP@0.5: {metric} on the {cfg.dataset.val_split} split, at each stage's "
                      "best evaluation (eval.metric)")
     lines += _per_class(results, list(cfg.dataset.class_names))
-    nxt = results[-1].get("next")
+    nxt = results[-1].next
     if nxt:
         lines.append(f"next stage: python run.py step={nxt}")
-    if results[-1].get("export"):
-        lines.append(f"chip model exported to {results[-1]['export']}")
+    if results[-1].export:
+        lines.append(f"chip model exported to {results[-1].export}")
     lines.append(f"run dir: {run_dir}")
     text = "\n".join(lines)
     log.info("summary\n%s", text)

@@ -1,9 +1,10 @@
 """The quantization bars of the chip pipeline, judged on the means over seeds.
 
-The README and docs/pipeline.md state them as "step3 >= step1 - 2 points, step4 >= step3 - 0.5"
-(points of mAP@0.5). One seed's number moves by several points from seed to seed (issue: the
-20-epoch step1 spread about +-0.07 on a GPU), more than the bars themselves, so a sweep with a
-seed axis checks them on the mean of each stage and reports the spread next to it.
+Each stage record may declare its bar (``bar: {reference: step1, tolerance: 0.02}`` in
+conf/step/step3.yaml: step3 >= step1 - 2 points of mAP@0.5); the stage's result carries it to the
+sweep. One seed's number moves by several points from seed to seed, more than the bars
+themselves, so a sweep with a seed axis checks them on the mean of each stage and reports the
+spread next to it.
 """
 from __future__ import annotations
 
@@ -30,26 +31,26 @@ class Bar:
     def __str__(self) -> str:
         return f"{self.stage} >= {self.reference} - {self.tolerance:g} ({self.tolerance * 100:g} points)"
 
-
-BARS: tuple[Bar, ...] = (
-    Bar("step3", "step1", 0.02),   # weights + 5-bit activations lose at most 2 points vs float
-    Bar("step4", "step3", 0.005),  # gain fusion + chip export loses at most 0.5 points
-)
+    @classmethod
+    def from_record(cls, stage: str, bar: dict[str, Any]) -> "Bar":
+        """The ``bar`` node of ``stage``'s record."""
+        return cls(stage, str(bar["reference"]), float(bar["tolerance"]))
 
 
 def _stat(stats: dict[str, Any], stage: str) -> Optional[dict[str, Any]]:
     return (stats.get(stage) or {}).get(METRIC)
 
 
-def check_bars(stats: dict[str, dict[str, dict[str, Any]]],
+def check_bars(bars: list[Bar], stats: dict[str, dict[str, dict[str, Any]]],
                per_job: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
-    """Each bar whose two stages have ``METRIC`` numbers in ``stats`` (stage -> metric -> summary
-    with n/mean/std/min/max, as ``launchers.sweep_stats.describe`` makes), judged on the means.
+    """Each of ``bars`` whose two stages have ``METRIC`` numbers in ``stats`` (stage -> metric ->
+    summary with n/mean/std/min/max, as ``launchers.sweep_stats.describe`` makes), judged on the
+    means.
 
     ``per_job`` (one stage -> metric -> value map per completed job) gives the paired view: the
     difference stage - reference seed by seed, and in how many seeds the bar holds alone."""
     out = []
-    for bar in BARS:
+    for bar in bars:
         s, r = _stat(stats, bar.stage), _stat(stats, bar.reference)
         if s is None or r is None:
             continue

@@ -19,8 +19,19 @@ import logging
 import time
 from typing import Any, Optional, Sequence
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from launchers.requeue import slurm_dist_url
+from mdk.config import validate
+from mdk.errors import ConfigError
+from mdk.paths import register_resolvers
+from mdk.stage import stage_config
+from mdk.stage_config import running_stages
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +45,6 @@ class SweepConfigError(SystemExit):
 def sweep_jobs(config: DictConfig) -> Optional[list[list[str]]]:
     """The overrides of every job of this sweep, in job order; None when the sweeper decides
     its jobs while it runs (anything but the basic sweeper)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
         return None
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
@@ -51,15 +58,11 @@ def sweep_jobs(config: DictConfig) -> Optional[list[list[str]]]:
 def check_job(cfg: DictConfig, slurm: bool = False) -> None:
     """What a single run checks before it starts anything (``launchers.entry._run``): the config,
     then each stage's own config (``+stages.<stage>.*``). Raises ConfigError."""
-    from launchers.entry import stage_config
-    from launchers.requeue import slurm_dist_url
-    from mdk.config import register_resolvers, validate
-
     register_resolvers()
     if slurm:  # the job fills in its first node's address; a stand-in passes the same checks
         slurm_dist_url(cfg, "slurm-node0", 29500)
     validate(cfg)
-    for stage in list(cfg.pipeline) or [cfg.step.name]:
+    for stage in running_stages(cfg):
         stage_config(cfg, stage)
 
 
@@ -75,11 +78,6 @@ def _swept(jobs: Sequence[Sequence[str]]) -> set[str]:
 
 def check_sweep(config: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
     """Compose and check every job; raise SweepConfigError naming the first bad one."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-
-    from mdk.config import ConfigError
-
     loader = GlobalHydra.instance().config_loader()
     slurm = "SlurmLauncher" in str(OmegaConf.select(config, "hydra.launcher._target_"))
     swept = _swept(jobs)

@@ -17,13 +17,14 @@ import statistics
 from collections import Counter
 from typing import Any, Iterable, Optional
 
-from launchers.sweep_bars import check_bars, format_bar
+from launchers.sweep_bars import Bar, check_bars, format_bar
+from mdk.engine.result import StageResult
 
 log = logging.getLogger(__name__)
 
 SEED_KEY = "seed"
 STD = "sample, n-1"
-# Per-stage numbers a stage result holds (mdk/engine/runner.py) -> (mean/std format, min/max format).
+# Per-stage numbers a stage result holds (mdk/engine/result.py) -> (mean/std format, min/max format).
 METRICS: dict[str, tuple[str, str]] = {
     "best_map50": (".4f", ".4f"),
     "best_epoch": (".1f", ".0f"),
@@ -38,13 +39,23 @@ def override_map(overrides: Optional[Iterable[str]]) -> dict[str, str]:
 
 
 def compact_stages(stages: Any) -> list[dict[str, Any]]:
-    """The numbers of each stage result (no checkpoint paths, caps, ...) for the sweep summary."""
+    """The numbers of each stage result in a result.json (no checkpoint paths, caps, ...) and the
+    stage's quantization bar, for the sweep summary."""
     out = []
-    for s in stages if isinstance(stages, list) else []:
-        if isinstance(s, dict) and s.get("stage"):
-            num = {m: s.get(m, s.get("map50")) if m == "best_map50" else s.get(m) for m in METRICS}
-            out.append({"stage": s["stage"], **num})
+    for d in stages if isinstance(stages, list) else []:
+        r = StageResult.from_dict(d)
+        out.append({"stage": r.stage, **{m: r.value(m) for m in METRICS}, "bar": r.bar})
     return out
+
+
+def _bars(rows: list[dict[str, Any]]) -> list[Bar]:
+    """The bars the stages of these jobs declare (each stage record's ``bar``), once each."""
+    found: dict[str, Bar] = {}
+    for r in rows:
+        for s in r.get("stages") or []:
+            if s.get("bar") and s["stage"] not in found:
+                found[s["stage"]] = Bar.from_record(s["stage"], s["bar"])
+    return list(found.values())
 
 
 def _job_stages(row: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -78,6 +89,7 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     rows = [r for r in rows if r.get("overrides")]
     if not has_seed_axis(rows):
         return None
+    bars = _bars(rows)
     maps = [override_map(r.get("overrides")) for r in rows]
     keys: list[str] = []
     for m in maps:
@@ -106,7 +118,7 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
             "completed": len(done),
             "left_out": dict(Counter(rows[i]["status"] for i in idx if i not in done)),
             "stages": stages,
-            "bars": check_bars(stages, per_job),
+            "bars": check_bars(bars, stages, per_job),
         })
     seeds = sorted({m[SEED_KEY] for m in maps if SEED_KEY in m},
                    key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))

@@ -28,11 +28,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from launchers.env import detect
 from launchers.sweep_stats import aggregate, compact_stages, format_aggregate
+from mdk.engine.result import StageResult
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +55,6 @@ class SweepDirInUseError(SystemExit):
 
 
 def is_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
@@ -62,7 +63,7 @@ def run_guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
     Caught: any Exception, and SystemExit carrying a message (config errors). Not caught:
     SystemExit with a code (submitit's requeue exit), KeyboardInterrupt, and
-    ``mdk.engine.stop.StopRequested`` (preemption): those must end the process."""
+    ``mdk.stop.StopRequested`` (preemption): those must end the process."""
     if not is_multirun():
         return fn(cfg)
     try:
@@ -76,33 +77,30 @@ def run_guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 
 def _rank() -> int:
-    from launchers.env import detect
-
     return detect().rank
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     tmp.replace(path)
 
 
 def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]:
-    """What result.json holds for a job that returned ``ret`` (stage dicts, a failure, or an error)."""
+    """What result.json holds for a job that returned ``ret`` (its StageResults, a failure, or
+    an error)."""
     rec: dict[str, Any] = {"overrides": overrides, "wall_s": round(time.time() - started, 1)}
     if isinstance(ret, BaseException):
         tb = "".join(traceback.format_exception(type(ret), ret, ret.__traceback__))
         return {**rec, "status": "failed", "error": f"{type(ret).__name__}: {ret}", "traceback": tb}
     if isinstance(ret, dict) and ret.get("status") == "failed":
         return {**rec, **ret}
-    stages = list(ret) if isinstance(ret, (list, tuple)) else []
-    scored = [s for s in stages if isinstance(s, dict) and
-              (s.get("best_map50") is not None or s.get("map50") is not None)]
-    last = scored[-1] if scored else (stages[-1] if stages else {})
-    losses = [s.get("final_loss") for s in stages if isinstance(s, dict) and s.get("final_loss") is not None]
-    times = [s.get("time_s") for s in stages if isinstance(s, dict) and s.get("time_s") is not None]
-    return {**rec, "status": "completed", "stages": stages,
-            "best_map50": last.get("best_map50", last.get("map50")) if last else None,
+    stages: list[StageResult] = list(ret) if isinstance(ret, (list, tuple)) else []
+    scored = [s for s in stages if s.best_map50 is not None]
+    losses = [s.final_loss for s in stages if s.final_loss is not None]
+    times = [s.time_s for s in stages if s.time_s is not None]
+    return {**rec, "status": "completed", "stages": [s.to_dict() for s in stages],
+            "best_map50": scored[-1].best_map50 if scored else None,
             "final_loss": losses[-1] if losses else None,
             "time_s": round(sum(times), 1) if times else rec["wall_s"]}
 

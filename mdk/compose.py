@@ -12,9 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from mdk.errors import ConfigError
+from mdk.paths import register_resolvers
+from mdk.schema import register_schemas
 
 log = logging.getLogger(__name__)
 
@@ -25,27 +35,21 @@ CONFIG_NAME = "config"
 def _app() -> tuple[list[str], Optional[str]]:
     """``hydra.searchpath`` and the primary config name of the running Hydra app (([], None)
     outside one)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            hc = HydraConfig.get()
-            return [str(p) for p in hc.searchpath], hc.job.config_name
-    except (ImportError, ValueError):
-        pass
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        return [str(p) for p in hc.searchpath], hc.job.config_name
     return [], None
+
+
+def app_searchpath() -> list[str]:
+    """The running Hydra app's ``hydra.searchpath`` ([] outside one)."""
+    return _app()[0]
 
 
 @contextmanager
 def _hydra_context(config_dir: Optional[Path] = None) -> Iterator[None]:
     """Hydra's global state for the compose API: the running app's, or ``config_dir``
     (default: ``conf/`` of this repo)."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from mdk.config import register_resolvers
-    from mdk.schema import register_schemas
-
     register_resolvers()
     register_schemas()
     other = config_dir is not None and Path(config_dir).resolve() != CONF_DIR
@@ -66,10 +70,6 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
     """``conf/`` (or ``config_dir``) composed with ``overrides`` (Hydra override syntax);
     Hydra's own errors (an unknown key or option, a wrong type) become ConfigError with one
     line naming the key. ``config_name=None`` composes groups without a primary config."""
-    from hydra import compose as hydra_compose
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     over = list(overrides)
     sp, app_config = _app()
     if config_name is _APP_DEFAULT:
@@ -85,17 +85,12 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
 
 def group_options(group: str) -> list[str]:
     """The options of a config group (e.g. ``step``: every declared stage), sorted."""
-    from hydra.core.global_hydra import GlobalHydra
-
     searchpath, _ = _app()
     with _hydra_context():
         loader = GlobalHydra.instance().config_loader()
         if searchpath:
             # The app's loader lists conf/ only: hydra.searchpath additions (a stage declared in
             # another folder) are applied per composition. List them with a loader that has them.
-            from hydra._internal.config_loader_impl import ConfigLoaderImpl
-            from hydra._internal.utils import create_config_search_path
-
             path = create_config_search_path(str(CONF_DIR))
             for entry in searchpath:
                 path.append("searchpath", entry)

@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.errors import ConfigError  # re-exported: mdk.config.ConfigError
+from mdk.errors import ConfigError
+from mdk.paths import resolve_path
+from mdk.stage import check_pipeline
 
 CHIPS = ("5801", "2801", "2803")
 AMP_DTYPES = ("auto", "float16", "bfloat16")
@@ -125,39 +127,6 @@ def _check_dist(cfg: DictConfig, world_size: Optional[int]) -> None:
                           "(e.g. dist.cpu_threads=1)")
 
 
-def running_stages(cfg: DictConfig) -> list[str]:
-    """The stages this command runs: ``pipeline``, or the one named by ``step``."""
-    return [str(s) for s in cfg.pipeline] or [str(cfg.step.name)]
-
-
-def _check_stages(cfg: DictConfig) -> None:
-    """Pipeline entries and ``stages.*`` overrides name declared stages (conf/step/*.yaml)."""
-    running = running_stages(cfg)
-    chunk = cfg.dist.get("exact_chunk")
-    if chunk is not None and cfg.model.net.get("batch_norm", False) and "step1" in running:
-        raise ConfigError(
-            f"dist.exact_chunk={chunk} cannot train step1 with BatchNorm "
-            "(model.net.batch_norm=true): each chunk would normalise with its own statistics. "
-            "Add model.net.batch_norm=false, or use exact_chunk from step2 on (BN is folded "
-            "there), or dist.exact_chunk=null")
-    extra = list(cfg.get("stages") or {})
-    if not cfg.pipeline and not extra:
-        return  # `step=` was checked by Hydra (a group option)
-    from mdk.stage import stage_names
-
-    names = stage_names()
-    for s in cfg.pipeline:
-        if s not in names:
-            raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {names}")
-    for s in extra:
-        if s not in names:
-            raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(names)}")
-        if s not in running:
-            raise ConfigError(f"stages.{s}.* is set but {s} does not run in this command "
-                              f"(stages: {', '.join(running)}); add it to pipeline=[...] or "
-                              "drop the override")
-
-
 def _check_loss(cfg: DictConfig) -> None:
     """The loss group's own checks (its constructor names the ``loss.<key>``), run here so a bad
     weight is one config line before any data is built, not a Hydra error from the run."""
@@ -182,7 +151,7 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     try:
         _check_trainer(cfg)
         _check_dist(cfg, world_size)
-        _check_stages(cfg)
+        check_pipeline(cfg)
         if str(cfg.chip) not in CHIPS:
             raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of {', '.join(CHIPS)}")
         names = list(cfg.dataset.class_names)
@@ -205,17 +174,6 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
         raise
     except Exception as e:  # a missing mandatory value (???) or an interpolation that fails
         raise ConfigError(f"bad configuration: {e}") from e
-
-
-def stage_schedule(stage_cfg: DictConfig, stage: str) -> tuple[Optional[int], float]:
-    """(epochs or None for trainer.epochs, lr factor) of a stage's conf/step node, checked."""
-    epochs, scale = stage_cfg.get("epochs"), stage_cfg.get("lr_scale", 1.0)
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
-        raise ConfigError(f"step.epochs={epochs!r} ({stage}) must be an integer >= 1, or null for "
-                          "trainer.epochs")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ConfigError(f"step.lr_scale={scale!r} ({stage}) must be a number > 0")
-    return epochs, float(scale)
 
 
 def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
@@ -245,32 +203,3 @@ def check_writable(cfg: DictConfig, root: str | Path) -> None:
     except OSError as e:
         raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is not writable (creating a file there failed: {e.strerror}); "
                           "choose a folder you can write to") from None
-
-
-def resolve_path(p: str | Path, root: str | Path) -> Path:
-    """Absolute paths as given; relative ones under the repository root (cwd is never changed)."""
-    p = Path(str(p)).expanduser()
-    return p if p.is_absolute() else Path(root) / p
-
-
-def to_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def _ckpt_root(single_run_default: str) -> str:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            return str(Path(hc.runtime.output_dir) / "checkpoints")
-    except (ImportError, ValueError):  # no Hydra run (compose API in tests, tools)
-        pass
-    return single_run_default
-
-
-def register_resolvers() -> None:
-    """Idempotent: called by every entry point before the config is read."""
-    if not OmegaConf.has_resolver("mdk_ckpt"):
-        OmegaConf.register_new_resolver("mdk_ckpt", _ckpt_root)

@@ -1,7 +1,7 @@
 """Checks that run in the launching process before any worker is spawned or any data is built.
 
-Everything a user can get wrong that is cheap to detect up front: the config (``validate``), the
-machine (``check_environment``), a dataset root that does not exist, a checkpoint folder that
+Everything a user can get wrong that is cheap to detect up front, beyond the config itself
+(``mdk.config.validate``, run once before this): the machine (``check_environment``), a dataset root that does not exist, a checkpoint folder that
 cannot be written, a stage whose input checkpoint is missing, unreadable or from another model.
 Each raises the same error type the engine would raise later, so the message is the same; only
 it comes seconds after the command instead of after spawning N processes.
@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
-
 from omegaconf import DictConfig
 
 from mdk.checkpoint import CheckpointError, load_checkpoint
-from mdk.config import check_environment, check_writable, resolve_path, validate
+from mdk.config import check_environment, check_writable
 from mdk.data.voc import DataError
 from mdk.errors import ConfigError
+from mdk.models.build import build_model
+from mdk.paths import resolve_path
 from mdk.stage import StageSpec
+from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
+from mdk.stage_config import KINDS
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ def _check_dataset(cfg: DictConfig) -> None:
         n_train = len(read_split(root, d["train_split"]))  # missing or empty split file
         read_split(root, d["val_split"])
     batch = int(cfg.trainer.batch_size)
-    if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in ("train", "calibrate"):
+    if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in KINDS:
         where = ("dataset.generate.num_train" if d.get("generate")
                  else f"the {d['train_split']!r} split of {d['root']}")
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
@@ -49,7 +51,7 @@ def _check_scheduler(cfg: DictConfig) -> None:
     import torch
     from hydra.utils import instantiate
 
-    if not StageSpec.from_node(cfg.step).train:
+    if not StageSpec.from_node(cfg.step).trains:
         return
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     try:
@@ -61,10 +63,6 @@ def _check_scheduler(cfg: DictConfig) -> None:
 
 def _check_input(cfg: DictConfig) -> None:
     """The first stage's starting point: resumable files, else its input checkpoint, must fit."""
-    from mdk.models.build import build_model
-    from mdk.stage import StageSpec
-    from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
-
     spec = StageSpec.from_node(cfg.step)
     checkpoints = StageCheckpointer(cfg, spec)
     if cfg.trainer.resume and any((checkpoints.dir / n).is_file() for n in RESUME_NAMES):
@@ -81,7 +79,7 @@ def _check_input(cfg: DictConfig) -> None:
     init = checkpoints.input_path()  # MissingStageInput names the stage to run first
     if init is None:
         return
-    ck = load_checkpoint(init, advice=input_advice(spec.name, str(spec.init_from)))
+    ck = load_checkpoint(init, advice=input_advice(spec))
     _check_fits(build_model(cfg), ck, init, load_into,
                 f"it is the input of {spec.name}: run step={spec.init_from} again with the same "
                 "model/dataset, or point paths.checkpoints at the matching run",
@@ -95,12 +93,11 @@ def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None
         raise CheckpointError(f"{e} ({advice})") from None
 
 
-def preflight(cfg: DictConfig, world_size: Optional[int] = None) -> None:
+def preflight(cfg: DictConfig) -> None:
     """Raise ConfigError / DataError / CheckpointError / MissingStageInput before any work.
 
     ``cfg`` is the resolved config of the first stage to run (later stages of a pipeline get
-    their input from it); ``world_size`` the real one under torchrun/SLURM."""
-    validate(cfg, world_size)
+    their input from it), already validated (mdk.config.validate, once per run)."""
     check_environment(cfg)
     check_writable(cfg, os.getcwd())
     _check_scheduler(cfg)

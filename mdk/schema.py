@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from mdk import paths, stage_config
+
 
 @dataclass
 class EMAConf:
@@ -62,49 +64,6 @@ class DistConf:
 
 
 @dataclass
-class PathsConf:
-    data: str = "outputs/data"
-    checkpoints: str = MISSING
-
-
-@dataclass
-class QuantConf:
-    fold_bn: bool = False
-    weights: bool = False
-    activations: bool = False
-    fuse_gains: bool = False
-
-
-@dataclass
-class StageConf:
-    name: str = MISSING
-    init_from: Optional[str] = None
-    init_required: bool = False
-    next: Optional[str] = None
-    train: bool = False
-    calibrate: bool = False
-    export: bool = False
-    work: Optional[str] = None
-    quant: QuantConf = field(default_factory=QuantConf)
-    eval_quant: Optional[QuantConf] = None
-    epochs: Optional[int] = None
-    lr_scale: float = 1.0
-
-
-@dataclass
-class CalibrationConf:
-    method: str = "percentile"
-    percentile: float = 99.0
-    mse_candidates: int = 64
-    max_values: Optional[int] = 1 << 20
-
-
-@dataclass
-class CalibrationStageConf(StageConf):
-    calibration: CalibrationConf = field(default_factory=CalibrationConf)
-
-
-@dataclass
 class WarmupConf:
     iters: int = 0
     start_factor: float = 1.0
@@ -149,8 +108,8 @@ class CosineRestartsConf(SchedulerConf):
 SCHEMAS: dict[str, dict[str, type]] = {
     "trainer": {"trainer": TrainerConf},
     "dist": {"dist": DistConf},
-    "paths": {"paths": PathsConf},
-    "step": {"stage": StageConf, "calibration_stage": CalibrationStageConf},
+    "paths": paths.SCHEMAS,
+    "step": stage_config.SCHEMAS,
     "scheduler": {"step": StepLRConf, "multistep": MultiStepLRConf, "cosine": CosineConf,
                   "cosine_restarts": CosineRestartsConf},
 }

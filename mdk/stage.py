@@ -1,12 +1,13 @@
 """A pipeline stage is one declared thing: its record in ``conf/step/<stage>.yaml``.
 
-The record says everything any part of mdk needs to know about a stage (schema:
-``mdk.schema.StageConf``): where its weights come from (``init_from``, ``init_required``), which
-stage comes next (``next``), the kind of work (``train`` / ``calibrate`` / ``export``, or ``work``:
-a function for a new kind), the chip layers' mode while it runs (``quant``) and when its checkpoint
-is evaluated (``eval_quant``; null = ``quant``), and its schedule (``epochs``, ``lr_scale``). The
-order of the chain follows from ``init_from``. A new stage is one YAML (plus, if its work is
-new, one function); nothing in the engine lists stage names.
+The record says everything any part of mdk needs to know about a stage (schema and checks:
+mdk/stage_config.py): its ``kind`` of work (``train``, ``calibrate``, or ``pkg.module.fn`` for a
+new kind), where its weights come from (``init_from``, ``init_required``, ``pretrained``), which
+stage comes next (``next``), whether its best checkpoint is exported (``export``), the chip
+layers' mode while it runs (``quant``) and when its checkpoint is evaluated (``eval_quant``; null =
+``quant``), its schedule (``epochs``, ``lr_scale``) and its quantization ``bar``. The order of the
+chain follows from ``init_from``. A new stage is one YAML (plus, if its work is new, one
+function); no Python file names a stage.
 
 Records are read through Hydra (``mdk.compose``), so a stage defined in another config directory
 on the search path (``hydra.searchpath``) is found like a built-in one.
@@ -20,43 +21,44 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from mdk.compose import app_searchpath, compose, group_options
 from mdk.errors import ConfigError
-from mdk.quant.modes import ModeReport, QuantMode, apply_mode, drop_bn
-
-PRETRAINED = "step0"  # not a stage: the folder of pretrained weights step1 may start from
+from mdk.quant.modes import ModeReport, QuantMode, apply_mode
+from mdk.stage_config import check_kind, check_schedule, check_stages, running_stages
 
 
 @dataclass(frozen=True)
 class StageSpec:
     name: str
+    kind: str
     init_from: Optional[str]
     init_required: bool
+    pretrained: Optional[str]
     next: Optional[str]
-    train: bool
-    calibrate: bool
     export: bool
-    work: Optional[str]
     quant: QuantMode
     eval_quant: QuantMode
     epochs: Optional[int]
     lr_scale: float
+    bar: Optional[dict[str, Any]]
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any] | DictConfig) -> "StageSpec":
         d = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
         quant = QuantMode.from_mapping(d.get("quant") or {})
         ev = d.get("eval_quant")
-        return cls(name=str(d["name"]), init_from=d.get("init_from"),
-                   init_required=bool(d.get("init_required", False)), next=d.get("next"),
-                   train=bool(d.get("train", False)), calibrate=bool(d.get("calibrate", False)),
-                   export=bool(d.get("export", False)), work=d.get("work"), quant=quant,
+        return cls(name=str(d["name"]), kind=_kind(d), init_from=d.get("init_from"),
+                   init_required=bool(d.get("init_required", False)),
+                   pretrained=d.get("pretrained"), next=d.get("next"),
+                   export=bool(d.get("export", False)), quant=quant,
                    eval_quant=QuantMode.from_mapping(ev) if ev else quant,
-                   epochs=d.get("epochs"), lr_scale=float(d.get("lr_scale", 1.0)))
+                   epochs=d.get("epochs"), lr_scale=float(d.get("lr_scale", 1.0)),
+                   bar=dict(d["bar"]) if d.get("bar") else None)
 
     @property
-    def kind(self) -> str:
-        """What the stage does: a custom ``work`` function, ``calibrate``, ``train`` or ``none``."""
-        return self.work or ("calibrate" if self.calibrate else "train" if self.train else "none")
+    def trains(self) -> bool:
+        """It makes optimizer steps (the ``train`` kind)."""
+        return self.kind == "train"
 
     @property
     def folds_bn(self) -> bool:
@@ -64,17 +66,21 @@ class StageSpec:
         return self.quant.fold_bn
 
 
+def _kind(d: dict[str, Any]) -> str:
+    """The record's kind; a record saved in a checkpoint before ``kind`` existed had the
+    switches ``train`` / ``calibrate`` / ``work`` instead."""
+    if "kind" in d:
+        return check_kind(d["kind"], str(d["name"]))
+    return d.get("work") or ("calibrate" if d.get("calibrate") else "train")
+
+
 def stage_names() -> list[str]:
     """Every declared stage (the options of the ``step`` config group)."""
-    from mdk.compose import group_options
-
     return [n for n in group_options("step") if not n.startswith("_")]
 
 
 @functools.lru_cache(maxsize=64)
 def _record(name: str, searchpath: tuple[str, ...]) -> DictConfig:
-    from mdk.compose import compose, group_options
-
     if name not in group_options("step"):
         raise ConfigError(f"step={name!r} is unknown; use one of {stage_names()}")
     cfg = compose([f"step={name}"])
@@ -83,9 +89,7 @@ def _record(name: str, searchpath: tuple[str, ...]) -> DictConfig:
 
 def stage_record(name: str) -> DictConfig:
     """The unresolved record of stage ``name`` (a copy: callers may merge into it)."""
-    from mdk.compose import _app
-
-    return _record(str(name), tuple(_app()[0])).copy()
+    return _record(str(name), tuple(app_searchpath())).copy()
 
 
 def stage_spec(name: str) -> StageSpec:
@@ -96,7 +100,7 @@ def chain(name: str) -> list[str]:
     """The stages that lead to ``name`` (following ``init_from``), first stage first."""
     out = [name]
     src = stage_spec(name).init_from
-    while src and src != PRETRAINED and src not in out:
+    while src and src not in out:
         out.insert(0, src)
         src = stage_spec(src).init_from
     return out
@@ -109,13 +113,6 @@ def apply_stage(model: nn.Module, stage: str | StageSpec, chip: str = "5801",
     return apply_mode(model, spec.eval_quant if evaluate else spec.quant, str(chip), spec.name)
 
 
-def prepare_structure(model: nn.Module, ckpt_stage: str) -> None:
-    """Give a freshly built model the structure of a ``ckpt_stage`` checkpoint (BN folded from
-    the first stage whose mode folds it) before its weights are loaded."""
-    if ckpt_stage != PRETRAINED and stage_spec(ckpt_stage).folds_bn:
-        drop_bn(model)
-
-
 def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
     """The config ``stage`` runs with: ``cfg`` with its ``step`` node replaced by the stage's
     record (``cfg`` itself is not mutated).
@@ -125,8 +122,6 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
     (when not null) replaces ``trainer.epochs`` and ``lr_scale`` multiplies ``optim.lr``: the
     fine-tuning stages after step1 are short and need their own length. Call it on the
     unresolved config so ``${trainer.epochs}`` (e.g. the cosine T_max) follows the stage."""
-    from mdk.config import stage_schedule
-
     if cfg.step.name == stage:
         new = cfg
     else:
@@ -141,7 +136,8 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
         if "name" in extra and extra.name != stage:
             raise ConfigError(f"stages.{stage}.name={extra.name} cannot rename the stage")
         new = OmegaConf.merge(new, {"step": extra})
-    epochs, scale = stage_schedule(new.step, stage)
+    check_kind(new.step.kind, stage)
+    epochs, scale = check_schedule(new.step, stage)
     if epochs is None and scale == 1.0:
         return new
     if new is cfg:
@@ -150,3 +146,24 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
         new.trainer.epochs = epochs
     new.optim.lr = float(cfg.optim.lr) * scale
     return new
+
+
+def check_pipeline(cfg: DictConfig) -> None:
+    """The ``step`` group's checks over the whole command: the records it names exist, and
+    world-size-invariant gradients (``dist.exact_chunk``) never train a stage whose BatchNorm is
+    live (each chunk would normalise with its own statistics)."""
+    check_stages(cfg, stage_names())
+    chunk = cfg.dist.get("exact_chunk")
+    if chunk is None or not cfg.model.net.get("batch_norm", False):
+        return
+    for s in running_stages(cfg):
+        spec = StageSpec.from_node(cfg.step) if s == cfg.step.name else stage_spec(s)
+        if spec.trains and not spec.folds_bn:
+            folded = spec.next
+            while folded and not stage_spec(folded).folds_bn:
+                folded = stage_spec(folded).next
+            where = f"use exact_chunk from {folded} on (BN is folded there), or " if folded else ""
+            raise ConfigError(
+                f"dist.exact_chunk={chunk} cannot train {s} with BatchNorm "
+                "(model.net.batch_norm=true): each chunk would normalise with its own statistics. "
+                f"Add model.net.batch_norm=false, or {where}dist.exact_chunk=null")

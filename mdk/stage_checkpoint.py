@@ -2,17 +2,17 @@
 starts, and loading any checkpoint into a model in a chosen mode.
 
 Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth`` (``last``: the newest full training
-state; ``best``: the state of the best evaluation), pretrained weights in
-``<paths.checkpoints>/step0/``. A stage starts from, in order: its own ``last.pth`` (or
-``best.pth`` if newer or the only readable one) when ``trainer.resume`` is on, else its input
-stage's ``best.pth`` (``init_from`` in the stage record), else random weights where the record
-allows it. A finished checkpoint of a stage that does not train (``cal``) means "done": a rerun
+state; ``best``: the state of the best evaluation), pretrained weights in the folder a record
+names as ``pretrained`` (``<paths.checkpoints>/step0/`` for step1). A stage starts from, in
+order: its own ``last.pth`` (or ``best.pth`` if newer or the only readable one) when
+``trainer.resume`` is on, else its input stage's ``best.pth`` (``init_from`` in the stage
+record) or its pretrained weights, else random weights where the record allows it. A finished checkpoint of a stage that does not train (``cal``) means "done": a rerun
 reports it and does not redo the work.
 
 A checkpoint holds the model's state_dict and the stage's name and record (so a loader knows
-its structure and evaluation mode without looking the stage up), plus, for training stages,
-everything resuming needs (optimizer, scheduler, scaler, counters, per-rank RNG, best metric)
-and the resolved config. File writes are atomic (mdk.checkpoint).
+its structure and evaluation mode without looking the stage up), the resolved config, and, for
+training stages, the run state resuming restores: one entry per stateful part
+(mdk/engine/run_state.py). File writes are atomic (mdk.checkpoint).
 """
 from __future__ import annotations
 
@@ -28,23 +28,46 @@ from omegaconf import DictConfig, OmegaConf
 from mdk import dist
 from mdk.checkpoint import (CheckpointError, atomic_save, load_checkpoint, load_model_weights,
                             remove_stale_temps, save_checkpoint)
-from mdk.config import resolve_path
 from mdk.errors import MissingStageInput
-from mdk.stage import PRETRAINED, StageSpec, apply_stage, chain, stage_spec
+from mdk.models.build import build_model
+from mdk.paths import resolve_path
+from mdk.quant.modes import drop_bn
+from mdk.stage import StageSpec, apply_stage, chain, stage_names, stage_spec
+from mdk.world import World
 
 log = logging.getLogger(__name__)
 
 BEST, LAST = "best.pth", "last.pth"
 RESUME_NAMES = (LAST, BEST)
+FORMAT = 2  # 1: training state in flat keys (iter, epoch, best_metric, ...), read through _upgrade
 
 
-def input_advice(stage: str, source: str) -> str:
-    """What to do about a bad input checkpoint of ``stage`` (read from ``source``'s folder)."""
-    if source == "step0":
+def input_advice(spec: StageSpec) -> str:
+    """What to do about a bad input checkpoint of stage ``spec``."""
+    if spec.init_from is None:
         return ("it is the pretrained starting point of {0}: put an mdk checkpoint (a dict with a "
-                "'model' entry) there, or remove it to start {0} from random weights").format(stage)
-    return (f"it is the input of {stage}: run `python run.py step={source}` again to rebuild it, "
-            "or restore it")
+                "'model' entry) there, or remove it to start {0} from random weights").format(spec.name)
+    return (f"it is the input of {spec.name}: run `python run.py step={spec.init_from}` again to "
+            "rebuild it, or restore it")
+
+
+def _upgrade(ck: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 checkpoint (written before the run state had one entry per part) in today's
+    layout, so its run resumes."""
+    if ck.get("format", 1) >= FORMAT or "iter" not in ck:
+        return ck
+    out = {k: v for k, v in ck.items() if k not in ("iter", "epoch", "best_metric", "best_epoch",
+                                                    "best_metrics")}
+    out["trainer"] = {"epoch": ck.get("epoch", 0), "iter": ck["iter"]}
+    out["hooks"] = {"CheckpointHook": {"best_metric": ck.get("best_metric", float("-inf")),
+                                       "best_epoch": ck.get("best_epoch", -1),
+                                       "best_metrics": ck.get("best_metrics") or {}}}
+    return out
+
+
+def iteration(ck: dict[str, Any]) -> int:
+    """The optimizer steps a checkpoint's stage had made (0 for one that does not train)."""
+    return int((ck.get("trainer") or {}).get("iter", 0))
 
 
 def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
@@ -61,18 +84,18 @@ def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Pat
         if not p.is_file():
             continue
         try:
-            ck = load_checkpoint(p)
+            ck = _upgrade(load_checkpoint(p))
         except CheckpointError as e:
             aside = p.with_name(p.name + ".corrupt")
             os.replace(p, aside)
             log.warning("%s. Moved it to %s; resuming from the previous good checkpoint instead", e,
                         aside)
             continue
-        if ("optimizer" not in ck or "iter" not in ck) and not ck.get("finished"):
+        if ("optimizer" not in ck or "trainer" not in ck) and not ck.get("finished"):
             # (a finished stage without training, e.g. cal, is complete as it is)
             log.warning("%s has no training state (optimizer/iter); not resuming from it", p)
             continue
-        found.append((int(ck.get("iter", 0)), p, ck))
+        found.append((iteration(ck), p, ck))
     if not found:
         return None, None
     it, p, ck = max(found, key=lambda t: (t[0], t[1].name == LAST))
@@ -92,13 +115,14 @@ def stage_dir(cfg: DictConfig, stage: str) -> Path:
     return checkpoint_root(cfg) / stage
 
 
-def spec_of(ck: dict[str, Any]) -> StageSpec:
-    """The record of the stage that wrote ``ck`` (saved in it; older files: looked up)."""
+def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
+    """The record of the stage that wrote ``ck`` (saved in it; older files: looked up by name);
+    None for weights from elsewhere (a pretrained file, a stage not declared here)."""
     saved = ck.get("stage_spec")
     if isinstance(saved, dict):
         return StageSpec.from_node(saved)
-    name = str(ck.get("stage", "step1"))
-    return stage_spec("step1" if name == PRETRAINED else name)
+    name = ck.get("stage")
+    return stage_spec(str(name)) if name in stage_names() else None
 
 
 @dataclass
@@ -114,8 +138,9 @@ class Start:
 
 
 class StageCheckpointer:
-    def __init__(self, cfg: DictConfig, spec: StageSpec) -> None:
+    def __init__(self, cfg: DictConfig, spec: StageSpec, world: Optional[World] = None) -> None:
         self.cfg, self.spec = cfg, spec
+        self.world = world or World()
         self.root = checkpoint_root(cfg)
         self.dir = self.root / spec.name
 
@@ -132,16 +157,8 @@ class StageCheckpointer:
         """The checkpoint this stage starts from, or None (random init, where allowed)."""
         src = self.spec.init_from
         if src is None:
-            return None
-        d = self.root / src
-        if src == PRETRAINED:  # pretrained weights: best.pth, else the newest *.pth in step0/
-            cands = [d / BEST] if (d / BEST).is_file() else sorted(
-                d.glob("*.pth"), key=lambda p: p.stat().st_mtime, reverse=True)
-            if cands:
-                return cands[0]
-            log.info("no pretrained weights in %s: %s starts from random weights", d, self.spec.name)
-            return None
-        path = d / BEST
+            return self._pretrained()
+        path = self.root / src / BEST
         if not path.is_file():
             if self.spec.init_required:
                 raise MissingStageInput(
@@ -151,13 +168,25 @@ class StageCheckpointer:
             return None
         return path
 
+    def _pretrained(self) -> Optional[Path]:
+        """The record's ``pretrained`` folder: its best.pth, else its newest *.pth."""
+        if self.spec.pretrained is None:
+            return None
+        d = self.root / self.spec.pretrained
+        cands = [d / BEST] if (d / BEST).is_file() else sorted(
+            d.glob("*.pth"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if cands:
+            return cands[0]
+        log.info("no pretrained weights in %s: %s starts from random weights", d, self.spec.name)
+        return None
+
     def resumable(self) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
         """This stage's own newest readable state. Rank 0 looks first (it may move an unreadable
         file aside), the other ranks then see a clean folder."""
-        if dist.is_main_process():
+        if self.world.is_main:
             found = find_resume(self.dir)
         dist.barrier()
-        if not dist.is_main_process():
+        if not self.world.is_main:
             found = find_resume(self.dir)
         return found
 
@@ -171,13 +200,14 @@ class StageCheckpointer:
                 if ck.get("finished"):
                     log.info("%s already done (%s); delete it to run it again", self.spec.name, path)
                 else:
-                    log.info("resuming %s from %s (iteration %d)", self.spec.name, path, ck["iter"])
+                    log.info("resuming %s from %s (iteration %d)", self.spec.name, path,
+                             iteration(ck))
                 return Start(ck, path)
         init = self.input_path()
         if init is None:
             return Start()
-        ck = load_checkpoint(init, advice=input_advice(self.spec.name, str(self.spec.init_from)))
-        # step0 pretrained files may lack buffers the model has (caps, fused flags)
+        ck = load_checkpoint(init, advice=input_advice(self.spec))
+        # pretrained files may lack buffers the model has (caps, fused flags)
         load_into(model, ck, init, strict=ck.get("stage") is not None)
         log.info("%s starts from %s", self.spec.name, init)
         return Start(None, init)
@@ -185,9 +215,10 @@ class StageCheckpointer:
     # --- what a checkpoint holds ----------------------------------------------------------
     def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
         """A checkpoint of this stage: model weights, stage name and record, config, ``extra``
-        (training state, metrics, caps...)."""
-        return {"model": model.state_dict(), "stage": self.spec.name,
-                "stage_spec": _spec_dict(self.cfg.step), "config": _plain(self.cfg), **extra}
+        (the run state's parts, metrics, caps...)."""
+        return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
+                "stage_spec": _spec_dict(self.cfg.step), "config": _plain(self.cfg),
+                "world_size": self.world.size, **extra}
 
     def save(self, state: dict[str, Any], *names: str) -> None:
         """Write ``state`` under each of ``names`` (atomic; NaN/Inf weights are refused)."""
@@ -216,9 +247,8 @@ def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bo
     """Load ``ck``'s weights into a freshly built model, giving it the checkpoint's structure
     first (BN folded from the stage that folds it on). ``prefer_ema``: the EMA weights when the
     checkpoint has them (what was evaluated and chose best.pth); resuming takes the raw ones."""
-    from mdk.quant.modes import drop_bn
-
-    if ck.get("stage", "step1") != PRETRAINED and spec_of(ck).folds_bn:
+    spec = spec_of(ck)
+    if spec is not None and spec.folds_bn:
         drop_bn(model)
     weights = ck.get("model_ema") if prefer_ema and ck.get("model_ema") else ck["model"]
     load_model_weights(model, weights, path, strict=strict)
@@ -230,17 +260,19 @@ def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
     """A model built from ``cfg`` with the checkpoint at ``path`` loaded, in ``mode``:
     ``eval`` (the checkpoint stage's evaluation mode: a cal checkpoint with 5-bit activations
     at its caps) or ``stage`` (the mode its stage trains in). Returns (model in eval(), ckpt)."""
-    from mdk.models.build import build_model
-
     if mode not in ("eval", "stage"):
         raise ValueError(f"mode={mode!r} must be 'eval' or 'stage'")
     ck = load_checkpoint(path, advice=advice)
     model = build_model(cfg)
     load_into(model, ck, path)
-    apply_stage(model, spec_of(ck), str(cfg.chip), evaluate=mode == "eval")
+    spec = spec_of(ck)
+    if spec is None:
+        raise CheckpointError(f"checkpoint {path} was not written by a stage declared here (its "
+                              f"stage: {ck.get('stage')!r}); {advice}")
+    apply_stage(model, spec, str(cfg.chip), evaluate=mode == "eval")
     return model.eval(), ck
 
 
 __all__ = ["BEST", "LAST", "RESUME_NAMES", "CheckpointError", "Start", "StageCheckpointer",
-           "checkpoint_root", "find_resume", "input_advice", "load_into", "load_model_for",
-           "spec_of", "stage_dir"]
+           "checkpoint_root", "find_resume", "input_advice", "iteration", "load_into",
+           "load_model_for", "spec_of", "stage_dir"]

@@ -136,5 +136,5 @@ def test_real_command_nan_loss_stops_and_keeps_last_good(tmp_path):
     import torch
 
     last = torch.load(tmp_path / "ck" / "step1" / "last.pth", weights_only=False)
-    assert last["iter"] == 1 and all(bool(torch.isfinite(v).all()) for v in last["model"].values()
+    assert last["trainer"]["iter"] == 1 and all(bool(torch.isfinite(v).all()) for v in last["model"].values()
                                      if v.is_floating_point())

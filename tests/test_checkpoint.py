@@ -13,7 +13,7 @@ import torch
 from mdk import checkpoint as ck
 from mdk.checkpoint import (CheckpointError, NonFiniteWeightsError, atomic_save, load_checkpoint,
                             load_model_weights, save_checkpoint)
-from mdk.stage_checkpoint import find_resume
+from mdk.stage_checkpoint import find_resume, iteration
 
 
 def _state(it: int, value: float = 1.0) -> dict:
@@ -101,7 +101,7 @@ def test_find_resume_falls_back_from_truncated_last_to_best(tmp_path, caplog):
     (tmp_path / "last.pth").write_bytes(b"PK\x03\x04 cut off")
     with caplog.at_level(logging.WARNING):
         state, path = find_resume(tmp_path)
-    assert path == tmp_path / "best.pth" and state["iter"] == 8
+    assert path == tmp_path / "best.pth" and iteration(state) == 8
     # The bad file is moved aside, byte for byte, not deleted.
     assert (tmp_path / "last.pth.corrupt").read_bytes() == b"PK\x03\x04 cut off"
     assert not (tmp_path / "last.pth").exists()
@@ -115,7 +115,7 @@ def test_find_resume_prefers_newest_and_removes_stale_temps(tmp_path, caplog):
     stale.write_bytes(b"half")
     with caplog.at_level(logging.WARNING):
         state, path = find_resume(tmp_path)
-    assert path.name == "best.pth" and state["iter"] == 8 and not stale.exists()
+    assert path.name == "best.pth" and iteration(state) == 8 and not stale.exists()
     assert "newer than last.pth" in caplog.text and "interrupted" in caplog.text
     assert find_resume(tmp_path / "nothing") == (None, None)
 

@@ -77,7 +77,7 @@ def test_run_py_exact_chunk_two_processes_equal_one_bit_for_bit(tmp_path):
         _finish(p)
     cks = [torch.load(tmp_path / f"w{g}" / "ck" / "step1" / "last.pth", weights_only=False)
            for g in (1, 2)]
-    assert cks[0]["iter"] == cks[1]["iter"] == 3 and cks[1]["world_size"] == 2
+    assert cks[0]["trainer"]["iter"] == cks[1]["trainer"]["iter"] == 3 and cks[1]["world_size"] == 2
     for k, v in cks[0]["model"].items():
         assert torch.equal(v, cks[1]["model"][k]), k
     st = [c["optimizer"]["state"] for c in cks]

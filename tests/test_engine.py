@@ -15,19 +15,23 @@ def test_run_writes_best_and_last_with_full_state(tiny_cfg, tmp_path):
     out = run_stage(cfg, tmp_path)
     d = Path(cfg.paths.checkpoints) / "step1"
     last, best = load_checkpoint(d / "last.pth"), load_checkpoint(d / "best.pth")
-    assert last["iter"] == 6 and last["epoch"] == 1 and last["stage"] == "step1"
-    for key in ("model", "optimizer", "scheduler", "rng", "config", "best_metric"):
-        assert key in last, key
+    assert last["trainer"]["iter"] == 6 and last["trainer"]["epoch"] == 1 and last["stage"] == "step1"
+    # the run state's parts, one entry each, beside the weights and what they mean
+    assert set(last) == {"format", "model", "stage", "stage_spec", "config", "world_size",
+                         "optimizer", "scheduler", "loss", "trainer", "hooks", "rng", "metric",
+                         "epoch_done"}
+    assert set(last["hooks"]) == {"CheckpointHook", "NanGuardHook"}
     assert last["config"]["trainer"]["batch_size"] == 8
-    assert 0.0 <= best["best_metric"] <= 1.0 and out["iterations"] == 6
-    assert out["best_map50"] == best["best_metric"]
+    best_metric = best["hooks"]["CheckpointHook"]["best_metric"]
+    assert 0.0 <= best_metric <= 1.0 and out.iterations == 6
+    assert out.best_map50 == best_metric
     assert (tmp_path / "lr_step1.png").stat().st_size > 1000
 
 
 def test_rerun_resumes_from_last(tiny_cfg, tmp_path):
     run_stage(tiny_cfg("trainer.limit_train_batches=2", "trainer.epochs=1"), tmp_path)
     out = run_stage(tiny_cfg("trainer.limit_train_batches=2", "trainer.epochs=2"), tmp_path)
-    assert out["iterations"] == 4  # 2 resumed + 2 new, not 4 new
+    assert out.iterations == 4  # 2 resumed + 2 new, not 4 new
     # Resumed run equals an uninterrupted two-epoch run, bit for bit.
     resumed = load_checkpoint(Path(tiny_cfg().paths.checkpoints) / "step1" / "last.pth")["model"]
     cfg2 = tiny_cfg("trainer.limit_train_batches=2", f"paths.checkpoints={tmp_path}/fresh")

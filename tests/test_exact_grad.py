@@ -148,9 +148,9 @@ def test_exact_chunk_quantized_stage_of_a_bn_model_is_world_size_invariant(tmp_p
     and activations) on 1 and on 2 processes ends with the same bits."""
     import shutil
 
-    from launchers.entry import stage_config
     from launchers.spawn import run_ranks
-    from mdk.engine.runner import run_stage
+    from mdk.engine.runner import run_stage, stage_on_rank
+    from mdk.stage import stage_config
 
     base = tiny_cfg(tmp_path, "trainer.batch_size=8", "trainer.epochs=1")
     assert base.model.net.batch_norm is True
@@ -163,8 +163,8 @@ def test_exact_chunk_quantized_stage_of_a_bn_model_is_world_size_invariant(tmp_p
         cfg = tiny_cfg(tmp_path, "trainer.batch_size=8", "trainer.epochs=1", "step=step3",
                        f"paths.checkpoints={tmp_path}/{ck}", f"dist.gpus={world}",
                        "dist.exact_chunk=2", "dist.cpu_threads=1")
-        run_ranks(stage_config(cfg, "step3"), tmp_path / "run", run_stage)
+        run_ranks(stage_config(cfg, "step3"), tmp_path / "run", stage_on_rank)
         states.append(torch.load(tmp_path / ck / "step3" / "last.pth", weights_only=False))
     a, b = states
-    assert a["iter"] == b["iter"] > 0 and b["world_size"] == 2
+    assert a["trainer"]["iter"] == b["trainer"]["iter"] > 0 and b["world_size"] == 2
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

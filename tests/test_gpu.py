@@ -42,7 +42,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 def test_step1_trains_on_cuda_and_repeats_bit_for_bit_in_deterministic_mode(tiny_cfg, tmp_path):
     for name in ("a", "b"):
         res = run_stage(tiny_cfg(*CUDA, f"paths.checkpoints={tmp_path}/{name}"), tmp_path / name)
-        assert res["best_map50"] is not None and res["final_loss"] > 0
+        assert res.best_map50 is not None and res.final_loss > 0
     ck = load_checkpoint(tmp_path / "a" / "step1" / "last.pth")
     assert ck["config"]["trainer"]["device"] == "cuda"
     _same(ck["model"], _weights(tmp_path / "b" / "step1" / "last.pth"))
@@ -55,7 +55,7 @@ def test_amp_fp16_kill_then_resume_equals_uninterrupted(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     p = _run(tmp_path, "killed", *amp, fault="kill:iter:5")
     assert p.returncode != 0
-    assert load_checkpoint(tmp_path / "killed" / "step1" / "last.pth")["iter"] < 12
+    assert load_checkpoint(tmp_path / "killed" / "step1" / "last.pth")["trainer"]["iter"] < 12
     p = _run(tmp_path, "killed", *amp)  # resumes from last.pth
     assert p.returncode == 0, p.stderr[-3000:]
     ref = load_checkpoint(tmp_path / "ref" / "step1" / "last.pth")
@@ -69,7 +69,7 @@ def test_nan_loss_on_cuda_stops_naming_the_iteration_and_keeps_the_last_good(tmp
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     line = p.stderr.strip().splitlines()[-1]
     assert "training stopped: loss is not finite at iteration 3" in line, line
-    assert load_checkpoint(tmp_path / "nan" / "step1" / "last.pth")["iter"] == 2
+    assert load_checkpoint(tmp_path / "nan" / "step1" / "last.pth")["trainer"]["iter"] == 2
 
 
 @pytest.mark.slow

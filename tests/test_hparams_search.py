@@ -17,16 +17,17 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, compose, run_cmd_env
 from launchers.objective import FailedRun, StageResults, with_objective
+from mdk.engine.result import StageResult
 
 # optuna 2.10's study storage on SQLAlchemy 1.4 (pinned: its RDB storage fails on 2.x) warns on
 # import: optuna is imported inside the tests, where this filter applies.
 pytestmark = pytest.mark.filterwarnings("ignore:Deprecated API features detected")
 
-PIPELINE = [{"stage": "step1", "best_map50": 0.5, "final_loss": 2.0},
-            {"stage": "step2", "best_map50": 0.375, "final_loss": 1.75},
-            {"stage": "cal", "best_map50": 0.25, "final_loss": None},
-            {"stage": "step3", "best_map50": 0.4375, "final_loss": 1.5},
-            {"stage": "step4", "final_loss": None}]
+PIPELINE = [StageResult("step1", best_map50=0.5, final_loss=2.0),
+            StageResult("step2", best_map50=0.375, final_loss=1.75),
+            StageResult("cal", best_map50=0.25, final_loss=None),
+            StageResult("step3", best_map50=0.4375, final_loss=1.5),
+            StageResult("step4", final_loss=None)]
 STAGES = ["step1", "step2", "cal", "step3", "step4"]
 
 
@@ -47,7 +48,7 @@ def test_objective_refuses_what_would_break_the_study():
         float(StageResults(PIPELINE, STAGES, "best_map50", "step4"))
     for bad in (math.nan, math.inf):
         with pytest.raises(ValueError, match=f"final_loss of step1 is {bad}"):
-            float(StageResults([{"stage": "step1", "final_loss": bad}], ["step1"], "final_loss"))
+            float(StageResults([StageResult("step1", final_loss=bad)], ["step1"], "final_loss"))
     failed = FailedRun({"status": "failed", "error": "ConfigError: optim.lr=-1.0 must be > 0\nmore"})
     with pytest.raises(TypeError):
         float(failed)

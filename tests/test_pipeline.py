@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launchers.entry import stage_config
+from mdk.stage import stage_config
 from mdk.checkpoint import load_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import MissingStageInput
@@ -36,5 +36,5 @@ def test_full_chain_runs_and_exports_a_bit_exact_chip_model(tiny_cfg, tmp_path):
     s4 = load_checkpoint(root / "step4" / "best.pth")
     caps4 = [v.item() for k, v in s4["model"].items() if k.endswith(".cap")]
     assert caps4 and all(c == 31.0 for c in caps4)
-    export = Path(results["step4"]["export"])
+    export = Path(results["step4"].export)
     assert (export / "chip_model.json").is_file() and (export / "model.onnx").is_file()

@@ -1,5 +1,6 @@
 """BN folding (float64, 1e-10), gain fusion equivalence, stage flags, checkpoint round trips."""
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +9,8 @@ from mdk.models.gnetdet import GNetDet, quantize_input
 from mdk.quant import calibrate
 from mdk.quant.bn_fold import fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
-from mdk.stage import apply_stage, prepare_structure
+from mdk.stage import apply_stage
+from mdk.stage_checkpoint import load_into
 
 CFG = dict(num_classes=3, channels=[8, "M", 8, "M", 16, 16, "M", 16, "M", 16, "M", 16],
            mask_bits=[3] * 6 + [8, 8], image_size=64, batch_norm=True)
@@ -130,11 +132,11 @@ def test_step4_is_fused_once_and_checkpoints_round_trip():
     assert not apply_stage(fresh, "step4", "5801").fused_now
     with torch.no_grad():
         assert torch.equal(fresh.eval()(x), want)
-    # a step3 checkpoint loads (engine path: prepare_structure first) and step4 fuses it
+    # a step3 checkpoint loads (the engine's path: the structure of its stage first) and step4
+    # fuses it
     fresh3 = GNetDet(**CFG)
-    prepare_structure(fresh3, "step3")
+    load_into(fresh3, {"model": sd3, "stage": "step3"}, Path("step3/best.pth"))
     assert all(l.bn is None for l in fresh3.layers)
-    fresh3.load_state_dict(sd3)
     assert not is_fused(fresh3) and apply_stage(fresh3, "step4", "5801").fused_now
     with torch.no_grad():
         assert torch.equal(fresh3.eval()(x), want)

@@ -66,14 +66,14 @@ def ckpt(tmp: Path, name: str, file: str = "last.pth") -> dict:
 
 
 def assert_same_training_state(a: dict, b: dict) -> None:
-    assert a["iter"] == b["iter"] and a["epoch"] == b["epoch"]
+    assert a["trainer"]["iter"] == b["trainer"]["iter"] and a["trainer"]["epoch"] == b["trainer"]["epoch"]
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     for pid, s in a["optimizer"]["state"].items():
         for k, v in s.items():
             assert torch.equal(v, b["optimizer"]["state"][pid][k]), (pid, k)
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
-    assert a["best_metric"] == b["best_metric"] and a["best_epoch"] == b["best_epoch"]
+    assert a["hooks"]["CheckpointHook"] == b["hooks"]["CheckpointHook"]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def reference(tmp_path_factory) -> tuple[Path, Path]:
     data = tmp / "data"
     p = run(tmp, "ref", data)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert ckpt(tmp, "ref")["iter"] == 12
+    assert ckpt(tmp, "ref")["trainer"]["iter"] == 12
     return tmp, data
 
 
@@ -93,19 +93,19 @@ def test_killed_three_times_then_resumed_equals_uninterrupted(reference):
     # 1) killed after step 3: the every-2-iterations checkpoint (iteration 2) survives.
     p = run(tmp, "chain", data, "kill:iter:3")
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-    assert ckpt(tmp, "chain")["iter"] == 2 and not (d / "best.pth").exists()
+    assert ckpt(tmp, "chain")["trainer"]["iter"] == 2 and not (d / "best.pth").exists()
     # 2) resumed at 2; at the end of epoch 1 best.pth is written, then the kill lands between
     #    last.pth's temp file and its rename: old last.pth intact, temp file left behind.
     p = run(tmp, "chain", data, "kill:save:2")
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     assert "resuming step1 from" in p.stdout and "(iteration 2)" in p.stdout
-    assert ckpt(tmp, "chain")["iter"] == 2 and ckpt(tmp, "chain", "best.pth")["iter"] == 4
+    assert ckpt(tmp, "chain")["trainer"]["iter"] == 2 and ckpt(tmp, "chain", "best.pth")["trainer"]["iter"] == 4
     assert len(list(d.glob(".last.pth.*.tmp"))) == 1
     # 3) resumed from best.pth (newer than last.pth), temp file removed; killed in evaluation.
     p = run(tmp, "chain", data, "kill:eval:1")
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     assert "newer than last.pth" in p.stdout and "interrupted" in p.stdout
-    assert not list(d.glob("*.tmp")) and ckpt(tmp, "chain")["iter"] == 6
+    assert not list(d.glob("*.tmp")) and ckpt(tmp, "chain")["trainer"]["iter"] == 6
     # 4) the same command, no fault: finishes from iteration 6.
     p = run(tmp, "chain", data)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -126,7 +126,7 @@ def test_kill_at_the_last_step_of_an_epoch_before_its_checkpoint(reference):
     tmp, data = reference
     p = run(tmp, "k8", data, "kill:iter:8")  # epoch 2's last step; its eval and save never ran
     assert p.returncode == -signal.SIGKILL
-    assert ckpt(tmp, "k8")["iter"] == 6
+    assert ckpt(tmp, "k8")["trainer"]["iter"] == 6
     p = run(tmp, "k8", data)
     assert p.returncode == 0, p.stderr[-3000:]
     assert_same_training_state(ckpt(tmp, "k8"), ckpt(tmp, "ref"))
@@ -148,7 +148,7 @@ def test_two_processes_kill_a_rank_then_resume_equals_uninterrupted(reference):
     assert p.returncode == 1 and "rank 1 was killed by SIGKILL before it could report" in p.stderr, \
         p.stderr[-2000:]
     assert "launchers/entry.py" not in p.stderr  # the cause, not the parent's waiting frames
-    assert ckpt(tmp, "w2")["iter"] == 4
+    assert ckpt(tmp, "w2")["trainer"]["iter"] == 4
     p = run(tmp, "w2", data, "", *two)
     assert p.returncode == 0, p.stderr[-3000:]
     a, b = ckpt(tmp, "w2"), ckpt(tmp, "ref2")

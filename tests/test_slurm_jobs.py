@@ -73,7 +73,7 @@ def test_scheduler_sweep_runs_both_jobs_on_slurm(slurm_cluster, data, tmp_path):
     assert len(array) == 1 and [j["job_id"].split("_")[1] for j in jobs] == ["0", "1"]  # one job array
     for j in jobs:  # each job trained in its own dir, with its own checkpoints
         assert j["final_loss"] > 0 and j["best_map50"] is not None
-        assert _weights(sweep / j["job"])["iter"] == 2
+        assert _weights(sweep / j["job"])["trainer"]["iter"] == 2
     table = (sweep / "sweep_summary.txt").read_text().splitlines()
     assert [line.split()[:2] for line in table[1:3]] == [["0", "step"], ["1", "cosine"]]
 
@@ -81,7 +81,7 @@ def test_scheduler_sweep_runs_both_jobs_on_slurm(slurm_cluster, data, tmp_path):
 @pytest.mark.slow
 def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster, data, tmp_path):
     from launchers.spawn import run_ranks
-    from mdk.engine.runner import run_stage
+    from mdk.engine.runner import stage_on_rank
 
     sweep = tmp_path / "sweep"
     # One intra-op thread per rank in both runs: SLURM's task may see other cores than the local
@@ -95,7 +95,7 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
         # started by our own spawner, not SLURM.
         cfg = compose([*TINY, f"paths.data={data}", f"paths.checkpoints={tmp_path / 'local'}",
                        "trainer.epochs=1", "dist.gpus=2", "dist.cpu_threads=1"])
-        run_ranks(cfg, tmp_path / "local_run", run_stage)
+        run_ranks(cfg, tmp_path / "local_run", stage_on_rank)
         out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -108,7 +108,7 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
     ck = _weights(job)
     # Both ranks took part in every step (the RNG gather before each save is a collective), and
     # the global batch 8 was split 2 x 4: 48 images -> 6 steps.
-    assert ck["world_size"] == 2 and sorted(ck["rng"]) == [0, 1] and ck["iter"] == 6
+    assert ck["world_size"] == 2 and sorted(ck["rng"]) == [0, 1] and ck["trainer"]["iter"] == 6
     vals = [re.findall(r"val mAP@0.5 \S+  val loss \S+", read_text(job / f"rank{r}.log")) for r in (0, 1)]
     assert vals[0] and vals[0] == vals[1]  # the ranks agree on the all-reduced validation numbers
     # The locally spawned run trains the same model. Not compared: conv biases in front of
@@ -170,7 +170,7 @@ def test_preempted_and_requeued_job_resumes_in_same_dir_to_identical_weights(slu
     assert f"Requeued job {job_id}" in log  # USR2: submitit's own requeue, after our save
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
     a, b = _weights(sweep / "0"), _weights(sweep / "1")
-    assert a["iter"] == b["iter"] == 18
+    assert a["trainer"]["iter"] == b["trainer"]["iter"] == 18
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert all(torch.equal(x, y) for x, y in zip(_flat(a["optimizer"]), _flat(b["optimizer"])))

@@ -65,7 +65,7 @@ def data(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_two_node_job_trains_the_one_process_model_bit_for_bit(slurm_two_nodes, data, tmp_path):
     from launchers.spawn import run_ranks
-    from mdk.engine.runner import run_stage
+    from mdk.engine.runner import stage_on_rank
 
     cluster = slurm_two_nodes
     sweep = tmp_path / "sweep"
@@ -80,7 +80,7 @@ def test_two_node_job_trains_the_one_process_model_bit_for_bit(slurm_two_nodes, 
         # Meanwhile (the job is mostly queueing and importing): the same run in one process.
         cfg = compose([*TINY, *EXACT, "trainer.device=cpu", f"paths.data={data}",
                        f"paths.checkpoints={tmp_path / 'one'}"])
-        run_ranks(cfg, tmp_path / "one_run", run_stage)
+        run_ranks(cfg, tmp_path / "one_run", stage_on_rank)
         out, _ = proc.communicate(timeout=420)
     finally:
         if proc.poll() is None:
@@ -99,7 +99,7 @@ def test_two_node_job_trains_the_one_process_model_bit_for_bit(slurm_two_nodes, 
     two = torch.load(sweep / "0" / "checkpoints" / "step1" / "last.pth", weights_only=False)
     one = torch.load(tmp_path / "one" / "step1" / "last.pth", weights_only=False)
     assert two["world_size"] == 2 and one["world_size"] == 1
-    assert two["iter"] == one["iter"] == 12  # 2 epochs of 48 images in global batches of 8
+    assert two["trainer"]["iter"] == one["trainer"]["iter"] == 12  # 2 epochs of 48 images in global batches of 8
     assert two["model"].keys() == one["model"].keys()
     assert all(torch.equal(two["model"][k], one["model"][k]) for k in one["model"])
     st2, st1 = two["optimizer"]["state"], one["optimizer"]["state"]

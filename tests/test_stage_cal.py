@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from launchers.entry import stage_config
+from mdk.stage import stage_config
 from mdk.checkpoint import load_checkpoint
 from mdk.data.dataset import DetectionDataset
 from mdk.engine.runner import run_stage
@@ -49,7 +49,8 @@ def test_cal_is_one_pass_without_optimizer_whatever_epochs_says(tiny_cfg, step2_
     assert steps == []
     cal = load_checkpoint(step2_ready / "cal" / "best.pth")
     s2 = load_checkpoint(step2_ready / "step2" / "best.pth")
-    assert cal["iter"] == 0 and cal["stage"] == "cal" and cal["finished"]
+    # no training state: nothing to resume, the result is final
+    assert cal["stage"] == "cal" and cal["finished"] and "trainer" not in cal and "optimizer" not in cal
     # weights unchanged: every tensor but the caps is step2's, bit for bit
     assert set(cal["model"]) == set(s2["model"])
     for k, v in s2["model"].items():
@@ -57,8 +58,8 @@ def test_cal_is_one_pass_without_optimizer_whatever_epochs_says(tiny_cfg, step2_
             assert float(v) == 0.0 and float(cal["model"][k]) > 0, k
         else:
             assert torch.equal(v, cal["model"][k]), k
-    assert res["caps"] == pytest.approx([float(cal["model"][f"layers.{i}.cap"])
-                                         for i in range(len(res["caps"]))])
+    assert res.caps == pytest.approx([float(cal["model"][f"layers.{i}.cap"])
+                                      for i in range(len(res.caps))])
 
 
 def test_cal_max_caps_equal_the_max_of_the_conv_outputs(tiny_cfg, step2_ready, tmp_path):
@@ -87,7 +88,7 @@ def test_cal_max_caps_equal_the_max_of_the_conv_outputs(tiny_cfg, step2_ready, t
     for h in handles:
         h.remove()
     assert all(t > 0 for t in tops)
-    assert res["caps"] == pytest.approx(tops, rel=1e-6)
+    assert res.caps == pytest.approx(tops, rel=1e-6)
     saved = json.loads((step2_ready / "cal" / "caps.json").read_text())
     assert saved["meta"]["method"] == "max" and saved["meta"]["batches"] == 6
     assert [layer["cap"] for layer in saved["layers"]] == pytest.approx(tops, rel=1e-6)

@@ -29,19 +29,17 @@ POLISH = """defaults:
   - _self_
 
 name: polish
+kind: train
 init_from: step1
 init_required: true
 next: measure
-train: true
-calibrate: false
 export: false
-work: null
 """ + QUANT_OFF + """epochs: 1
 lr_scale: 0.5
 """
 MEASURE = POLISH.replace("name: polish", "name: measure").replace("init_from: step1",
     "init_from: polish").replace("next: measure", "next: null").replace(
-    "train: true", "train: false").replace("work: null", "work: extra_work.measure")
+    "kind: train", "kind: extra_work.measure")
 WORK = '''"""The work of the test's ``measure`` stage: evaluate the input weights, write them down."""
 import json
 
@@ -73,7 +71,7 @@ def test_a_stage_declared_outside_mdk_runs_in_a_pipeline(tmp_path):
     polish = torch.load(ck / "polish" / "best.pth", weights_only=False)
     assert polish["stage"] == "polish"
     # polish trained one epoch at half step1's learning rate, starting from step1's best
-    assert polish["iter"] == 48 // 8
+    assert polish["trainer"]["iter"] == 48 // 8
     step1 = torch.load(ck / "step1" / "best.pth", weights_only=False)
     assert polish["optimizer"]["param_groups"][0]["initial_lr"] == \
         step1["optimizer"]["param_groups"][0]["initial_lr"] / 2

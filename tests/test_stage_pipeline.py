@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import REPO, TINY, compose, run_cmd_env
-from launchers.entry import stage_config
+from mdk.stage import stage_config
 from mdk.config import validate
 from omegaconf import OmegaConf
 
@@ -110,7 +110,7 @@ def test_stages_override_one_stage_of_a_pipeline():
 
 @pytest.mark.parametrize("over, needle", [
     ("+stages.step3.epoch=12", r"stages\.step3\.epoch is not a key of conf/step/step3\.yaml; use "
-                               r"one of \['calibrate', 'epochs'"),
+                               r"one of \['bar', 'epochs', 'eval_quant'"),
     ("+stages.step3.epochs=0", r"step\.epochs=0 \(step3\) must be an integer >= 1"),
     ("+stages.step5.epochs=2", r"stages\.step5 is not a stage"),
 ])

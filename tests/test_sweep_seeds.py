@@ -16,6 +16,8 @@ from omegaconf import OmegaConf
 from conftest import TINY
 from launchers import sweep_bars, sweep_stats
 from launchers import sweep_summary as ss
+from mdk.engine.result import StageResult
+from mdk.stage import stage_spec
 from test_sweep import run_py
 
 CHAIN = "pipeline=[step1,step2,cal,step3,step4]"
@@ -31,9 +33,10 @@ def _job(root: Path, n: int, overrides: list[str], maps: dict[str, float] | None
     elif fail:
         rec = ss.job_record(RuntimeError(fail), overrides, started=0.0)
     else:
-        stages = [{"stage": s, "checkpoints": f"{d}/checkpoints/{s}", "best_map50": m,
-                   **({} if s == "cal" else {"best_epoch": 3 + i}), "final_loss": loss + i,
-                   "time_s": 10.0 * (i + 1)} for i, (s, m) in enumerate((maps or {}).items())]
+        stages = [StageResult(stage=s, checkpoints=f"{d}/checkpoints/{s}", best_map50=m,
+                              best_epoch=None if s == "cal" else 3 + i, final_loss=loss + i,
+                              time_s=10.0 * (i + 1), bar=stage_spec(s).bar)
+                  for i, (s, m) in enumerate((maps or {}).items())]
         rec = ss.job_record(stages, overrides, started=0.0)
     (d / "result.json").write_text(json.dumps(rec))
 
@@ -147,8 +150,9 @@ def test_a_bar_met_exactly_is_met_and_each_bar_needs_both_stages(tmp_path):
              {"step1": a, "step2": a, "cal": 0.5, "step3": b})
     groups = sweep_stats.aggregate(ss.collect_results(tmp_path))["groups"]
     assert [(b["stage"], b["met"], b["met_per_seed"]) for b in groups[0]["bars"]] == [("step3", True, 2)]
-    assert [str(b) for b in sweep_bars.BARS] == ["step3 >= step1 - 0.02 (2 points)",
-                                                 "step4 >= step3 - 0.005 (0.5 points)"]
+    # the bars are the stage records' own (conf/step/step3.yaml, step4.yaml)
+    assert [str(sweep_bars.Bar.from_record(s, stage_spec(s).bar)) for s in ("step3", "step4")] == [
+        "step3 >= step1 - 0.02 (2 points)", "step4 >= step3 - 0.005 (0.5 points)"]
 
 
 def test_seed_spellings_and_sweeps_without_a_seed_axis(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from conftest import TINY, compose
-from launchers.entry import stage_config
+from mdk.stage import stage_config
 from mdk.checkpoint import load_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.models.yolo_codec import decode

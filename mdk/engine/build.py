@@ -14,11 +14,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mdk import dist
-from mdk.config import resolve_path
 from mdk.data.build import build_datasets
 from mdk.data.loader import SafeLoader
 from mdk.data.samplers import EpochTagged, GlobalBatchSampler
 from mdk.models.build import build_model  # noqa: F401  (re-exported: the engine's builders)
+from mdk.paths import resolve_path
 from mdk.world import World, alone
 
 log = logging.getLogger(__name__)
@@ -129,18 +129,3 @@ def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: 
     optimizer = instantiate(cfg.optim)(params)
     scheduler = instantiate(cfg.scheduler)(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
     return optimizer, scheduler
-
-
-def rng_state() -> dict[str, Any]:
-    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def set_rng_state(s: dict[str, Any]) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])

@@ -12,11 +12,12 @@ import logging
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from mdk import dist
 from mdk.engine.build import build_train_loader
+from mdk.engine.context import StageContext
 from mdk.engine.reports import maybe_reporter
-from mdk.engine.runner import StageContext
 from mdk.quant import calibrate
 from mdk.sinks import NullSink
 from mdk.stage import apply_stage
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
+    """Calibrate; returns StageResult fields (the val mAP at the new caps, the caps)."""
     cfg, model, train_ds, world = ctx.cfg, ctx.model, ctx.train_ds, ctx.world
     c = cfg.step.calibration
     train_ds.set_epoch(0)
@@ -36,7 +38,6 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     model.eval()
     bar = loader
     if cfg.trainer.progress and world.is_main:
-        from tqdm import tqdm
         bar = tqdm(loader, desc="cal", dynamic_ncols=True, leave=False)
     with calibrate.observing(model, method=str(c.method), percentile=float(c.percentile),
                              mse_candidates=int(c.get("mse_candidates", 64)),
@@ -65,8 +66,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
                "metric": metrics.get("metric"), "ap": metrics.get("ap")}
     if world.is_main:
         ctx.checkpoints.save_done(ctx.checkpoints.contents(
-            model, iter=0, epoch=0, caps=caps, metric=metrics, best_metric=metrics["map50"],
-            summary=summary))
+            model, caps=caps, metric=metrics, summary=summary))
         calibrate.save_caps(model, ctx.checkpoints.dir / "caps.json",
                             meta={"method": str(c.method), "percentile": float(c.percentile),
                                   "batches": n, "world_size": world.size})

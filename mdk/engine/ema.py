@@ -201,9 +201,3 @@ class EMAHook(HookBase):
     def after_epoch(self) -> None:
         if self.sync:
             self.ema.sync_buffers()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.ema.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ema.load_state_dict(state)

@@ -50,18 +50,27 @@ class EvalHook(HookBase):
 class CheckpointHook(HookBase):
     """Writes last.pth every epoch (and every ``every_iters``), best.pth when mAP improves.
 
-    ``state_fn`` builds the full training state (model, optimizer, scheduler, counters, RNG,
-    config); it runs on every rank (gathering per-rank RNG states is a collective), and only
-    rank 0 writes, through ``save_fn(state, name)`` (the stage checkpointer's ``save``)."""
+    ``state_fn`` builds the checkpoint (the run state's parts and the metadata); it runs on
+    every rank (gathering per-rank RNG states is a collective), and only rank 0 (``is_main``)
+    writes, through ``save_fn(state, name)`` (the stage checkpointer's ``save``). Its own state,
+    the best evaluation so far, is one of the run state's parts (through the trainer's hooks)."""
 
-    def __init__(self, state_fn: Callable[[], dict], save_fn: Callable[..., None],
-                 every_iters: int = 0, best: float = float("-inf"), best_epoch: int = -1,
+    def __init__(self, state_fn: Callable[[bool], dict], save_fn: Callable[..., None],
+                 is_main: bool, every_iters: int = 0,
                  before_save: Optional[Callable[[], None]] = None) -> None:
-        self.state_fn, self.save_fn = state_fn, save_fn
+        self.state_fn, self.save_fn, self.is_main = state_fn, save_fn, is_main
         self.every_iters = every_iters
-        self.best, self.best_epoch = best, best_epoch
+        self.best, self.best_epoch = float("-inf"), -1
         self.before_save = before_save  # the NaN guard's check: never save after a bad step
         self.best_metrics: dict[str, Any] = {}  # the evaluation that chose best.pth
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_metric": self.best, "best_epoch": self.best_epoch,
+                "best_metrics": self.best_metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_epoch = state["best_metric"], state["best_epoch"]
+        self.best_metrics = state.get("best_metrics") or {}
 
     def save_last(self) -> None:
         self._save([LAST], epoch_done=False)
@@ -69,11 +78,9 @@ class CheckpointHook(HookBase):
     def _save(self, names: list[str], epoch_done: bool) -> None:
         if self.before_save is not None:
             self.before_save()
-        state = self.state_fn()
-        if not dist.is_main_process():
-            return
-        state.update(best_metric=self.best, best_epoch=self.best_epoch, epoch_done=epoch_done)
-        self.save_fn(state, *names)
+        state = self.state_fn(epoch_done)
+        if self.is_main:
+            self.save_fn(state, *names)
 
     def after_step(self) -> None:
         t = self.trainer
@@ -154,9 +161,10 @@ class ProgressHook(HookBase):
     a terminal (SLURM logs, pipes) there is no bar, and a log line every ``line_every_s`` seconds
     tells how far the epoch is instead."""
 
-    def __init__(self, metrics: MetricsHook, enabled: bool, line_every_s: float = 60.0) -> None:
+    def __init__(self, metrics: MetricsHook, enabled: bool, is_main: bool,
+                 line_every_s: float = 60.0) -> None:
         self.metrics = metrics
-        main = enabled and dist.is_main_process()
+        main = enabled and is_main
         self.enabled = main and sys.stderr.isatty()
         self.lines = main and not self.enabled
         self.line_every_s, self._next_line = line_every_s, 0.0

@@ -73,6 +73,13 @@ class Trainer:
         self.scaler: Optional[torch.amp.GradScaler] = (
             torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None)
 
+    def state_dict(self) -> dict[str, int]:
+        """Where the loop is (the training sampler's position follows from it)."""
+        return {"epoch": self.epoch, "iter": self.iter}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.iter = int(state["iter"])  # train() derives the epoch and the batch in it
+
     def register_hooks(self, hooks: list[Optional[HookBase]]) -> None:
         for h in hooks:
             if h is not None:

@@ -2,79 +2,54 @@
 
 What a stage does is its record (conf/step/<stage>.yaml, mdk/stage.py): the chip layers' mode,
 the kind of work and whether to export. Where its weights come from is the stage checkpointer's
-(mdk/stage_checkpoint.py). The work itself is a function of a ``StageContext``: ``train``
-(mdk/engine/train.py), ``calibrate`` (mdk/engine/calibration.py), or any ``pkg.module.fn`` named
-by the record's ``work`` key, so a new kind of stage needs no change here.
+(mdk/stage_checkpoint.py). The work itself is a function of a ``StageContext``
+(mdk/engine/context.py): ``train`` (mdk/engine/train.py), ``calibrate``
+(mdk/engine/calibration.py), or any ``pkg.module.fn`` named by the record's ``kind``, so a new
+kind of stage needs no change here. It returns a mapping of ``StageResult`` fields.
 """
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
-import torch
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
 from mdk import faults
 from mdk.engine import build, precision
+from mdk.engine.calibration import calibrate_stage
+from mdk.engine.context import StageContext
+from mdk.engine.export_stage import export_best
+from mdk.engine.result import StageResult
+from mdk.engine.train import train_stage
 from mdk.eval.distributed import evaluate
 from mdk.stage import StageSpec, apply_stage
-from mdk.stage_checkpoint import Start, StageCheckpointer
+from mdk.stage_checkpoint import StageCheckpointer
 from mdk.world import World, alone
 
-log = logging.getLogger(__name__)
+WORK: dict[str, Callable[[StageContext], Mapping[str, Any]]] = {
+    "train": train_stage, "calibrate": calibrate_stage}
 
 
-@dataclass
-class StageContext:
-    """Everything a stage's work function gets (built once by ``run_stage``)."""
-    cfg: DictConfig
-    run_dir: Path
-    world: World
-    spec: StageSpec
-    model: torch.nn.Module          # in the stage's mode, on world.device (not DDP-wrapped)
-    train_ds: Any
-    val_ds: Any
-    checkpoints: StageCheckpointer
-    start: Start
-    loss_fn: torch.nn.Module
-    # evaluate(keep=None): mAP etc. on the val split; ``keep`` receives the evaluator's full
-    # result and the detections (for reports)
-    evaluate: Callable[..., dict[str, Any]] = field(repr=False, default=dict)
-    step_offset: int = 0              # optimizer steps of the pipeline's earlier stages
-    group: Optional[str] = None       # the sweep this job belongs to (metric sinks group by it)
-
-
-def _work(kind: str) -> Callable[[StageContext], dict[str, Any]]:
-    if kind == "train":
-        from mdk.engine.train import train_stage
-
-        return train_stage
-    if kind == "calibrate":
-        from mdk.engine.calibration import calibrate_stage
-
-        return calibrate_stage
-    if kind == "none":
-        return lambda ctx: {}
-    return get_method(kind)  # a stage record's `work: pkg.module.fn`
+def _work(kind: str) -> Callable[[StageContext], Mapping[str, Any]]:
+    return WORK.get(kind) or get_method(kind)  # a stage record's `kind: pkg.module.fn`
 
 
 def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
-              step_offset: int = 0, group: Optional[str] = None) -> dict[str, Any]:
+              step_offset: int = 0, group: Optional[str] = None) -> StageResult:
     """Run ``cfg.step`` in this process: a rank of ``world`` (made by the launcher, process group
     joined), or alone when ``world`` is None. ``step_offset``: the optimizer steps of the earlier
     stages of a pipeline (metrics continue one global step); ``group``: the sweep's name."""
     t_start = time.perf_counter()
     world = alone(world, cfg.trainer.device)
+    faults.set_rank(world.rank)
     spec = StageSpec.from_node(cfg.step)
     precision.configure(cfg.trainer, world.device)
     build.seed_everything(cfg.seed + world.rank)
     model = build.build_model(cfg)
     train_ds, val_ds = build.build_data(cfg, model.grid, world)
-    checkpoints = StageCheckpointer(cfg, spec)
+    checkpoints = StageCheckpointer(cfg, spec, world)
     start = checkpoints.start(model)
     apply_stage(model, spec, str(cfg.chip))
     model.to(world.device)
@@ -84,18 +59,21 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     eval_fn = faults.wrap("eval", lambda keep=None: evaluate(  # MDK_FAULT=kill:eval:N (tests)
         model, val_ds, local_bs, world.device, cfg.trainer.conf_thresh, cfg.trainer.nms_iou,
         cfg.trainer.limit_val_batches, loss_fn=loss_fn, progress=cfg.trainer.progress,
-        metric=metric, keep=keep))
+        metric=metric, keep=keep, world=world))
     ctx = StageContext(cfg, run_dir, world, spec, model, train_ds, val_ds, checkpoints, start,
                        loss_fn, eval_fn, step_offset, group)
-    summary: dict[str, Any] = {"stage": spec.name, "checkpoints": str(checkpoints.dir),
-                               "next": spec.next}
-    if start.finished and not spec.train:
-        summary.update(start.resume.get("summary") or {})  # done before: report, do not redo
+    if start.finished and not spec.trains:
+        done = start.resume.get("summary") or {}  # done before: report, do not redo
+        result = StageResult.from_dict({**done, "stage": spec.name})
     else:
-        summary.update(_work(spec.kind)(ctx))
+        result = StageResult.from_work(spec.name, _work(spec.kind)(ctx))
+    result.checkpoints, result.next, result.bar = str(checkpoints.dir), spec.next, spec.bar
     if spec.export and world.is_main:
-        from mdk.engine.export_stage import export_best
+        result.export = str(export_best(cfg, checkpoints, val_ds))
+    result.time_s = round(time.perf_counter() - t_start, 1)
+    return result
 
-        summary["export"] = str(export_best(cfg, checkpoints, val_ds))
-    summary["time_s"] = round(time.perf_counter() - t_start, 1)
-    return summary
+
+def stage_on_rank(cfg: DictConfig, run_dir: Path, world: World, **kw: Any) -> dict[str, Any]:
+    """``run_stage`` for a launcher's ranks: the result as plain data (it may cross processes)."""
+    return run_stage(cfg, run_dir, world, **kw).to_dict()

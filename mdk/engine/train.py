@@ -14,17 +14,22 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from omegaconf import OmegaConf
+
 from mdk import dist, faults
-from mdk.config import to_container
+from mdk.data.augment import BatchAugment
 from mdk.engine import build, precision
+from mdk.engine.context import StageContext
 from mdk.engine.ema import EMAHook, ema_from_config
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
                               NanGuardHook, ProgressHook, sampler_epoch_hook)
 from mdk.engine.loop import Trainer
 from mdk.engine.reports import ReportHook, maybe_reporter
-from mdk.engine.runner import StageContext
-from mdk.engine.stop import StopOnRequestHook
+from mdk.engine.run_state import HookStates, RankRNG, RunState
+from mdk.engine.stop_hook import StopOnRequestHook
+from mdk.sched.curve import plot_lr_curve
 from mdk.sinks import build_sinks
+from mdk.stage_checkpoint import iteration
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +76,12 @@ def _batch_transform(ctx: StageContext) -> Any:
     if not getattr(ds, "augment", False) or where == "loader" or (
             where == "auto" and ctx.world.device.type != "cuda"):
         return None
-    from mdk.data.augment import BatchAugment
-
     ds.defer_images = True  # before the loader's workers fork
     return BatchAugment(ds)
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
+    """Train the stage; returns StageResult fields (the best evaluation, the loss at the end)."""
     cfg, world = ctx.cfg, ctx.world
     float_model = ctx.spec.quant.is_float   # trainer.amp=auto: bf16 on the CPU for float stages
     channels_last = precision.channels_last(cfg.trainer, world.device, float_model)
@@ -97,37 +101,10 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                  "trainer.amp=false trains in float32)", str(trainer.amp_dtype).replace("torch.", ""),
                  cfg.trainer.amp)
     ema = ema_from_config(cfg.trainer.get("ema"), model)
-    best, best_epoch, best_metrics = float("-inf"), -1, {}
     resume = ctx.start.resume
-    if resume is not None:
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        trainer.iter = resume["iter"]
-        best, best_epoch = resume.get("best_metric", best), resume.get("best_epoch", -1)
-        best_metrics = resume.get("best_metrics") or {}
-        if trainer.scaler is not None and resume.get("scaler"):
-            trainer.scaler.load_state_dict(resume["scaler"])
-        if ema is not None and resume.get("ema"):
-            ema.load_state_dict(resume["ema"])
-        if resume.get("loss"):
-            ctx.loss_fn.load_state_dict(resume["loss"])
-        rng = resume.get("rng", {}).get(world.rank)
-        if rng is not None:
-            build.set_rng_state(rng)
-
-    def state_fn() -> dict[str, Any]:
-        extra = {"ema": ema.state_dict(), "model_ema": ema.model_state_dict()} if ema else {}
-        return ctx.checkpoints.contents(
-            model, optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-            epoch=trainer.epoch, iter=trainer.iter, metric=getattr(trainer, "metrics", {}),
-            rng=dict(enumerate(dist.all_gather_object(build.rng_state()))),
-            scaler=trainer.scaler.state_dict() if trainer.scaler else None,
-            world_size=world.size, best_metrics=ckpt.best_metrics,
-            loss=ctx.loss_fn.state_dict(), **extra)
-
-    sink = build_sinks(cfg.logger, ctx.run_dir, to_container(cfg), world.is_main,
-                       stage=ctx.spec.name, group=ctx.group,
-                       resume_step=ctx.step_offset + resume["iter"] if resume else None)
+    sink = build_sinks(cfg.logger, ctx.run_dir, OmegaConf.to_container(cfg, resolve=True),
+                       world.is_main, stage=ctx.spec.name, group=ctx.group,
+                       resume_step=ctx.step_offset + iteration(resume) if resume else None)
     reporter = maybe_reporter(cfg, ctx.run_dir, ctx.spec.name, ctx.val_ds, sink, world.is_main)
 
     def evaluate() -> dict[str, Any]:
@@ -137,12 +114,12 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
             return ctx.evaluate(keep=keep)
 
     metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset)
-    progress = ProgressHook(metrics, cfg.trainer.progress)
+    progress = ProgressHook(metrics, cfg.trainer.progress, world.is_main)
     progress.images_per_step = int(cfg.trainer.batch_size)
     guard = NanGuardHook(cfg.trainer.get("nan_skip_limit", 0), cfg.logger.log_every)
-    ckpt = CheckpointHook(state_fn, ctx.checkpoints.save, cfg.trainer.checkpoint_every_iters,
-                          best, best_epoch, before_save=guard.check)
-    ckpt.best_metrics = best_metrics
+    ckpt = CheckpointHook(lambda epoch_done: checkpoint(epoch_done), ctx.checkpoints.save,
+                          world.is_main, cfg.trainer.checkpoint_every_iters,
+                          before_save=guard.check)
     # Order matters: the guard sees a bad loss before anything reads or saves it; metrics read
     # the LR before it steps; the EMA is updated before the evaluation reads it; checkpoints
     # see the evaluated metric; reports know whether it was a new best. The fault hook exists
@@ -156,7 +133,21 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             # after ckpt: a stop request (preemption signal, launchers/requeue.py)
                             # writes last.pth at the next step and leaves the loop
                             StopOnRequestHook(ckpt.save_last)])
-    if world.is_main and resume is None:
+    # What last.pth holds, saved and resumed by walking the same names (RNG last: restored
+    # right before the loop starts drawing).
+    state = RunState({"optimizer": optimizer, "scheduler": scheduler, "scaler": trainer.scaler,
+                      "ema": ema, "loss": ctx.loss_fn, "trainer": trainer,
+                      "hooks": HookStates(trainer.hooks), "rng": RankRNG(world)})
+
+    def checkpoint(epoch_done: bool) -> dict[str, Any]:
+        shown = {"model_ema": ema.model_state_dict()} if ema is not None else {}
+        return ctx.checkpoints.contents(model, **state.state_dict(), **shown,
+                                        metric=getattr(trainer, "metrics", {}),
+                                        epoch_done=epoch_done)
+
+    if resume is not None:
+        state.load_state_dict(resume)
+    elif world.is_main:
         _plot_lr(ctx, sampler.num_batches)
     try:
         trainer.train()
@@ -166,8 +157,6 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
 
 
 def _plot_lr(ctx: StageContext, iters_per_epoch: int) -> None:
-    from mdk.sched.curve import plot_lr_curve
-
     cfg = ctx.cfg
     try:
         plot_lr_curve(cfg.scheduler, iters_per_epoch, cfg.trainer.epochs,

@@ -87,8 +87,8 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
 
     ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
     cfg = _with_checkpoint_model(compose_config(overrides), ck, overrides)
-    spec = spec_of(ck)
     model, _ = load_model_for(cfg, path, mode="eval")
+    spec = spec_of(ck)
     if model.num_classes != int(cfg.dataset.num_classes):
         raise ToolError(f"checkpoint {path} predicts {model.num_classes} classes but "
                         f"dataset={cfg.dataset.name} has {cfg.dataset.num_classes}; choose the "

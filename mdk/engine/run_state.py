@@ -1,0 +1,94 @@
+"""What a training stage's last.pth holds: one mapping of named stateful parts, walked the same
+way to save and to load (after torchtitan's ``states={name: Stateful}``), so the two cannot drift.
+
+The parts of a training stage (mdk/engine/train.py builds the mapping): ``optimizer``,
+``scheduler``, ``scaler`` (fp16 only), ``ema`` (``trainer.ema.enabled``), ``loss`` (a loss with
+state, e.g. the GTI loss's running mean), ``rng`` (every rank's generators), ``trainer`` (the
+loop's position: epoch and iteration; the training sampler's position in its epoch follows from
+them) and ``hooks`` (each stateful hook's own state: the best evaluation so far, the NaN guard's
+skip count). A part that is None in this run (no scaler, no EMA) is neither saved nor loaded.
+The model's weights are not a part: the stage checkpointer writes them beside the parts and
+loads them first, because the model's structure must be prepared for them (mdk/stage_checkpoint.py).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping, Optional, Protocol
+
+import numpy as np
+import torch
+
+from mdk import dist
+from mdk.engine.loop import HookBase
+from mdk.world import World
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RunState:
+    """Named stateful parts; ``state_dict`` / ``load_state_dict`` walk the same names."""
+
+    def __init__(self, parts: Mapping[str, Optional[Stateful]]) -> None:
+        self.parts = {k: v for k, v in parts.items() if v is not None}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every part's state (on every rank: some parts gather over the ranks)."""
+        return {name: part.state_dict() for name, part in self.parts.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore every part from ``state``; a part the checkpoint has no entry for (a scaler
+        or EMA switched on since it was written) keeps its fresh state."""
+        for name, part in self.parts.items():
+            if state.get(name) is not None:
+                part.load_state_dict(state[name])
+
+
+def rng_state() -> dict[str, Any]:
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+class RankRNG:
+    """Every rank's random generators, ``{rank: state}``: saving gathers them (a collective, so
+    every rank saves), loading restores this rank's own."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def state_dict(self) -> dict[int, Any]:
+        return dict(enumerate(dist.all_gather_object(rng_state())))
+
+    def load_state_dict(self, state: dict[int, Any]) -> None:
+        own = state.get(self.world.rank)
+        if own is not None:
+            set_rng_state(own)
+
+
+class HookStates:
+    """The state of each hook that has one, by the hook's class name (detectron2's convention)."""
+
+    def __init__(self, hooks: list[HookBase]) -> None:
+        self.hooks = {type(h).__name__: h for h in hooks
+                      if type(h).state_dict is not HookBase.state_dict}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: h.state_dict() for name, h in self.hooks.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, h in self.hooks.items():
+            if name in state:
+                h.load_state_dict(state[name])

@@ -1,0 +1,107 @@
+"""The ``step`` config group's schema and checks: what a stage record (``conf/step/<stage>.yaml``)
+may hold. The stage code itself is mdk/stage.py; this module is a leaf (no torch, nothing of mdk
+but the errors) so the schema registry can import it before anything is composed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig
+
+from mdk.errors import ConfigError
+
+KINDS = ("train", "calibrate")  # built-in kinds of work; any other kind is a dotted function
+
+
+@dataclass
+class QuantConf:
+    """The chip layers' mode (mdk/quant/modes.py)."""
+    fold_bn: bool = False
+    weights: bool = False
+    activations: bool = False
+    fuse_gains: bool = False
+
+
+@dataclass
+class BarConf:
+    """This stage's mAP@0.5 must stay >= ``reference``'s - ``tolerance`` (a fraction: 0.02 is
+    2 points); judged on the means over seeds when a sweep has a seed axis."""
+    reference: str = MISSING
+    tolerance: float = MISSING
+
+
+@dataclass
+class StageConf:
+    name: str = MISSING
+    kind: str = "train"               # train | calibrate | pkg.module.fn (a function of the context)
+    init_from: Optional[str] = None   # the stage whose best.pth this one starts from
+    init_required: bool = False       # that input must exist (else: random weights)
+    pretrained: Optional[str] = None  # a folder under paths.checkpoints with pretrained weights,
+                                      # used when there is no init_from
+    next: Optional[str] = None
+    export: bool = False              # export the best checkpoint as a chip model afterwards
+    quant: QuantConf = field(default_factory=QuantConf)
+    eval_quant: Optional[QuantConf] = None
+    epochs: Optional[int] = None
+    lr_scale: float = 1.0
+    bar: Optional[BarConf] = None
+
+
+@dataclass
+class CalibrationConf:
+    method: str = "percentile"
+    percentile: float = 99.0
+    mse_candidates: int = 64
+    max_values: Optional[int] = 1 << 20
+
+
+@dataclass
+class CalibrationStageConf(StageConf):
+    calibration: CalibrationConf = field(default_factory=CalibrationConf)
+
+
+SCHEMAS: dict[str, type] = {"stage": StageConf, "calibration_stage": CalibrationStageConf}
+
+
+def check_kind(kind: Any, stage: str) -> str:
+    kind = str(kind)
+    if kind not in KINDS and "." not in kind:
+        raise ConfigError(f"step.kind={kind!r} ({stage}) must be train, calibrate or a function "
+                          "pkg.module.fn that does the stage's work")
+    return kind
+
+
+def check_schedule(stage_cfg: DictConfig | dict, stage: str) -> tuple[Optional[int], float]:
+    """(epochs or None for trainer.epochs, lr factor) of a stage's record, checked."""
+    epochs, scale = stage_cfg.get("epochs"), stage_cfg.get("lr_scale", 1.0)
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ConfigError(f"step.epochs={epochs!r} ({stage}) must be an integer >= 1, or null for "
+                          "trainer.epochs")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ConfigError(f"step.lr_scale={scale!r} ({stage}) must be a number > 0")
+    return epochs, float(scale)
+
+
+def running_stages(cfg: DictConfig) -> list[str]:
+    """The stages this command runs: ``pipeline``, or the one named by ``step``."""
+    return [str(s) for s in cfg.pipeline] or [str(cfg.step.name)]
+
+
+def check_stages(cfg: DictConfig, declared: list[str]) -> None:
+    """Pipeline entries and ``stages.*`` overrides name ``declared`` stages (conf/step/*.yaml),
+    and ``step`` itself is a well-formed record."""
+    check_kind(cfg.step.kind, str(cfg.step.name))
+    check_schedule(cfg.step, str(cfg.step.name))
+    running = running_stages(cfg)
+    extra = list(cfg.get("stages") or {})
+    for s in cfg.pipeline:
+        if s not in declared:
+            raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {declared}")
+    for s in extra:
+        if s not in declared:
+            raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(declared)}")
+        if s not in running:
+            raise ConfigError(f"stages.{s}.* is set but {s} does not run in this command "
+                              f"(stages: {', '.join(running)}); add it to pipeline=[...] or "
+                              "drop the override")
