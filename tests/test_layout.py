@@ -1,4 +1,4 @@
-"""The code's floors and owners (DESIGN §6, issue 12), checked on the source so they stay true.
+"""The code's floors and owners (docs/architecture.md), checked on the source so they stay true.
 
 * ``mdk`` (the library) never imports ``launchers`` (how processes start);
 * the lower floors (data, models, quant, sched, eval, sinks) import neither the engine nor the

@@ -1,4 +1,4 @@
-"""Rounding, shift rule and every mask quantizer vs straightforward per-kernel references (DESIGN §3)."""
+"""Rounding, shift rule and every mask quantizer vs straightforward per-kernel references (docs/pipeline.md)."""
 import math
 from fractions import Fraction
 

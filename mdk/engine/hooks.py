@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 class LRSchedulerHook(HookBase):
-    """One scheduler step per optimizer step: warmup is counted in iterations (DESIGN §5)."""
+    """One scheduler step per optimizer step: warmup is counted in iterations (docs/schedulers.md)."""
 
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler

@@ -17,7 +17,7 @@ the CPU (no scaler needed: bf16 has float32's exponent range); ``float16`` / ``b
 one. ``trainer.amp=auto`` (the default) is on for the CPU training of a float stage (step1: no
 quantizer in the model), where bf16 autocast trains the default run 1.84x faster per epoch
 (20.6 -> 11.2 s) and lets the default recipe run 40 epochs in 8 minutes on 2 cores
-(docs/pipeline.md, issue 18); off
+(docs/experiments.md, 2026-11-23); off
 in quantized stages, whose fake-quant grids (cap/31 steps) bf16 cannot hold, and off on CUDA,
 where float32 with TF32 stays the default until fp16 accuracy is measured there. Evaluation,
 calibration and export never run under autocast.

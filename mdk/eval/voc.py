@@ -1,4 +1,4 @@
-"""Pascal VOC detection AP, following the devkit's ``VOCevaldet.m`` / ``VOCap.m`` (DESIGN §8).
+"""Pascal VOC detection AP, following the devkit's ``VOCevaldet.m`` / ``VOCap.m``.
 
 Per class, over all evaluated images:
 
@@ -12,7 +12,7 @@ Per class, over all evaluated images:
    to an object is a TP and later ones are FP (duplicates). IoU below the threshold: FP.
    Because the assignment does not depend on earlier decisions, it is computed for all detections
    at once (vectorised); only the "first to take the object" rule depends on the order.
-   (DESIGN §8 says "the unmatched ground truth of highest IoU"; the devkit, followed here, takes
+   (Not "the unmatched ground truth of highest IoU": the devkit, followed here, takes
    the highest-IoU object even when it is matched, and then counts a duplicate.)
 3. ``recall = TP / npos`` with ``npos`` = non-difficult objects; ``precision = TP / (TP + FP)``.
    Ignored detections are left out of the curve; they would only repeat the previous point,

@@ -1,4 +1,4 @@
-"""GNetDet: a plain stack of chip layers (DESIGN §3) with a YOLOv1-style output grid.
+"""GNetDet: a plain stack of chip layers (docs/pipeline.md) with a YOLOv1-style output grid.
 
 The published GNetDet-448 is 16 3x3 convs (`64,M,64,M,128,128,M,256x3,M,256x3,M,256x3,256,256,10+C`)
 giving a 14x14 grid. The output channel layout per cell is

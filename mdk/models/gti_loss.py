@@ -30,7 +30,7 @@ exactly the GTI loss with ``c = N * nu``: ``normalizer_init`` 6.25 is the GTI st
 batch of 16. The update runs only when gradients are enabled (training steps): validation does not
 move it. ``normalizer: fixed`` keeps ``nu = normalizer_init``.
 
-Split invariance (DESIGN §4): with ``fixed`` always; with ``running`` for plain DDP with equal
+Split invariance (docs/distributed.md, Semantics): with ``fixed`` always; with ``running`` for plain DDP with equal
 per-rank batches (every rank sees the global counts). Not with ``dist.exact_chunk``: the engine
 then calls the loss once per chunk, so ``nu`` advances once per chunk from that chunk's counts
 (summed over ranks), and how many chunks a step has depends on the split; use ``fixed`` there.

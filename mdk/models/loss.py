@@ -1,7 +1,7 @@
 """YOLOv1-style GNetDet loss with smooth-L1 terms (``loss=default``; ``loss=gti`` is
 :mod:`mdk.models.gti_loss`).
 
-Normalisation (DESIGN §4): every term is summed within an image and averaged over the images of
+Normalisation (docs/distributed.md): every term is summed within an image and averaged over the images of
 the local batch. DDP then averages gradients over ranks, so with equal per-rank batches the
 gradient of a global batch does not depend on how it is split.
 

@@ -1,4 +1,4 @@
-"""Chip quantization (DESIGN §3). Import the submodules directly; this package stays import-light.
+"""Chip quantization (the contract: docs/pipeline.md). Import the submodules directly; this package stays import-light.
 
 - ``layers``: ChipConv, the one chip layer (flags: quant_weight, quant_act, observer; buffers cap, fused)
 - ``rounding``: round half away from zero

@@ -1,4 +1,4 @@
-"""5-bit unsigned chip activation (DESIGN §3): ``y_q = R(clamp(y, 0, cap) * 31 / cap) * cap / 31``.
+"""5-bit unsigned chip activation (docs/pipeline.md): ``y_q = R(clamp(y, 0, cap) * 31 / cap) * cap / 31``.
 
 A custom autograd function keeps the step3 iteration cheap: the forward is four passes over the
 activation and the backward is one fused ``hardtanh_backward`` pass (straight-through for

@@ -1,4 +1,4 @@
-"""Fold BatchNorm into the preceding chip conv (DESIGN §3), done once before step2.
+"""Fold BatchNorm into the preceding chip conv (docs/pipeline.md), done once before step2.
 
 The chip has no BatchNorm: ``BN(conv(x))`` in eval mode is the affine map
 ``g * (Wx + b - mu) / s + beta`` with ``s = sqrt(var + eps)``, i.e. a conv with

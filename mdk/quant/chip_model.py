@@ -1,4 +1,4 @@
-"""The exported chip model: integer mantissas + per-layer shifts + layer spec (DESIGN §3).
+"""The exported chip model: integer mantissas + per-layer shifts + layer spec (docs/pipeline.md).
 
 On disk (an open, documented format, readable without mdk):
 

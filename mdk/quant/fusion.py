@@ -1,4 +1,4 @@
-"""Step4 gain fusion ("edit gain", DESIGN §3): move every activation cap into the weights.
+"""Step4 gain fusion ("edit gain", docs/pipeline.md): move every activation cap into the weights.
 
 With calibrated caps ``c_i`` the step3 activation of layer i is ``k_i * c_i / 31`` for an integer
 ``k_i`` in 0..31. Scaling ``W_i <- W_i * c_{i-1} / c_i`` and ``b_i <- b_i * 31 / c_i`` (``c_0 = 31``,

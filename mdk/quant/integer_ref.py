@@ -1,4 +1,4 @@
-"""Integer-only reference forward of an exported chip model, and the exactness check (DESIGN §3).
+"""Integer-only reference forward of an exported chip model, and the exactness check (docs/pipeline.md).
 
 ``integer_forward`` uses only int64 tensors: int64 conv, add the bias mantissa, shift with round
 half away from zero, clamp 0..31, 2x2 max-pool. It must equal the step4 fake-quant forward with 0

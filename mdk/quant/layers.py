@@ -1,6 +1,6 @@
 """ChipConv: one layer of the CNN accelerator (3x3 conv, optional BN, ReLU / 5-bit activation, 2x2 pool).
 
-The stage (DESIGN §3) switches quantization on per layer through plain attributes, so the same
+The stage (docs/pipeline.md) switches quantization on per layer through plain attributes, so the same
 module object serves step1 (float) to step4 (integer activations):
 
 - ``quant_weight``: conv weight/bias go through the chip weight quantizer (STE) for ``mask_bits``

@@ -1,4 +1,4 @@
-"""Quantization modes of the chip layers: what a stage switches on (DESIGN §1 table, §3).
+"""Quantization modes of the chip layers: what a stage switches on (the stage table of docs/pipeline.md).
 
 A stage's record (conf/step/<stage>.yaml, ``quant:``) names the mode; this module only knows
 the switches, not the stages:

@@ -1,4 +1,4 @@
-"""Chip rounding: round half **away from zero** (DESIGN §3), not torch.round (half to even).
+"""Chip rounding: round half **away from zero** (docs/pipeline.md), not torch.round (half to even).
 
 ``floor(|x| + 0.5)`` is the textbook formula but is wrong in floating point: for the largest float
 below 0.5 (0.49999997 in float32) ``x + 0.5`` rounds up to 1.0. Adding ``pred(0.5)`` instead is

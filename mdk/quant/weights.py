@@ -1,4 +1,4 @@
-"""Chip weight quantizers (DESIGN §3), vectorised over all 3x3 kernels of a layer.
+"""Chip weight quantizers (docs/pipeline.md), vectorised over all 3x3 kernels of a layer.
 
 Every quantizer is computed as integer *mantissas* times one per-layer power of two:
 ``w_q = w_int / 2**shift`` and ``b_q = b_int / 2**shift``. The fake-quant training path
