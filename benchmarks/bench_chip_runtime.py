@@ -15,7 +15,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import clock, compose, interleaved, machine, median, set_threads
+from common import (SMOKE, SMOKE_THREADS, add_smoke_flag, clock, compose, interleaved, machine,
+                    median, set_threads)
 
 
 def main() -> None:
@@ -24,8 +25,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall")
+    add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=gnetdet")
     args = ap.parse_args()
+    if args.smoke:
+        args.batch, args.reps, args.threads = 2, 1, SMOKE_THREADS
+        args.overrides = [*SMOKE, *args.overrides]
     set_threads(args.threads)
 
     import onnxruntime as ort

@@ -29,7 +29,7 @@ def _timed(fn):
     return out, time.perf_counter() - w0, time.process_time() - c0
 
 
-def wait_share(cfg, train_ds, model, iters: int, workers: int) -> dict:
+def wait_share(cfg, train_ds, model, world, iters: int, workers: int) -> dict:
     import torch
     from omegaconf import OmegaConf
 
@@ -37,7 +37,7 @@ def wait_share(cfg, train_ds, model, iters: int, workers: int) -> dict:
     from mdk.engine.build import build_loss
 
     c = OmegaConf.merge(cfg, {"trainer": {"num_workers": workers}, "dataset": {"num_workers": workers}})
-    loader, _ = build.build_train_loader(c, train_ds)
+    loader, _ = build.build_train_loader(c, train_ds, world)  # pinned memory on CUDA, as a run
     device = next(model.parameters()).device
     loss_fn = build_loss(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -71,8 +71,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="*", default=None,
                     help="num_workers settings to compare (default: the config's only)")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
+    common.add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides")
     a = ap.parse_args()
+    if a.smoke:
+        a.iters, a.threads = 2, common.SMOKE_THREADS
+        a.overrides = [*common.smoke_overrides(), *a.overrides]
 
     from mdk.data.build import build_datasets  # noqa: F401  (imported before timing)
     from mdk.engine import build
@@ -81,14 +85,15 @@ def main() -> None:
 
     common.set_threads(a.threads)
     cfg = common.compose(["step=step1", *a.overrides])
-    default_workers = int(cfg.trainer.num_workers or cfg.dataset.get("num_workers", 0))
+    world = single_process(cfg.trainer.device)
+    default_workers = build.loader_workers(cfg, world)  # 'auto' resolved as a run resolves it
     print(f"# bench_data: dataset={cfg.dataset.name} cache_images={cfg.dataset.get('cache_images')} "
           f"model={cfg.model.name} batch={cfg.trainer.batch_size} default num_workers={default_workers}")
     print(f"# {common.machine()}")
     build.seed_everything(cfg.seed)
     model = build.build_model(cfg)
     apply_stage(model, "step1")
-    model.to(single_process(cfg.trainer.device).device).train()
+    model.to(world.device).train()
     (train_ds, val_ds), wall, cpu = _timed(lambda: build.build_data(cfg, model.grid))
     print(f"build_data (train {len(train_ds)} + val {len(val_ds)} images): {wall:.1f} s wall, "
           f"{cpu:.1f} s CPU  {common.load()}")
@@ -98,7 +103,7 @@ def main() -> None:
         print(f"  decode {ds.split}: {1e3 * w / n:.2f} ms/image wall, {1e3 * c / n:.2f} ms CPU "
               f"-> {len(ds) * c / n:.1f} s CPU for the split's image cache")
     for nw in (a.workers if a.workers is not None else [default_workers]):
-        r = wait_share(cfg, train_ds, model, a.iters, nw)
+        r = wait_share(cfg, train_ds, model, world, a.iters, nw)
         extra = f", CPU-time share {100 * r['wait_cpu']:.1f} %" if nw == 0 else ""
         print(f"num_workers={nw}{' (default)' if nw == default_workers else ''}: waiting for data "
               f"{100 * r['wait_wall']:.1f} % of step time (wall{extra}; goal <= 5 %)  "

@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402  (puts the repo on sys.path)
 import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -30,9 +31,10 @@ from mdk.world import World  # noqa: E402
 # training process (num_workers=0): with one thread per process the comparison is about
 # processes, and a loader worker would hand the 1-process run a second core for free.
 # `model.image_size=96 dataset.generate.image_size=96` shows the small-step case (gloo's
-# per-step all-reduce then weighs more).
+# per-step all-reduce then weighs more). CPU processes (gloo) also where CUDA exists.
 DEFAULTS = ["dataset.generate.num_train=512", "dataset.generate.num_val=16", "logger=none",
-            "trainer.progress=false", "trainer.amp=false", "dataset.num_workers=0"]
+            "trainer.progress=false", "trainer.amp=false", "dataset.num_workers=0",
+            "trainer.device=cpu"]
 
 
 def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
@@ -81,9 +83,6 @@ def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
 
 
 def main() -> None:
-    from launchers.spawn import run_ranks
-    from launchers.align import compose_config
-
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=60)
@@ -92,9 +91,22 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--exact-chunk", type=int, default=None, metavar="C",
                     help="also time dist.exact_chunk=C on W processes")
+    common.add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    out = Path(tempfile.mkdtemp(prefix="mdk-bench-ddp-"))
+    if args.smoke:
+        args.iters, args.warmup, args.batch_size, args.exact_chunk = 2, 1, 8, 2
+        # exact_chunk splits the batch: a model without training-mode BatchNorm (as documented)
+        args.overrides = [*common.SMOKE, "model.net.batch_norm=false", *args.overrides]
+    with tempfile.TemporaryDirectory(prefix="mdk-bench-ddp-") as out:
+        compare(args, Path(out))
+
+
+def compare(args: argparse.Namespace, out: Path) -> None:
+    """Time each world on the same global batch, data generated under ``out``; print the ratios."""
+    from launchers.spawn import run_ranks
+    from launchers.align import compose_config
+
     base = compose_config([*DEFAULTS, f"paths.data={out}/data", *args.overrides])
     cfg = OmegaConf.merge(base, {"trainer": {"batch_size": args.batch_size},
                                  "bench": {"iters": args.iters, "warmup": args.warmup}})

@@ -48,8 +48,12 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
     ap.add_argument("--amp-speed", action="store_true",
                     help="also time the raw loop under AMP (bf16 CPU / fp16 CUDA) vs float32")
+    common.add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. model=gnetdet")
     a = ap.parse_args()
+    if a.smoke:
+        a.iters, a.reps, a.amp_speed, a.threads = 2, 1, True, common.SMOKE_THREADS
+        a.overrides = [*common.smoke_overrides(), *a.overrides]
 
     import torch
 
@@ -88,8 +92,8 @@ def main() -> None:
     trainer = Trainer(model, loss_fn, optimizer, batches, device, 0, a.iters,
                       amp_dtype=precision.amp_dtype(cfg.trainer, device, float_model=True),
                       grad_clip=clip)
-    tmp = Path(tempfile.mkdtemp(prefix="bench_engine_"))
-    sink = build_sinks(cfg.logger, tmp, {}, True)
+    tmp = tempfile.TemporaryDirectory(prefix="bench_engine_")  # the sink's files, removed at exit
+    sink = build_sinks(cfg.logger, Path(tmp.name), {}, True)
     metrics = MetricsHook(sink, cfg.logger.log_every)
     sampler = GlobalBatchSampler(a.iters * cfg.trainer.batch_size, cfg.trainer.batch_size, 0, 1, 0)
 

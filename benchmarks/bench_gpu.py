@@ -67,10 +67,10 @@ def _batch(cfg: Any, model: torch.nn.Module, batch: int, device: torch.device):
     g = torch.Generator().manual_seed(0)
     n = cfg.model.image_size
     images = torch.randint(0, 256, (batch, 3, n, n), dtype=torch.uint8, generator=g)
-    s, ch = model.grid, 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
-    targets = torch.zeros(batch, s, s, ch)
+    s, b = model.grid, cfg.model.net.boxes_per_cell
+    targets = torch.zeros(batch, s, s, 5 * b + cfg.dataset.num_classes)
     targets[:, s // 2, s // 2, :4], targets[:, s // 2, s // 2, 4] = 0.5, 1.0
-    targets[:, s // 2, s // 2, 10] = 1.0
+    targets[:, s // 2, s // 2, 5 * b] = 1.0  # class 0 (the classes follow the B box slots)
     return images.to(device), targets.to(device)
 
 
@@ -198,8 +198,8 @@ def sync_points(cfg: Any, setting: str, a: argparse.Namespace, device: torch.dev
 
 def run_py(a: argparse.Namespace, setting: str, device: str) -> float:
     """train img/s of run.py's last epoch (the engine logs it at each epoch's end)."""
-    out = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
-    data = Path(a.data) if Path(a.data).is_absolute() else common.REPO / a.data
+    tmp = tempfile.TemporaryDirectory(prefix="bench_gpu_")  # checkpoints, removed on return
+    out, data = tmp.name, Path(a.data) if Path(a.data).is_absolute() else common.REPO / a.data
     cmd = [sys.executable, str(common.REPO / "run.py"), f"model={a.model}",
            f"trainer.batch_size={a.batch}", f"trainer.epochs={a.e2e_epochs}",
            f"dataset.generate.num_train={a.e2e_images}", "trainer.limit_val_batches=1",
@@ -233,10 +233,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few iterations (a smoke test)")
     ap.add_argument("--sync-debug", action="store_true",
                     help="also list where the engine's step waits for the GPU (CUDA only)")
+    common.add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every part")
     a = ap.parse_args()
-    if a.quick:
+    if a.quick or a.smoke:
         a.iters, a.warmup, a.compile_warmup, a.e2e_epochs, a.e2e_images = 2, 1, 1, 2, 64
+    if a.smoke:  # the CPU, tiny sizes; both layouts (so a fastest one is picked), run.py 1 epoch
+        a.device, a.model, a.batch = "cpu", "gnetdet_small", 8
+        a.settings, a.e2e = "fp32,fp32+cl", "fp32"
+        a.e2e_epochs, a.e2e_images, a.data = 1, 48, str(common.smoke_dir() / "data")
+        a.overrides = [*common.SMOKE, *a.overrides]
+        torch.set_num_threads(common.SMOKE_THREADS)
     device = torch.device(a.device)
     cfg = common.compose([f"model={a.model}", f"trainer.device={a.device}", *a.overrides])
     settings = [s for s in a.settings.split(",") if s]

@@ -33,30 +33,32 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def child(model_name: str, batch: int, ckpt: bool, steps: int, threads: int) -> dict:
+def child(model_name: str, batch: int, ckpt: bool, steps: int, threads: int, smoke: bool) -> dict:
     import torch
 
     from mdk.models.build import build_model
     from mdk.engine.build import build_loss
 
     common.set_threads(threads)
-    cfg = common.compose([f"model={model_name}", f"trainer.activation_checkpointing={ckpt}"])
+    cfg = common.compose([f"model={model_name}", f"trainer.activation_checkpointing={ckpt}",
+                          *(common.SMOKE if smoke else [])])
     torch.manual_seed(0)
     model = build_model(cfg)
     # Set directly too, so the benchmark also runs before the config wiring lands.
     model.activation_checkpointing = ckpt
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = common.device(smoke)
     model.to(dev).train()
     loss_fn = build_loss(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    s, c = model.grid, 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
+    s, b = model.grid, cfg.model.net.boxes_per_cell
+    c = 5 * b + cfg.dataset.num_classes
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (batch, 3, model.image_size, model.image_size), dtype=torch.uint8,
                            generator=g).to(dev)
     targets = torch.zeros(batch, s, s, c)
     targets[:, ::3, ::3, :4] = 0.3          # a few responsible cells with plausible boxes
     targets[:, ::3, ::3, 4] = 1.0
-    targets[:, ::3, ::3, 10] = 1.0
+    targets[:, ::3, ::3, 5 * b] = 1.0     # class 0 (the classes follow the B box slots)
     targets = targets.to(dev)
     base = _rss_mb()
     losses, held = [], 0.0
@@ -71,7 +73,7 @@ def child(model_name: str, batch: int, ckpt: bool, steps: int, threads: int) -> 
     out = {"ckpt": ckpt, "base_mb": base, "peak_mb": peak, "step_peak_mb": peak - base,
            "held_mb": held,
            "losses": losses}
-    if torch.cuda.is_available():
+    if dev.type == "cuda":
         out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
 
@@ -83,16 +85,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
     ap.add_argument("--child", choices=["on", "off"], help=argparse.SUPPRESS)
+    common.add_smoke_flag(ap)
     a = ap.parse_args()
+    if a.smoke:
+        a.model, a.batch, a.steps, a.threads = "gnetdet_small", 4, 1, common.SMOKE_THREADS
     if a.child:
-        print(json.dumps(child(a.model, a.batch, a.child == "on", a.steps, a.threads)))
+        print(json.dumps(child(a.model, a.batch, a.child == "on", a.steps, a.threads, a.smoke)))
         return
     print(f"# bench_memory: model={a.model} batch={a.batch} steps={a.steps}")
     print(f"# {common.machine()}")
     res = {}
     for mode in ("off", "on"):
         cmd = [sys.executable, __file__, "--child", mode, "--model", a.model, "--batch", str(a.batch),
-               "--steps", str(a.steps), "--threads", str(a.threads)]
+               "--steps", str(a.steps), "--threads", str(a.threads),
+               *(["--smoke"] if a.smoke else [])]
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=common.REPO)
         if p.returncode:
             sys.exit(f"child {mode} failed:\n{p.stderr[-3000:]}")

@@ -14,6 +14,7 @@ import copy
 import statistics
 import time
 
+import common  # puts the repo on sys.path
 import torch
 
 from mdk.models.gnetdet import GNetDet
@@ -65,13 +66,16 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with process CPU time instead of wall time: robust when other "
                          "jobs share the cores (use with --threads 1)")
+    common.add_smoke_flag(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.batch, args.image, args.iters, args.threads = 2, 64, 1, common.SMOKE_THREADS
     global _CLOCK
     if args.cpu_time:
         _CLOCK = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = common.device(args.smoke)
     torch.manual_seed(0)
     images = torch.randint(0, 256, (args.batch, 3, args.image, args.image), dtype=torch.uint8,
                            device=dev)

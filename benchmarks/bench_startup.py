@@ -74,13 +74,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--importtime", action="store_true")
+    common.add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*", help="run.py overrides (default: step1 defaults)")
     a = ap.parse_args()
+    if a.smoke:  # the tiny data is generated within the one timed run
+        a.runs, a.importtime, a.overrides = 1, True, [*common.smoke_overrides(), *a.overrides]
     overrides = ["trainer.progress=false", *a.overrides]
     print(f"# bench_startup: python run.py {' '.join(overrides)}")
     print(f"# {common.machine()}")
-    with tempfile.TemporaryDirectory() as warm:  # generate the dataset once (first use only)
-        one_run(overrides, warm)
+    if not a.smoke:
+        with tempfile.TemporaryDirectory() as warm:  # generate the dataset once (first use only)
+            one_run(overrides, warm)
     times = []
     for _ in range(a.runs):
         c0 = os.times()

@@ -7,10 +7,13 @@ processes disturb far less than wall time. Every result line carries ``os.getloa
 """
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +21,54 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python benchmarks/x.py` from anywhere
     sys.path.insert(0, str(REPO))
+
+# ``--smoke`` (every script has it; tests/test_benchmarks.py runs each so): the script's whole code
+# path in seconds on the CPU, to show it still works; its numbers mean nothing. The model and data
+# sizes of tests/conftest.py's TINY. Loader workers keep the config's default (``auto``): a smoke
+# with 0 workers would not see a script break on the default config. One intra-op thread: beside
+# other jobs, 2 threads spin and make these tiny steps several times slower (README).
+SMOKE_THREADS = 1
+SMOKE = [
+    "model.image_size=64",
+    "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
+    "model.net.mask_bits=[3,3,3,3,3,3,8]",
+    "dataset.generate.num_train=48",
+    "dataset.generate.num_val=16",
+    "dataset.generate.image_size=64",
+    "trainer.batch_size=8",
+    "scheduler.warmup.iters=2",
+    "trainer.device=cpu",
+    f"dist.cpu_threads={SMOKE_THREADS}",  # run.py and the ranks of bench_ddp.py
+]
+
+
+def add_smoke_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--smoke", action="store_true",
+                    help="seconds-long run of the whole code path at the smallest sizes, on the "
+                         "CPU: checks that the script works (its numbers mean nothing)")
+
+
+@functools.cache
+def _smoke_tmp() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="mdk-bench-smoke-")  # removed when the script exits
+
+
+def smoke_dir() -> Path:
+    """This process's temporary directory for what a smoke run generates."""
+    return Path(_smoke_tmp().name)
+
+
+def smoke_overrides() -> list[str]:
+    """SMOKE with the generated data and checkpoints in ``smoke_dir()``."""
+    d = smoke_dir()
+    return [*SMOKE, f"paths.data={d}/data", f"paths.checkpoints={d}/checkpoints"]
+
+
+def device(smoke: bool):
+    """The device of the scripts that pick one themselves: CUDA where present, the CPU in smoke."""
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
 
 
 def load() -> str:
