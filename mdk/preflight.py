@@ -27,7 +27,8 @@ def _check_dataset(cfg: DictConfig) -> None:
     from mdk.data.build import check_dataset_files
 
     # The config, then the files of both splits through the dataset's reader (any format).
-    n_train = check_dataset_files(cfg.dataset, os.getcwd())
+    base = os.getcwd()
+    n_train = check_dataset_files(cfg.dataset, base, resolve_path(cfg.paths.data, base))
     generated = bool(cfg.dataset.get("generate"))
     batch = int(cfg.trainer.batch_size)
     if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in ("train", "calibrate"):

@@ -139,3 +139,23 @@ def test_dataset_coco_trains_exactly_as_its_voc_form(tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["iter"] == b["iter"] == 2 * 48 // 8
     assert a["metric"] == b["metric"] and a["metric"]["loss"] > 1   # map50, loss, images, ...
+
+
+def test_preflight_counts_from_a_fresh_cache_without_parsing_the_json(voc_root, tmp_path,
+                                                                       monkeypatch):
+    from mdk.data import coco as coco_module
+    from mdk.data.build import build_datasets, check_dataset_files
+
+    export_voc_to_coco(voc_root, tmp_path / "coco", ["train", "val"])
+    d = {"name": "coco", "root": str(tmp_path / "coco"), "class_names": CLASSES,
+         "num_classes": 5, "train_split": "train", "val_split": "val",
+         "reader": {"_target_": "mdk.data.coco.COCOReader"}}
+    assert check_dataset_files(d, tmp_path) == 10                      # no cache yet: parsed
+    build_datasets(d, 64, 4, 1, 0, tmp_path / "cache")                 # the caches are built
+    loads = []
+    real = coco_module.json.load
+    monkeypatch.setattr(coco_module.json, "load", lambda f: loads.append(f.name) or real(f))
+    assert check_dataset_files(d, tmp_path, tmp_path / "cache") == 10 and loads == []
+    path = tmp_path / "coco/annotations/instances_val.json"
+    path.write_text(path.read_text())                                  # edited: checked again
+    assert check_dataset_files(d, tmp_path, tmp_path / "cache") == 10 and loads == [str(path)]

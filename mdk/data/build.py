@@ -11,13 +11,13 @@ import hashlib
 import inspect
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig
 
 from mdk.data.config import VOC_READER, check
 from mdk.data.dataset import DetectionDataset
-from mdk.data.index import cached_records
+from mdk.data.index import cached_records, fresh_count
 from mdk.data.records import READER_METHODS, Reader
 from mdk.errors import DataError, import_target
 
@@ -54,18 +54,32 @@ def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
     return cls(**args)
 
 
-def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path) -> int:
+def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
+                        cache_root: Optional[str | Path] = None) -> int:
     """Pre-flight, in the launching process: check the ``dataset`` node and, unless the data is
-    generated on first use, the files of both splits (through the reader's ``check``). Return the
-    number of train images (``generate.num_train`` for generated data; 0 when unknown). A
-    relative ``dataset.root`` is taken under ``base`` (the repository root)."""
+    generated on first use, the files of both splits (the reader's ``check``; a split whose index
+    cache under ``cache_root`` is fresh was checked when it was built). Return the number of train
+    images (``generate.num_train`` for generated data; 0 when unknown). Relative paths are taken
+    under ``base`` (the repository root), as the engine does."""
     d = check(cfg_dataset)
-    root = Path(str(d["root"])).expanduser()
-    reader = build_reader(d, root if root.is_absolute() else Path(base) / root)
+    root = _under(d["root"], base)
+    reader = build_reader(d, root)
     if d.get("generate"):  # generated on first use: its size is the config's
         return int(d["generate"].get("num_train", 0) or 0)
-    reader.check([d["train_split"], d["val_split"]])
-    return reader.count(d["train_split"])
+    meta_dir = meta_dir_for({**d, "root": str(root)}, _under(cache_root, base)) if cache_root else None
+    counts = {}
+    for split in (d["train_split"], d["val_split"]):
+        n = fresh_count(reader, split, meta_dir / f"{split}.txt") if meta_dir else None
+        if n is None:
+            reader.check([split])
+            n = reader.count(split)
+        counts[split] = n
+    return counts[d["train_split"]]
+
+
+def _under(path: str | Path, base: str | Path) -> Path:
+    p = Path(str(path)).expanduser()
+    return p if p.is_absolute() else Path(base) / p
 
 
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
@@ -85,8 +99,7 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     if d.get("generate"):
         gen = {"image_size": image_size, **d["generate"]}
         instantiate(gen, root=root, class_names=d["class_names"])
-    reader = build_reader(d, root)
-    reader.check([d["train_split"], d["val_split"]])
+    reader = build_reader(d, root)   # its records() and sources() raise what check() would
     meta_dir = meta_dir_for(d, cache_root)
     common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
                   boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,

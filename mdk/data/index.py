@@ -21,7 +21,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -110,6 +110,15 @@ def ensure_meta(reader: Reader, split: str, out_path: str | Path) -> Path:
     if is_stale(reader, split, out_path):
         return build_meta(reader, split, out_path)
     return Path(out_path)
+
+
+def fresh_count(reader: Reader, split: str, meta_path: str | Path) -> Optional[int]:
+    """How many images the cache of ``split`` holds when it is fresh, else None: a pre-flight
+    count without reading the annotations again (a large COCO JSON takes seconds to parse)."""
+    if is_stale(reader, split, meta_path):
+        return None
+    with open(meta_path) as f:
+        return sum(1 for line in f if line.strip()) - 1   # less the header
 
 
 def cached_records(reader: Reader, split: str, meta_dir: str | Path) -> list[Record]:
