@@ -26,20 +26,16 @@ log = logging.getLogger(__name__)
 
 
 def _check_dataset(cfg: DictConfig) -> None:
-    from mdk.data.build import validate_dataset_cfg
-    from mdk.data.voc import check_root, read_split
+    from mdk.data.build import check_dataset_files
 
-    d = validate_dataset_cfg(cfg.dataset)
-    if d.get("generate"):  # generated on first use: its size is the config's
-        n_train = int((d.get("generate") or {}).get("num_train", 0) or 0)
-    else:
-        root = check_root(resolve_path(d["root"], os.getcwd()))
-        n_train = len(read_split(root, d["train_split"]))  # missing or empty split file
-        read_split(root, d["val_split"])
+    # The config, then the files of both splits through the dataset's reader (any format).
+    base = os.getcwd()
+    n_train = check_dataset_files(cfg.dataset, base, resolve_path(cfg.paths.data, base))
+    generated = bool(cfg.dataset.get("generate"))
     batch = int(cfg.trainer.batch_size)
     if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in KINDS:
-        where = ("dataset.generate.num_train" if d.get("generate")
-                 else f"the {d['train_split']!r} split of {d['root']}")
+        where = ("dataset.generate.num_train" if generated
+                 else f"the {cfg.dataset.train_split!r} split of {cfg.dataset.root}")
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
                         f"(trainer.batch_size={batch}); the last partial batch of an epoch is "
                         "dropped, so nothing would train: lower trainer.batch_size or add images")

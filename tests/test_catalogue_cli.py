@@ -31,7 +31,7 @@ SHAPES = ["dataset.generate.num_train=16", "dataset.generate.num_val=8",
 
 
 def _argv(tmp: Path, args: tuple[str, ...]) -> list[str]:
-    data = [] if "dataset=voc" in args else SHAPES
+    data = [] if any(a.startswith("dataset=") and a != "dataset=shapes" for a in args) else SHAPES
     return [*TINY_CLI, *data, f"paths.data={tmp / 'data'}", f"paths.checkpoints={tmp / 'ck'}",
             f"hydra.run.dir={tmp / 'run'}", *args]
 def cli(tmp: Path, *args: str, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:

@@ -16,7 +16,8 @@ from mdk.data import image_check
 from mdk.data.build import build_datasets
 from mdk.data.dataset import DetectionDataset
 from mdk.data.image_check import check_images, decode_error
-from mdk.data.voc import DataError
+from mdk.data.index import cached_records
+from mdk.data.voc import DataError, VOCReader
 
 CLASSES = ["cat", "dog"]
 
@@ -125,8 +126,9 @@ def test_unwritable_cache_only_costs_a_recheck(tmp_path, caplog):
 # ---- dataset.on_bad_image ------------------------------------------------------------------------
 
 def dataset(root: Path, tmp_path: Path, split: str = "train", **kw) -> DetectionDataset:
-    args = dict(root=root, split=split, class_names=CLASSES, image_size=64, grid=4,
-                boxes_per_cell=2, augment=False, meta_dir=tmp_path / "meta")
+    records = cached_records(VOCReader(root, CLASSES), split, tmp_path / "meta")
+    args = dict(root=root, split=split, records=records, class_names=CLASSES, image_size=64,
+                grid=4, boxes_per_cell=2, augment=False, meta_dir=tmp_path / "meta")
     return DetectionDataset(**{**args, **kw})
 
 
@@ -170,7 +172,7 @@ def test_skip_leaves_bad_images_out_before_sampling_and_lists_them_once(tmp_path
     with caplog.at_level(logging.INFO):
         ds = dataset(root, tmp_path, on_bad_image="skip")
     assert len(ds) == 10
-    kept = [e.image for e in ds.entries]
+    kept = [e.image for e in ds.records]
     assert kept == [f"JPEGImages/{i:06d}.jpg" for i in range(12) if i not in (3, 8)]  # split order
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -182,7 +184,7 @@ def test_skip_leaves_bad_images_out_before_sampling_and_lists_them_once(tmp_path
         img, _, index = ds[i]
         assert img.shape == (3, 64, 64) and index == i
     # The same index on a second construction, from the cache (deterministic epochs).
-    assert [e.image for e in dataset(root, tmp_path, on_bad_image="skip").entries] == kept
+    assert [e.image for e in dataset(root, tmp_path, on_bad_image="skip").records] == kept
 
 
 def test_skip_with_cached_images_and_every_image_bad(tmp_path):

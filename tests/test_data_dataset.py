@@ -4,10 +4,12 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from extra_dataset import write_csv_dataset
 from mdk.data.build import build_datasets
 from mdk.data.dataset import DetectionDataset
+from mdk.data.index import cached_records
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
-from mdk.data.voc import DataError
+from mdk.data.voc import DataError, VOCReader
 from mdk.models.yolo_codec import decode
 
 CLASSES = list(SHAPE_CLASSES)
@@ -23,7 +25,9 @@ def root(tmp_path_factory):
 def make(root, tmp_path, **kw):
     args = dict(root=root, split="train", class_names=CLASSES, image_size=SIZE, grid=S,
                 boxes_per_cell=B, augment=True, meta_dir=tmp_path / "meta", cache_images=False, seed=7)
-    return DetectionDataset(**{**args, **kw})
+    args.update(kw)
+    records = cached_records(VOCReader(args["root"], CLASSES), args["split"], args["meta_dir"])
+    return DetectionDataset(records=records, **args)
 
 
 def sorted_boxes(boxes, labels):
@@ -167,19 +171,35 @@ def test_a_dataset_is_its_yaml_not_a_name_in_a_list(tmp_path):
 
 
 def test_the_reader_class_is_config(tmp_path):
-    """dataset.reader._target_ names the Dataset class; its own keys are passed to it."""
-    c = cfg(tmp_path, **{"reader": {"_target_": "extra_dataset.FirstImages", "limit": 2}})
-    train, val = build_datasets(c, SIZE, S, B, 0, tmp_path / "cache")
-    assert type(train).__name__ == type(val).__name__ == "FirstImages"
-    assert (len(train), len(val)) == (2, 2) and train.augment and not val.augment
-    full, _ = build_datasets(cfg(tmp_path), SIZE, S, B, 0, tmp_path / "cache")
+    """dataset.reader._target_ names the reader class (here one outside mdk, of a CSV format);
+    its own keys are passed to it, and the dataset serves its records like any other's."""
+    full, full_val = build_datasets(cfg(tmp_path), SIZE, S, B, 0, tmp_path / "cache")
     assert type(full) is DetectionDataset
-    assert torch.equal(train[1][1], full[1][1]) and torch.equal(train.image(1), full.image(1))
-    with pytest.raises(DataError, match=r"dataset.reader._target_='nowhere.Nothing' cannot be "):
+    for ds in (full, full_val):
+        write_csv_dataset(ds.records, ds.root, tmp_path / "csv", ds.split, CLASSES)
+    c = cfg(tmp_path, **{"reader": {"_target_": "extra_dataset.CSVReader", "limit": 2},
+                         "root": str(tmp_path / "csv"), "generate": None})
+    train, val = build_datasets(c, SIZE, S, B, 0, tmp_path / "cache")
+    assert type(train) is type(val) is DetectionDataset
+    assert (len(train), len(val)) == (2, 2) and train.augment and not val.augment
+    assert [r.image for r in train.records] == ["pics/000000.jpg", "pics/000001.jpg"]
+    for i in range(2):
+        assert torch.equal(train[i][1], full[i][1]) and torch.equal(train.image(i), full.image(i))
+    with pytest.raises(DataError, match=r"^dataset.reader._target_='nowhere.Nothing' cannot be "
+                                        r"imported \(No module named 'nowhere'\); name a reader "
+                                        r"class as package.module.Class$"):
         build_datasets(cfg(tmp_path, **{"reader": {"_target_": "nowhere.Nothing"}}), SIZE, S, B,
                        0, tmp_path / "cache")
     with pytest.raises(DataError, match=r"dataset.reader=.* must be null or a node with a _targ"):
         build_datasets(cfg(tmp_path, **{"reader": {"_target_": None}}), SIZE, S, B, 0, tmp_path / "c")
+    with pytest.raises(DataError, match=r"^dataset.reader._target_='mdk.data.dataset.Detection"
+                                        r"Dataset' is not a dataset reader \(it needs the methods "
+                                        r"check, count, records, sources"):
+        build_datasets(cfg(tmp_path, **{"reader": {"_target_": "mdk.data.dataset.DetectionDataset"}}),
+                       SIZE, S, B, 0, tmp_path / "cache")
+    with pytest.raises(DataError, match=r"^dataset.reader: mdk.data.voc.VOCReader does not take "
+                                        r"these keys \(got an unexpected keyword argument 'limit'\)"):
+        build_datasets(cfg(tmp_path, **{"reader.limit": 2}), SIZE, S, B, 0, tmp_path / "cache")
 
 
 def test_build_datasets_voc_root(tmp_path):

@@ -1,12 +1,14 @@
-"""The dataset index (mdk.data.index) and its xml2txt CLI: meta file content, staleness rules."""
+"""The dataset index (mdk.data.index), a cache of any reader's records, and its xml2txt CLI:
+meta file content, staleness rules."""
 import os
 
 import numpy as np
 import pytest
 
-from mdk.data.index import build_meta, ensure_meta, is_stale, read_header, read_meta
+from mdk.data.index import build_meta, cached_records, ensure_meta, is_stale, read_header, read_meta
+from mdk.data.records import SplitRecords, make_record
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
-from mdk.data.voc import DataError, parse_voc_xml, read_split
+from mdk.data.voc import DataError, VOCReader, parse_voc_xml, read_split
 from mdk.tools.xml2txt import main
 
 CLASSES = list(SHAPE_CLASSES)
@@ -17,8 +19,12 @@ def root(tmp_path):
     return ensure_shapes_dataset(tmp_path / "shapes", num_train=5, num_val=2, image_size=64, seed=1)
 
 
+def voc(root, classes=CLASSES):
+    return VOCReader(root, classes)
+
+
 def test_meta_matches_annotations(root, tmp_path):
-    out = build_meta(root, "train", CLASSES, tmp_path / "meta" / "train.txt")
+    out = build_meta(voc(root), "train", tmp_path / "meta" / "train.txt")
     lines = out.read_text().splitlines()
     assert lines[0].startswith("# mdk-meta ") and len(lines) == 1 + 5
     header, entries = read_meta(out)
@@ -41,33 +47,33 @@ def test_counts_clipped_and_dropped(root, tmp_path, caplog):
     text = text[:first] + "<xmin>-7</xmin>" + text[text.index("</xmin>", first) + 7:]
     xml.write_text(text.replace("</annotation>", "<object><name>star</name><bndbox><xmin>5</xmin>"
                                 "<ymin>5</ymin><xmax>5</xmax><ymax>9</ymax></bndbox></object></annotation>"))
-    out = build_meta(root, "train", CLASSES, tmp_path / "m.txt")
+    out = build_meta(voc(root), "train", tmp_path / "m.txt")
     assert (read_header(out)["clipped"], read_header(out)["dropped"]) == (1, 1)
     assert "1 boxes clipped" in caplog.text and "1 zero-area boxes dropped" in caplog.text
 
 
 def test_staleness(root, tmp_path):
     out = tmp_path / "meta" / "train.txt"
-    assert is_stale(root, "train", CLASSES, out)                       # missing
-    ensure_meta(root, "train", CLASSES, out)
-    assert not is_stale(root, "train", CLASSES, out)
-    assert is_stale(root, "train", CLASSES[::-1], out)                 # class order matters
-    assert is_stale(root, "val", CLASSES, out)                         # other split
+    assert is_stale(voc(root), "train", out)                       # missing
+    ensure_meta(voc(root), "train", out)
+    assert not is_stale(voc(root), "train", out)
+    assert is_stale(voc(root, CLASSES[::-1]), "train", out)                 # class order matters
+    assert is_stale(voc(root), "val", out)                         # other split
     # Age the meta file instead of dating inputs into the future (a rebuild must clear it).
     age = lambda: os.utime(out, (out.stat().st_mtime - 100,) * 2)
     age()
     xml = root / "Annotations" / "000002.xml"
     xml.write_text(xml.read_text())                                    # annotation edited
-    assert is_stale(root, "train", CLASSES, out)
-    ensure_meta(root, "train", CLASSES, out)
-    assert not is_stale(root, "train", CLASSES, out)
+    assert is_stale(voc(root), "train", out)
+    ensure_meta(voc(root), "train", out)
+    assert not is_stale(voc(root), "train", out)
     age()
     split = root / "ImageSets/Main/train.txt"
     split.write_text("000000\n000001\n")                               # split edited
-    _, entries = read_meta(ensure_meta(root, "train", CLASSES, out))
+    _, entries = read_meta(ensure_meta(voc(root), "train", out))
     assert [e.image for e in entries] == ["JPEGImages/000000.jpg", "JPEGImages/000001.jpg"]
     out.write_text("JPEGImages/000000.jpg 64 64\n")                    # seed-style, no header
-    assert is_stale(root, "train", CLASSES, out)
+    assert is_stale(voc(root), "train", out)
     with pytest.raises(DataError, match="not an mdk meta file"):
         read_meta(out)
 
@@ -75,7 +81,7 @@ def test_staleness(root, tmp_path):
 def test_missing_image_is_an_error(root, tmp_path):
     (root / "JPEGImages" / "000001.jpg").unlink()
     with pytest.raises(DataError, match="image '000001' listed in .*train.txt is missing"):
-        build_meta(root, "train", CLASSES, tmp_path / "m.txt")
+        build_meta(voc(root), "train", tmp_path / "m.txt")
     assert not (tmp_path / "m.txt").exists()
 
 
@@ -86,3 +92,59 @@ def test_cli(root, tmp_path, capsys):
     assert len(read_meta(out)[1]) == 2
     assert main(["--root", str(tmp_path / "nope"), "--classes", "a", "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().out
+
+
+class ListReader:
+    """A reader of records held in memory: the cache must not care which format they came from."""
+
+    def __init__(self, root, class_names, recs, source):
+        self.root, self.class_names, self.recs, self.source = root, class_names, recs, source
+
+    def check(self, splits):
+        pass
+
+    def count(self, split):
+        return len(self.recs)
+
+    def records(self, split):
+        return SplitRecords(self.recs, clipped=1, dropped=0)
+
+    def sources(self, split):
+        return [self.source]
+
+
+class OtherListReader(ListReader):
+    pass
+
+
+def test_the_cache_holds_any_readers_records_and_keys_on_reader_and_sources(tmp_path, caplog):
+    recs = [make_record("a/x.png", 30, 20, [[1.5, 2, 10.25, 19], [0, 0, 4, 4]], [1, 0],
+                        [True, False]),
+            make_record("b.jpg", 8, 8, [], [], [])]
+    src = tmp_path / "ann.csv"
+    src.write_text("x")
+    reader = ListReader(tmp_path, ["p", "q"], recs, src)
+    got = cached_records(reader, "train", tmp_path / "meta")
+    assert [r.image for r in got] == ["a/x.png", "b.jpg"]
+    for a, b in zip(got, recs):
+        assert (a.width, a.height) == (b.width, b.height)
+        for field in ("boxes", "labels", "difficult"):
+            assert getattr(a, field).dtype == getattr(b, field).dtype
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert got[1].boxes.shape == (0, 4)
+    meta = tmp_path / "meta" / "train.txt"
+    assert read_header(meta)["reader"] == "test_data_meta.ListReader"
+    assert "split 'train': 1 boxes were clipped to the image and 0 zero-area boxes dropped" \
+        in caplog.text
+    assert not is_stale(reader, "train", meta)
+    # A reader key naming another annotation file, older than the cache, still rebuilds it.
+    old = tmp_path / "old.csv"
+    old.write_text("y")
+    os.utime(old, (1, 1))
+    assert is_stale(ListReader(tmp_path, ["p", "q"], recs, old), "train", meta)
+    assert is_stale(OtherListReader(tmp_path, ["p", "q"], recs, src), "train", meta)  # other format
+    os.utime(meta, (meta.stat().st_mtime - 100,) * 2)
+    src.write_text("z")                                                # its source edited
+    assert is_stale(reader, "train", meta)
+    src.unlink()                                                       # or gone
+    assert is_stale(reader, "train", meta)

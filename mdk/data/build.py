@@ -1,63 +1,27 @@
-"""Build the train/val datasets from the ``dataset`` config group (conf/dataset/*.yaml)."""
+"""Build the train/val datasets from the ``dataset`` config group (conf/dataset/*.yaml).
+
+A dataset is its YAML: ``reader._target_`` names the class that reads its format into standard
+records (:mod:`mdk.data.records`; ``mdk.data.voc.VOCReader``, ``mdk.data.coco.COCOReader``, or a
+class of your own), ``generate._target_`` optionally makes the data first. Everything after the
+reader (the index cache, the image check, :class:`DetectionDataset`) sees records only.
+"""
 from __future__ import annotations
 
-import functools
 import hashlib
+import inspect
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mdk.data.config import VOC_READER, check
 from mdk.data.dataset import DetectionDataset
-from mdk.data.image_check import POLICIES
-from mdk.data.voc import DataError, check_root
-from mdk.errors import import_target
+from mdk.data.index import cached_records, fresh_count
+from mdk.data.records import READER_METHODS, Reader
+from mdk.errors import DataError, import_target
 
 log = logging.getLogger(__name__)
-
-
-def _plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
-    if isinstance(cfg, DictConfig):
-        if OmegaConf.is_missing(cfg, "root"):
-            raise DataError("dataset.root is not set; pass dataset.root=/path/to/VOCdevkit/VOC2007 "
-                            "(the folder holding JPEGImages/, Annotations/, ImageSets/Main/)")
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg)
-
-
-def validate_dataset_cfg(cfg: Mapping[str, Any] | DictConfig) -> dict:
-    """Check the ``dataset`` node; return it as a plain dict. Errors name the bad key."""
-    d = _plain(cfg)
-    for key in ("name", "root", "class_names", "num_classes", "train_split", "val_split"):
-        if d.get(key) in (None, "???"):
-            raise DataError(f"dataset.{key} is not set; see conf/dataset/{d.get('name', 'shapes')}.yaml")
-    gen = d.get("generate")
-    if gen is not None and not (isinstance(gen, dict) and gen.get("_target_")):
-        raise DataError(f"dataset.generate={gen!r} must be null or a node with a _target_ (a "
-                        "function called with root= and class_names= that makes the data)")
-    names = d["class_names"]
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise DataError(f"dataset.class_names={names!r} must be a non-empty list of strings")
-    if len(set(names)) != len(names):
-        raise DataError(f"dataset.class_names={names} has duplicates; each class once")
-    if d["num_classes"] != len(names):
-        raise DataError(f"dataset.num_classes={d['num_classes']} but dataset.class_names lists "
-                        f"{len(names)} classes; make them agree")
-    reader = d.get("reader")
-    if reader is not None and not (isinstance(reader, dict) and reader.get("_target_")):
-        raise DataError(f"dataset.reader={reader!r} must be null or a node with a _target_ (the "
-                        "Dataset class that reads one split, e.g. mdk.data.dataset.DetectionDataset)")
-    if d.get("augment_on", "auto") not in ("auto", "loader", "device"):
-        raise DataError(f"dataset.augment_on={d['augment_on']!r} must be auto, loader or device")
-    nw = d.get("num_workers", 0)
-    if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
-        raise DataError(f"dataset.num_workers={nw!r} must be an integer >= 0 or auto")
-    if d.get("on_bad_image", "error") not in POLICIES:
-        raise DataError(f"dataset.on_bad_image={d['on_bad_image']!r} must be one of "
-                        f"{list(POLICIES)} (error: stop naming the file; skip: leave bad images "
-                        "out of the index and list them in the log)")
-    return d
 
 
 def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
@@ -68,41 +32,81 @@ def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
     return Path(cache_root).expanduser() / "meta" / f"{d['name']}-{tag}"
 
 
+def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
+    """The reader of ``dataset.reader`` (checked by :func:`mdk.data.config.check`): its
+    ``_target_`` class called with ``root=``, ``class_names=`` and the node's other keys; null:
+    :class:`~mdk.data.voc.VOCReader`. Called directly rather than through ``instantiate`` so that
+    a DataError raised by the reader reaches the user as itself, not wrapped by Hydra."""
+    node = d.get("reader") or {"_target_": VOC_READER}
+    cls = import_target(node["_target_"], "dataset.reader._target_",
+                        "name a reader class as package.module.Class", DataError)
+    if not all(callable(getattr(cls, m, None)) for m in READER_METHODS):
+        raise DataError(f"dataset.reader._target_={node['_target_']!r} is not a dataset reader (it "
+                        f"needs the methods {', '.join(READER_METHODS)}: mdk/data/records.py); "
+                        "name a reader class such as mdk.data.voc.VOCReader")
+    args = dict(root=root, class_names=list(d["class_names"]),
+                **{k: v for k, v in node.items() if not k.startswith("_")})
+    try:
+        inspect.signature(cls).bind(**args)
+    except (TypeError, ValueError) as e:
+        raise DataError(f"dataset.reader: {node['_target_']} does not take these keys ({e}); set "
+                        "only the keys its class takes (see its docstring)") from None
+    return cls(**args)
+
+
+def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
+                        cache_root: Optional[str | Path] = None) -> int:
+    """Pre-flight, in the launching process: check the ``dataset`` node and, unless the data is
+    generated on first use, the files of both splits (the reader's ``check``; a split whose index
+    cache under ``cache_root`` is fresh was checked when it was built). Return the number of train
+    images (``generate.num_train`` for generated data; 0 when unknown). Relative paths are taken
+    under ``base`` (the repository root), as the engine does."""
+    d = check(cfg_dataset)
+    root = _under(d["root"], base)
+    reader = build_reader(d, root)
+    if d.get("generate"):  # generated on first use: its size is the config's
+        return int(d["generate"].get("num_train", 0) or 0)
+    meta_dir = meta_dir_for({**d, "root": str(root)}, _under(cache_root, base)) if cache_root else None
+    counts = {}
+    for split in (d["train_split"], d["val_split"]):
+        n = fresh_count(reader, split, meta_dir / f"{split}.txt") if meta_dir else None
+        if n is None:
+            reader.check([split])
+            n = reader.count(split)
+        counts[split] = n
+    return counts[d["train_split"]]
+
+
+def _under(path: str | Path, base: str | Path) -> Path:
+    p = Path(str(path)).expanduser()
+    return p if p.is_absolute() else Path(base) / p
+
+
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
                    boxes_per_cell: int, seed: int, cache_root: str | Path
                    ) -> tuple[DetectionDataset, DetectionDataset]:
-    """(train, val) datasets of the folder ``dataset.root``, each built by ``dataset.reader``
-    (``_target_``: the Dataset class, ``DetectionDataset`` for VOC layout; null means that one)
-    with ``split=``, ``augment=`` and the common arguments below. A dataset with a ``generate``
-    node (``_target_``: the built-in shapes generator) first makes its data there (a no-op when it
-    is already there). Any dataset is a YAML in conf/dataset/; its ``name`` only labels its
-    folders (checkpoints, meta files). Under DDP call it on rank 0 first and
-    barrier, so one process generates (concurrent calls are still safe: writes are atomic)."""
+    """(train, val) datasets of the folder ``dataset.root``: the reader ``dataset.reader`` reads
+    each split's records (through the index cache under ``cache_root``), and a DetectionDataset
+    serves them. A dataset with a ``generate`` node (``_target_``: the built-in shapes generator)
+    first makes its data there (a no-op when it is already there). Any dataset is a YAML in
+    conf/dataset/; its ``name`` only labels its folders (checkpoints, meta files). Under DDP call
+    it on rank 0 first and barrier, so one process generates and indexes (concurrent calls are
+    still safe: writes are atomic)."""
     from hydra.utils import instantiate
 
-    d = validate_dataset_cfg(cfg_dataset)
+    d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
     if d.get("generate"):
         gen = {"image_size": image_size, **d["generate"]}
         instantiate(gen, root=root, class_names=d["class_names"])
-    check_root(root)
+    reader = build_reader(d, root)   # its records() and sources() raise what check() would
     meta_dir = meta_dir_for(d, cache_root)
     common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
                   boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,
                   cache_images=bool(d.get("cache_images", False)), seed=seed,
                   on_bad_image=str(d.get("on_bad_image", "error")))
-    reader = _reader(d.get("reader"))
-    train = reader(split=d["train_split"], augment=bool(d.get("augment", True)), **common)
-    val = reader(split=d["val_split"], augment=False, **common)
-    return train, val
-
-
-def _reader(node: Mapping[str, Any] | None) -> Callable[..., DetectionDataset]:
-    """``dataset.reader`` as a callable: its ``_target_`` class with the node's other keys bound.
-    Called directly rather than through ``instantiate`` so that a DataError raised while reading
-    a split reaches the user as itself, not wrapped in Hydra's InstantiationException."""
-    if not node:
-        return DetectionDataset
-    cls = import_target(node["_target_"], "dataset.reader._target_",
-                        "name a Dataset class as package.module.Class", DataError)
-    return functools.partial(cls, **{k: v for k, v in node.items() if not k.startswith("_")})
+    out = []
+    for split, augment in ((d["train_split"], bool(d.get("augment", True))), (d["val_split"], False)):
+        records = cached_records(reader, split, meta_dir)
+        out.append(DetectionDataset(split=split, records=records, augment=augment, **common))
+    return out[0], out[1]

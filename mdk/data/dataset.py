@@ -1,4 +1,5 @@
-"""Detection dataset over a VOC-layout folder, read through its index (meta file).
+"""Detection dataset over the standard records of one split (:mod:`mdk.data.records`), whatever
+format they were read from (the reader and the index cache are :mod:`mdk.data.build`'s).
 
 Items are ``(image uint8 [3, H, W], target [S, S, 5B + C], index)`` with ``H = W = image_size``.
 
@@ -7,8 +8,8 @@ Augmentation is *split-invariant*: every random number comes from a generator se
 the batch split, world size or worker count (needed for single- vs multi-process alignment).
 Call :meth:`DetectionDataset.set_epoch` each epoch (as with ``DistributedSampler``).
 
-Objects flagged ``difficult`` are left out of training targets (the VOC convention: they are
-ignored, not counted, in evaluation); :meth:`DetectionDataset.gt` returns them with their flag.
+Objects flagged ``difficult`` (VOC difficult objects, COCO crowd regions) are left out of training
+targets (the VOC convention: they are ignored, not counted, in evaluation); :meth:`DetectionDataset.gt` returns them with their flag.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from torch.utils.data import Dataset
 from mdk import faults
 from mdk.data.augment import (affine_boxes, augment_boxes, augment_image, draw,  # noqa: F401
                               params_tensor)
-from mdk.data.voc import DataError
-from mdk.models.yolo_codec import encode_target
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
-from mdk.data.index import ensure_meta, read_meta
+from mdk.data.records import Record
+from mdk.errors import DataError
+from mdk.models.yolo_codec import encode_target
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,13 @@ def load_image(path: Path, image_size: int) -> torch.Tensor:
 
 
 class DetectionDataset(Dataset):
-    def __init__(self, root: str | Path, split: str, class_names: Sequence[str], image_size: int,
-                 grid: int, boxes_per_cell: int, augment: bool, meta_dir: str | Path,
-                 cache_images: bool = False, seed: int = 0, on_bad_image: str = "error") -> None:
+    """``records`` of ``split`` (image paths relative to ``root``) as model inputs and targets.
+    ``meta_dir``: the folder of the split's index, where the image check keeps its cache."""
+
+    def __init__(self, root: str | Path, split: str, records: Sequence[Record],
+                 class_names: Sequence[str], image_size: int, grid: int, boxes_per_cell: int,
+                 augment: bool, meta_dir: str | Path, cache_images: bool = False, seed: int = 0,
+                 on_bad_image: str = "error") -> None:
         self.root = Path(root).expanduser().resolve()
         self.split = split
         self.class_names = list(class_names)
@@ -62,22 +67,17 @@ class DetectionDataset(Dataset):
         # True: images leave un-augmented, the training device augments whole batches
         # (dataset.augment_on, mdk/data/augment.py); boxes and targets are augmented here.
         self.defer_images = False
-        meta = ensure_meta(self.root, split, self.class_names, Path(meta_dir) / f"{split}.txt")
-        header, self.entries = read_meta(meta)
+        self.records = list(records)
         # Bad images leave the index here, before any sampler sees its length (deterministic
         # epochs, full global batches); see mdk.data.image_check for why not on the fly.
-        bad = check_images(self.root, [e.image for e in self.entries],
+        bad = check_images(self.root, [e.image for e in self.records],
                            Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images")
-        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(self.entries))
+        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(self.records))
         if drop:
-            self.entries = [e for e in self.entries if e.image not in drop]
-        if header.get("clipped") or header.get("dropped"):
-            log.warning("%s split %r: %d boxes were clipped to the image and %d zero-area boxes "
-                        "dropped when reading the annotations", self.root, split,
-                        header.get("clipped", 0), header.get("dropped", 0))
+            self.records = [e for e in self.records if e.image not in drop]
         # Boxes rescaled once to image_size pixels (the frame of every returned image).
         self._boxes = [torch.from_numpy(e.boxes * np.array(
-            [image_size / e.width, image_size / e.height] * 2, dtype=np.float32)) for e in self.entries]
+            [image_size / e.width, image_size / e.height] * 2, dtype=np.float32)) for e in self.records]
         self.images: torch.Tensor | None = None
         if cache_images:
             # Decoded once, before any DataLoader worker forks: workers share these pages
@@ -93,13 +93,13 @@ class DetectionDataset(Dataset):
                  sum(len(b) for b in self._boxes))
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.records)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def _read(self, index: int) -> torch.Tensor:
-        return load_image(self.root / self.entries[index].image, self.image_size)
+        return load_image(self.root / self.records[index].image, self.image_size)
 
     def image(self, index: int) -> torch.Tensor:
         """The un-augmented image ``[3, H, W]`` uint8."""
@@ -107,7 +107,7 @@ class DetectionDataset(Dataset):
 
     def gt(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ground truth for evaluation: boxes xyxy in image_size pixels, labels, difficult."""
-        e = self.entries[index]
+        e = self.records[index]
         return (self._boxes[index].clone(), torch.from_numpy(e.labels.copy()),
                 torch.from_numpy(e.difficult.copy()))
 

@@ -32,12 +32,12 @@ from typing import Iterable, Optional, Sequence
 from PIL import Image
 from tqdm import tqdm
 
+from mdk.data.config import POLICIES  # noqa: F401  (re-exported: the policy words live there)
 from mdk.data.voc import DataError
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
-POLICIES = ("error", "skip")
 MISSING = "the file is missing"
 # PIL's decoders release the GIL, so threads scale with cores; capped because the check is
 # I/O-bound on network disks long before 8 cores are busy.

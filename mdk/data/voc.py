@@ -1,6 +1,7 @@
-"""Pascal VOC reading: annotation XML, split lists, image lookup.
+"""Pascal VOC reading: annotation XML, split lists, image lookup, and :class:`VOCReader`, the
+reader of a VOC-layout folder (``dataset.reader._target_: mdk.data.voc.VOCReader``).
 
-Bad-box policy (one place, so the loader and the meta tool agree):
+Bad-box policy (one place for every format, :func:`mdk.data.records.clip_to_image`):
 
 * a box partly outside the image is **clipped** to the image and counted (``VOCRecord.clipped``);
   VOC itself has boxes touching the border with 1-based ``xmax == width``, so clipping to
@@ -24,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mdk.data.records import SplitRecords, clip_to_image, make_record
 from mdk.errors import DataError  # noqa: F401  (raised here; importers take it from here too)
 
 log = logging.getLogger(__name__)
@@ -100,13 +102,12 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
         box = [_number(bb, t, path, f"{where} <bndbox>") for t in ("xmin", "ymin", "xmax", "ymax")]
         diff_node = obj.find("difficult")
         is_difficult = diff_node is not None and (diff_node.text or "0").strip() not in ("0", "")
-        fixed = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
-                 min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
-        if fixed[2] <= fixed[0] or fixed[3] <= fixed[1]:
+        fixed, changed = clip_to_image(box, width, height)
+        if fixed is None:
             dropped += 1
             notes.append(f"{where} ({name}) box {box} has zero area inside {width}x{height}: dropped")
             continue
-        if fixed != box:
+        if changed:
             clipped += 1
             notes.append(f"{where} ({name}) box {box} outside {width}x{height}: clipped to {fixed}")
         boxes.append(fixed)
@@ -162,3 +163,39 @@ def find_image(root: str | Path, image_id: str, split_path: Path | None = None) 
     listed = f" listed in {split_path}" if split_path else ""
     raise DataError(f"{base / image_id}.jpg: image {image_id!r}{listed} is missing (looked for "
                     f"{', '.join(IMAGE_EXTENSIONS)}); add the image or remove the id from the split")
+
+
+class VOCReader:
+    """Pascal VOC layout: ``<root>/JPEGImages/<id>.jpg``, ``Annotations/<id>.xml`` and the split
+    lists ``ImageSets/Main/<split>.txt`` (a :class:`mdk.data.records.Reader`). Records come in
+    split-list order; objects in XML order; ``<difficult>1`` objects are flagged difficult."""
+
+    def __init__(self, root: str | Path, class_names: Sequence[str]) -> None:
+        self.root = Path(root).expanduser()
+        self.class_names = list(class_names)
+
+    def check(self, splits: Sequence[str]) -> None:
+        check_root(self.root)
+        for split in splits:
+            read_split(self.root, split)  # missing or empty split file
+
+    def count(self, split: str) -> int:
+        return len(read_split(self.root, split))
+
+    def records(self, split: str) -> SplitRecords:
+        root = check_root(self.root).resolve()
+        split_path = split_file(root, split)
+        out = SplitRecords([])
+        for image_id in read_split(root, split):
+            image = find_image(root, image_id, split_path)
+            rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", self.class_names)
+            for note in rec.notes:
+                log.debug("%s: %s", rec.path, note)
+            out.clipped, out.dropped = out.clipped + rec.clipped, out.dropped + rec.dropped
+            out.records.append(make_record(image.relative_to(root).as_posix(), rec.width,
+                                           rec.height, rec.boxes, rec.labels, rec.difficult))
+        return out
+
+    def sources(self, split: str) -> list[Path]:
+        ids = read_split(self.root, split)
+        return [split_file(self.root, split)] + [self.root / "Annotations" / f"{i}.xml" for i in ids]

@@ -198,7 +198,8 @@ def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "in
 
 
 def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) -> Any:
-    """The evaluation dataset: ``split`` (an ImageSets/Main name) or ``dataset.val_split``."""
+    """The evaluation dataset: ``split`` (a split name of the dataset's reader, e.g. an
+    ImageSets/Main list for VOC) or ``dataset.val_split``."""
     from mdk.engine.build import build_data
     from mdk.world import World
 

@@ -12,7 +12,7 @@ import logging
 from typing import Sequence
 
 from mdk.data.index import build_meta, ensure_meta
-from mdk.data.voc import DataError
+from mdk.data.voc import DataError, VOCReader
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,8 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]
     try:
-        fn = build_meta if args.force else ensure_meta
-        out = fn(args.root, args.split, classes, args.out)
+        reader = VOCReader(args.root, classes)
+        reader.check([args.split])
+        out = (build_meta if args.force else ensure_meta)(reader, args.split, args.out)
     except DataError as exc:
         print(f"error: {exc}")
         return 2

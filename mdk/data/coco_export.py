@@ -1,0 +1,117 @@
+"""Standard records -> a COCO instances JSON; a VOC-layout folder -> the COCO layout that
+:class:`mdk.data.coco.COCOReader` reads by default (``python -m mdk.tools.voc2coco`` is its
+command-line front end).
+
+The export goes through the records, so what mdk trains on is what it writes: boxes as mdk reads
+them from VOC (as written in the XML, no 1-based shift, clipped by the bad-box policy), VOC
+difficult objects as ``iscrowd=1`` (both ignored the same way). Reading the export back with
+``dataset=coco`` gives the same records, bit for bit, in the same order.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path, PurePosixPath
+from typing import Optional, Sequence
+
+from mdk.data.records import Record
+from mdk.data.voc import VOCReader, read_split
+
+log = logging.getLogger(__name__)
+
+
+def _plain(v: float) -> int | float:
+    """A JSON number as short as it is exact (integral pixels stay integers)."""
+    v = float(v)
+    return int(v) if v.is_integer() else v
+
+
+def records_to_coco(records: Sequence[Record], class_names: Sequence[str]) -> dict:
+    """A COCO instances document of ``records``: image ``file_name`` is the record's file name
+    (its folder is the reader's ``images`` key), ids count from 1 in record order, category ids
+    from 1 in ``class_names`` order."""
+    images, annotations = [], []
+    for n, rec in enumerate(records, start=1):
+        images.append({"id": n, "file_name": PurePosixPath(rec.image).name,
+                       "width": int(rec.width), "height": int(rec.height)})
+        for box, label, difficult in zip(rec.boxes, rec.labels, rec.difficult):
+            x1, y1, x2, y2 = (float(v) for v in box)
+            w, h = x2 - x1, y2 - y1   # exact in float64 for float32 corners: x1 + w == x2
+            annotations.append({"id": len(annotations) + 1, "image_id": n,
+                                "category_id": int(label) + 1,
+                                "bbox": [_plain(x1), _plain(y1), _plain(w), _plain(h)],
+                                "area": _plain(w * h), "iscrowd": int(bool(difficult))})
+    categories = [{"id": i + 1, "name": name, "supercategory": "none"}
+                  for i, name in enumerate(class_names)]
+    return {"info": {"description": "exported by mdk"}, "images": images,
+            "annotations": annotations, "categories": categories}
+
+
+def voc_class_names(voc_root: str | Path, splits: Sequence[str]) -> list[str]:
+    """The object names used in the annotations of ``splits``, sorted (a file that does not
+    parse is skipped here; reading it for the export then names it)."""
+    names: set[str] = set()
+    for split in splits:
+        for image_id in read_split(voc_root, split):
+            try:
+                tree = ET.parse(Path(voc_root) / "Annotations" / f"{image_id}.xml")
+            except (OSError, ET.ParseError):
+                continue
+            names.update((n.text or "").strip() for n in tree.getroot().iter("name"))
+    return sorted(n for n in names if n)
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)   # a kill never leaves a half-written annotation file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _place(src: Path, dst: Path, copy: bool) -> None:
+    if dst.is_symlink() or dst.exists():
+        if not copy and dst.is_symlink() and os.readlink(dst) == str(src):
+            return
+        dst.unlink()
+    if copy:
+        shutil.copy2(src, dst)
+    else:
+        dst.symlink_to(src)
+
+
+def export_voc_to_coco(voc_root: str | Path, out_root: str | Path,
+                       splits: Sequence[str] = ("train", "val"),
+                       class_names: Optional[Sequence[str]] = None,
+                       copy: bool = False) -> list[Path]:
+    """Write ``<out_root>/annotations/instances_<split>.json`` and ``<out_root>/<split>/``
+    (symlinks to the VOC images, or copies with ``copy``) for each split; return the JSON paths.
+    ``class_names`` None: the names the annotations use, sorted (categories are matched by name
+    when read back, so their order does not change the labels)."""
+    voc_root, out_root = Path(voc_root).expanduser().resolve(), Path(out_root).expanduser()
+    names = list(class_names) if class_names else voc_class_names(voc_root, splits)
+    reader = VOCReader(voc_root, names)
+    reader.check(splits)
+    written = []
+    for split in splits:
+        got = reader.records(split)
+        if got.clipped or got.dropped:
+            log.warning("%s split %r: %d boxes clipped to the image, %d zero-area boxes dropped "
+                        "(exported as mdk reads them)", voc_root, split, got.clipped, got.dropped)
+        folder = out_root / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for rec in got.records:
+            _place(voc_root / rec.image, folder / PurePosixPath(rec.image).name, copy)
+        path = out_root / "annotations" / f"instances_{split}.json"
+        _write_json(path, records_to_coco(got.records, names))
+        log.info("wrote %s (%d images)", path, len(got.records))
+        written.append(path)
+    return written

@@ -1,0 +1,89 @@
+"""The ``dataset`` config group (conf/dataset/*.yaml): its typed schema, its word lists, and
+:func:`check`, the one check of the node (each error names the key and what to do).
+
+Imported early (before torch): the standard library, omegaconf and mdk.errors only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from mdk.errors import DataError
+
+# dataset.augment_on: where images are augmented (auto: the training device with CUDA, else
+# the loader); the choice is made in mdk/engine/train.py.
+AUGMENT_ON = ("auto", "loader", "device")
+# dataset.on_bad_image: what an image that does not decode does (mdk/data/image_check.py).
+POLICIES = ("error", "skip")
+VOC_READER = "mdk.data.voc.VOCReader"   # the reader of a null dataset.reader
+REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_split")
+
+
+@dataclass
+class DatasetConf:
+    """The keys of a conf/dataset/*.yaml (values of one format's reader are its own node)."""
+
+    name: str = MISSING                  # labels the dataset's folders (meta files, checkpoints)
+    root: str = MISSING                  # '???' in a YAML: the user must pass dataset.root=...
+    class_names: List[str] = MISSING     # label order; annotations are matched by name
+    num_classes: int = MISSING           # must equal len(class_names)
+    train_split: str = "train"
+    val_split: str = "val"
+    reader: Any = None                   # {_target_: reader class, its own keys}; null: VOC layout
+    generate: Optional[Any] = None       # {_target_: a function(root=, class_names=, ...)} or null
+    augment: bool = True
+    augment_on: str = "auto"             # one of AUGMENT_ON
+    cache_images: bool = False
+    num_workers: Any = 0                 # an integer >= 0 or "auto"
+    meta_dir: Optional[str] = None       # null: <paths.data>/meta/<name>-<hash of root>/
+    on_bad_image: str = "error"          # one of POLICIES
+
+
+def _plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
+    if isinstance(cfg, DictConfig):
+        if OmegaConf.is_missing(cfg, "root"):
+            target = OmegaConf.select(cfg, "reader._target_", default=None)
+            if target in (None, VOC_READER):
+                raise DataError("dataset.root is not set; pass dataset.root=/path/to/VOCdevkit/"
+                                "VOC2007 (the folder holding JPEGImages/, Annotations/, "
+                                "ImageSets/Main/)")
+            raise DataError(f"dataset.root is not set; pass dataset.root=/path/to/the/data (the "
+                            f"folder conf/dataset/{cfg.get('name')}.yaml describes)")
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
+    """Check the ``dataset`` node; return it as a plain dict. Errors name the bad key."""
+    d = _plain(cfg_dataset)
+    for key in REQUIRED:
+        if d.get(key) in (None, "???"):
+            raise DataError(f"dataset.{key} is not set; see conf/dataset/{d.get('name', 'shapes')}.yaml")
+    gen = d.get("generate")
+    if gen is not None and not (isinstance(gen, dict) and gen.get("_target_")):
+        raise DataError(f"dataset.generate={gen!r} must be null or a node with a _target_ (a "
+                        "function called with root= and class_names= that makes the data)")
+    names = d["class_names"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise DataError(f"dataset.class_names={names!r} must be a non-empty list of strings")
+    if len(set(names)) != len(names):
+        raise DataError(f"dataset.class_names={names} has duplicates; each class once")
+    if d["num_classes"] != len(names):
+        raise DataError(f"dataset.num_classes={d['num_classes']} but dataset.class_names lists "
+                        f"{len(names)} classes; make them agree")
+    reader = d.get("reader")
+    if reader is not None and not (isinstance(reader, dict) and reader.get("_target_")):
+        raise DataError(f"dataset.reader={reader!r} must be null or a node with a _target_ (the "
+                        "reader class of the dataset's format, e.g. mdk.data.voc.VOCReader)")
+    if d.get("augment_on", "auto") not in AUGMENT_ON:
+        raise DataError(f"dataset.augment_on={d['augment_on']!r} must be auto, loader or device")
+    nw = d.get("num_workers", 0)
+    if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
+        raise DataError(f"dataset.num_workers={nw!r} must be an integer >= 0 or auto")
+    if d.get("on_bad_image", "error") not in POLICIES:
+        raise DataError(f"dataset.on_bad_image={d['on_bad_image']!r} must be one of "
+                        f"{list(POLICIES)} (error: stop naming the file; skip: leave bad images "
+                        "out of the index and list them in the log)")
+    return d

@@ -1,0 +1,95 @@
+"""The standard record every dataset format is read into, and the reader interface.
+
+A dataset format is one reader class: it turns its own files into a list of :class:`Record` per
+split, and nothing after it knows the format. The index cache (:mod:`mdk.data.index`), the image
+check, :class:`~mdk.data.dataset.DetectionDataset` (targets, augmentation, the image cache) and
+evaluation all work on records. A reader is named in the dataset's YAML::
+
+    reader:
+      _target_: mdk.data.coco.COCOReader   # the class; it is called with root= and class_names=
+      annotations: annotations/instances_{split}.json   # its own keys, passed as they are
+
+Readers of this repository: :class:`mdk.data.voc.VOCReader` (Pascal VOC layout, the built-in
+data) and :class:`mdk.data.coco.COCOReader` (COCO instances JSON).
+
+The bad-box policy is the same for every format (:func:`clip_to_image`): a box partly outside
+the image is clipped to it and counted, a box of zero area (after clipping) is dropped and
+counted; anything else wrong is a :class:`~mdk.errors.DataError` naming the file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Record:
+    """One image of a split and its objects."""
+
+    image: str            # path relative to the dataset root (posix, no whitespace)
+    width: int            # original image size in pixels
+    height: int
+    boxes: np.ndarray     # [N, 4] float32 xyxy in original image pixels
+    labels: np.ndarray    # [N] int64, index into dataset.class_names
+    difficult: np.ndarray  # [N] bool: left out of training targets, ignored in evaluation
+
+
+@dataclass
+class SplitRecords:
+    """What a reader gives for one split: the records in the format's own order, and how many
+    boxes the bad-box policy clipped and dropped on the way (reported once per split)."""
+
+    records: list[Record]
+    clipped: int = 0
+    dropped: int = 0
+
+
+READER_METHODS = ("check", "count", "records", "sources")
+
+
+class Reader(Protocol):
+    """A dataset format. Built as ``cls(root=..., class_names=..., **its own YAML keys)``.
+
+    Every method raises :class:`~mdk.errors.DataError` with one line naming the file (or key)
+    and what to do; none of them writes anything."""
+
+    root: Path               # the dataset root (``dataset.root``); record paths are relative to it
+    class_names: list[str]   # ``dataset.class_names``; labels are indices into it
+
+    def check(self, splits: Sequence[str]) -> None:
+        """Cheap, before any worker starts: the root and the annotation files of ``splits``
+        exist and look like this format, and each split lists at least one image."""
+
+    def count(self, split: str) -> int:
+        """How many images ``split`` lists (for the "fewer than one global batch" check)."""
+
+    def records(self, split: str) -> SplitRecords:
+        """Every image of ``split`` with its objects (image files must exist)."""
+
+    def sources(self, split: str) -> list[Path]:
+        """The files the records of ``split`` are read from (they key the index cache: when
+        one changes or the list does, the cache is rebuilt)."""
+
+
+def clip_to_image(box: list[float], width: int, height: int) -> tuple[Optional[list[float]], bool]:
+    """The bad-box policy: ``(box clipped to [0, width] x [0, height], whether it changed)``;
+    ``(None, ...)`` when the clipped box has zero area (then it is dropped). VOC itself has boxes
+    touching the border with 1-based ``xmax == width``, so clipping is the sane fix and losing
+    them would cost recall; a zero-area box carries no object to learn or evaluate."""
+    fixed = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
+             min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
+    if fixed[2] <= fixed[0] or fixed[3] <= fixed[1]:
+        return None, True
+    return fixed, fixed != box
+
+
+def make_record(image: str, width: int, height: int, boxes: Sequence[Sequence[float]],
+                labels: Sequence[int], difficult: Sequence[bool]) -> Record:
+    """A :class:`Record` with the standard dtypes and shapes (also for zero objects)."""
+    return Record(image=image, width=int(width), height=int(height),
+                  boxes=np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
+                  labels=np.asarray(labels, dtype=np.int64),
+                  difficult=np.asarray(difficult, dtype=bool))
