@@ -101,7 +101,7 @@ def main() -> None:
         def set_epoch(self, epoch: int) -> None: ...
 
     hooks = [sampler_epoch_hook(sampler, _NoData()), NanGuardHook(0), metrics,
-             LRSchedulerHook(scheduler), ProgressHook(metrics, cfg.trainer.progress),
+             LRSchedulerHook(scheduler), ProgressHook(metrics, cfg.trainer.progress, True),
              StopOnRequestHook(lambda: None)]
     trainer.register_hooks(hooks)
 

@@ -63,5 +63,5 @@ def test_a_format_outside_mdk_trains_through_the_cli(tmp_path):
         checked = json.loads(meta.with_name(f"{split}.images.json").read_text())["files"]
         assert sorted(checked) == sorted(images)
     last = torch.load(ck / "step1" / "last.pth", weights_only=False)
-    assert last["iter"] == 2 * 16 // 8          # 2 epochs of the 16 CSV images, batch 8
+    assert last["trainer"]["iter"] == 2 * 16 // 8         # 2 epochs of the 16 CSV images, batch 8
     assert last["metric"]["images"] == 8        # evaluated on the 8 CSV val images
