@@ -66,7 +66,7 @@ def main() -> None:
     from mdk.engine.build import build_loss
     from mdk.stage import apply_stage
     from mdk.world import single_process
-    from mdk.sinks import build_sinks
+    from mdk.sinks.build import build_sinks
 
     common.set_threads(a.threads)
     cfg = common.compose(["step=step1", *a.overrides])

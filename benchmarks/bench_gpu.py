@@ -125,8 +125,8 @@ def engine_loop(cfg: Any, setting: str, a: argparse.Namespace, device: torch.dev
     from mdk.engine.hooks import LRSchedulerHook, MetricsHook, NanGuardHook
     from mdk.engine.loop import Trainer
     from mdk.engine.stop_hook import StopOnRequestHook
-    from mdk.sched import WarmupCosineAnnealingLR
-    from mdk.sinks import NullSink
+    from mdk.sched.schedules import WarmupCosineAnnealingLR
+    from mdk.sinks.base import NullSink
 
     dtype, cl, comp = SETTINGS[setting]
     model = _model(cfg, "step1", device, cl)

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from launchers.env import ProcessEnv
 from launchers.logs import remove_rank_file_handler, setup_worker_logging
 from launchers.rendezvous import RendezvousError, host_store, init_group
-from mdk.config import check_world
+from mdk.dist_config import check_world
 from mdk.world import World, make_world
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
 """Checks that run in the launching process before any worker is spawned or any data is built.
 
-Everything a user can get wrong that is cheap to detect up front, beyond the config itself
-(``mdk.config.validate``, run once before this): the machine (``check_environment``), a dataset root that does not exist, a checkpoint folder that
-cannot be written, a stage whose input checkpoint is missing, unreadable or from another model.
+Everything a user can get wrong that is cheap to detect up front beyond the config itself
+(``mdk.config.validate`` checked that, once, before this): the machine (``check_environment``),
+dataset files that are missing or too few, a checkpoint folder that cannot be written, a stage
+whose input checkpoint is missing, unreadable or from another model.
 Each raises the same error type the engine would raise later, so the message is the same; only
 it comes seconds after the command instead of after spawning N processes.
 """
@@ -10,25 +11,54 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
 from omegaconf import DictConfig
 
-from mdk.checkpoint import CheckpointError, load_checkpoint
-from mdk.config import check_environment, check_writable
-from mdk.data.voc import DataError
-from mdk.errors import ConfigError
+from mdk.checkpoint import load_checkpoint
+from mdk.data.build import check_dataset_files
+from mdk.errors import CheckpointError, ConfigError, DataError
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
 from mdk.stage import StageSpec
 from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
 from mdk.stage_config import KINDS
+from mdk.world import backend_for, check_local_size
 
 log = logging.getLogger(__name__)
 
 
-def _check_dataset(cfg: DictConfig) -> None:
-    from mdk.data.build import check_dataset_files
+def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
+                      device_count: Optional[int] = None) -> None:
+    """Checks against this machine (before any process is spawned): CUDA asked for but absent,
+    more processes per node than GPUs, NCCL without CUDA. Arguments override detection (tests)."""
+    backend_for(cfg.trainer.device, cfg.dist.backend, cuda_available)
+    check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
 
-    # The config, then the files of both splits through the dataset's reader (any format).
+
+def check_writable(cfg: DictConfig, root: str | Path) -> None:
+    """paths.checkpoints must be (or be creatable as) a writable folder: fail now, not after the
+    first epoch when the first checkpoint is written."""
+    p = resolve_path(cfg.paths.checkpoints, root)
+    q = p
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    if not q.is_dir():
+        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is a file, not a folder; choose "
+                          "another paths.checkpoints")
+    # A real write, not os.access: root passes access() on read-only mounts and /proc.
+    try:
+        with tempfile.TemporaryFile(dir=q, prefix=".mdk-write-probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is not writable (creating a file there failed: {e.strerror}); "
+                          "choose a folder you can write to") from None
+
+
+def _check_dataset(cfg: DictConfig) -> None:
+    # The files of both splits through the dataset's reader (any format).
     base = os.getcwd()
     n_train = check_dataset_files(cfg.dataset, base, resolve_path(cfg.paths.data, base))
     generated = bool(cfg.dataset.get("generate"))
@@ -39,22 +69,6 @@ def _check_dataset(cfg: DictConfig) -> None:
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
                         f"(trainer.batch_size={batch}); the last partial batch of an epoch is "
                         "dropped, so nothing would train: lower trainer.batch_size or add images")
-
-
-def _check_scheduler(cfg: DictConfig) -> None:
-    """The scheduler's arguments, checked by building it on a throw-away optimizer (its own
-    checks name the key): a config error now, not a traceback in every rank later."""
-    import torch
-    from hydra.utils import instantiate
-
-    if not StageSpec.from_node(cfg.step).trains:
-        return
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    try:
-        instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=1)
-    except ValueError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith("scheduler.") else f"scheduler: {msg}") from None
 
 
 def _check_input(cfg: DictConfig) -> None:
@@ -96,6 +110,5 @@ def preflight(cfg: DictConfig) -> None:
     their input from it), already validated (mdk.config.validate, once per run)."""
     check_environment(cfg)
     check_writable(cfg, os.getcwd())
-    _check_scheduler(cfg)
     _check_dataset(cfg)
     _check_input(cfg)

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.distributed as tdist
 
+from mdk.dist_config import BACKENDS, DEVICES
 from mdk.errors import ConfigError
-
-DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True)
@@ -109,8 +108,6 @@ def alone(world: Optional[World], device: str = "cpu") -> World:
     launcher knows the rank."""
     if world is not None:
         return world
-    import torch.distributed as tdist
-
     if tdist.is_available() and tdist.is_initialized():
         raise RuntimeError("this process is part of a process group: pass its World (made by "
                            "the launcher) instead of None")

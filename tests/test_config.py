@@ -9,11 +9,13 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import REPO, compose, run_cmd_env
-from mdk.config import ConfigError, validate
+from mdk.config import validate
+from mdk.errors import ConfigError
+from mdk.schema import SCHEMAS, schema_name
 
 GROUPS = {
     "model": ["gnetdet", "gnetdet_small"],
-    "dataset": ["shapes", "voc"],
+    "dataset": ["shapes", "voc", "coco"],
     "step": ["step1", "step2", "cal", "step3", "step4"],
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
     "optim": ["adamw", "sgd"],
@@ -33,7 +35,7 @@ def test_group_folders_match_the_list():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option, tmp_path):
-    extra = ["dataset.root=" + str(tmp_path)] if option == "voc" else []
+    extra = ["dataset.root=" + str(tmp_path)] if option in ("voc", "coco") else []
     cfg = compose([f"{group}={option}", *extra])
     validate(cfg)
     if group == "model":
@@ -53,6 +55,34 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
         sched = instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=10)
         assert sched.get_last_lr()[0] == pytest.approx(cfg.scheduler.warmup.start_factor)
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_every_group_has_a_typed_schema_beside_its_owner(group):
+    """Every YAML of a typed group is merged onto a schema its owner declares (mdk/schema.py)."""
+    for path in sorted((REPO / "conf" / group).glob("*.yaml")):
+        head = path.read_text().split("_self_")[0]
+        named = [n for n in SCHEMAS[group] if f"/{schema_name(group, n)}@_here_" in head]
+        assert len(named) == 1, path
+
+
+# One key per group with a value of the wrong type: refused when the config is composed,
+# in one line naming the key (the schema), before any check or work.
+WRONG_TYPE = {"trainer": "trainer.epochs=abc", "dist": "dist.gpus=two", "paths": "paths.data=[1]",
+              "step": "step.epochs=many", "scheduler": "scheduler.warmup.iters=x",
+              "optim": "optim.weight_decay=lots", "model": "model.image_size=big",
+              "loss": "loss.lambda_cls=high", "dataset": "dataset.num_classes=five",
+              "logger": "logger.log_every=often"}
+
+
+@pytest.mark.parametrize("group", sorted(WRONG_TYPE))
+def test_a_wrong_type_in_any_group_fails_at_compose_naming_the_key(group):
+    assert set(WRONG_TYPE) == set(SCHEMAS)
+    override = WRONG_TYPE[group]
+    with pytest.raises(ConfigError) as e:
+        compose([override])
+    msg = str(e.value)
+    assert override.split("=")[0] in msg and "\n" not in msg, msg
 
 
 @pytest.mark.parametrize("chip", ["5801", "2801", "2803"])

@@ -18,7 +18,10 @@ YAMLS = sorted((REPO / "conf" / "dataset").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", YAMLS, ids=[p.stem for p in YAMLS])
 def test_every_dataset_yaml_fits_the_schema(path):
-    merged = OmegaConf.merge(OmegaConf.structured(DatasetConf), OmegaConf.load(path))
+    own = OmegaConf.load(path)
+    assert list(own.defaults) == ["/_schema_dataset_dataset@_here_", "_self_"]
+    del own["defaults"]
+    merged = OmegaConf.merge(OmegaConf.structured(DatasetConf), own)
     assert set(merged) == set(DatasetConf.__dataclass_fields__)   # no key missing, none extra
     assert merged.num_classes == len(merged.class_names)
     assert merged.reader._target_.startswith("mdk.data.")
@@ -38,6 +41,7 @@ def test_the_schema_rejects_a_wrong_type_naming_the_key():
 ])
 def test_check_names_the_key(over, match):
     d = {**OmegaConf.to_container(OmegaConf.load(REPO / "conf/dataset/coco.yaml")), "root": "/x"}
+    del d["defaults"]
     assert check(d)["name"] == "coco"
     with pytest.raises(DataError, match=match):
         check({**d, **over})
@@ -47,6 +51,17 @@ def test_imported_before_torch():
     code = ("import sys, mdk.data.config; "
             "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
             "('torch', 'numpy', 'hydra', 'PIL')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=run_cmd_env(),
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_schema_loads_before_torch():
+    """The schema registry (every group's schema, from each owner) loads before Hydra composes,
+    as run.py does: importing it must not import torch (``python run.py --help`` stays fast)."""
+    code = ("import sys, mdk.schema; "
+            "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'numpy', 'PIL')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=run_cmd_env(),
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -9,7 +9,8 @@ from mdk.data.build import build_datasets
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
-from mdk.data.voc import DataError, VOCReader
+from mdk.data.voc import VOCReader
+from mdk.errors import ConfigError, DataError
 from mdk.models.yolo_codec import decode
 
 CLASSES = list(SHAPE_CLASSES)
@@ -146,14 +147,14 @@ def test_build_datasets_shapes(tmp_path):
     assert len(list((tmp_path / "cache" / "meta").glob("shapes-*/train.txt"))) == 1
 
 
-@pytest.mark.parametrize("over, match", [
-    ({"num_classes": 4}, "dataset.num_classes=4 but dataset.class_names lists 5"),
-    ({"generate._target_": None}, "dataset.generate=.* must be null or a node with a _target_"),
-    ({"class_names": ["circle", "circle"]}, "has duplicates"),
-    ({"train_split": "nope"}, "split file not found"),
+@pytest.mark.parametrize("over, kind, match", [
+    ({"num_classes": 4}, ConfigError, "dataset.num_classes=4 but dataset.class_names has 5 names"),
+    ({"generate._target_": None}, DataError, "dataset.generate=.* must be null or a node with a _target_"),
+    ({"class_names": ["circle", "circle"]}, DataError, "has duplicates"),
+    ({"train_split": "nope"}, DataError, "split file not found"),
 ])
-def test_build_datasets_bad_config(tmp_path, over, match):
-    with pytest.raises(DataError, match=match):
+def test_build_datasets_bad_config(tmp_path, over, kind, match):
+    with pytest.raises(kind, match=match):
         build_datasets(cfg(tmp_path, **over), SIZE, S, B, 0, tmp_path / "cache")
 
 

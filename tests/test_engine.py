@@ -20,7 +20,7 @@ def test_run_writes_best_and_last_with_full_state(tiny_cfg, tmp_path):
     assert set(last) == {"format", "model", "stage", "stage_spec", "config", "world_size",
                          "optimizer", "scheduler", "loss", "trainer", "hooks", "rng", "metric",
                          "epoch_done"}
-    assert set(last["hooks"]) == {"CheckpointHook", "NanGuardHook"}
+    assert set(last["hooks"]) == {"CheckpointHook"}
     assert last["config"]["trainer"]["batch_size"] == 8
     best_metric = best["hooks"]["CheckpointHook"]["best_metric"]
     assert 0.0 <= best_metric <= 1.0 and out.iterations == 6

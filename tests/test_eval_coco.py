@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mdk.eval import evaluate_detections, scalars
+from mdk.eval.metrics import evaluate_detections
+from mdk.eval.scalars import scalars
 
 
 def _set(seed, images=30, classes=3):

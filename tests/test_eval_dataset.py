@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mdk.engine import build
-from mdk.eval import ap_table, evaluate_detections, scalars
+from mdk.eval.metrics import evaluate_detections
+from mdk.eval.scalars import ap_table, scalars
 from mdk.eval.grid import dataset_grid
 from mdk.eval.plots import pr_curve_images
 from mdk.eval.distributed import predict
@@ -19,6 +20,7 @@ from test_eval_reference import devkit_ap
 @pytest.fixture
 def model_and_val(tiny_cfg):
     cfg = tiny_cfg("trainer.device=cpu")
+    build.seed_everything(cfg.seed)  # the same untrained model whatever ran before in this process
     model = build.build_model(cfg)
     # Untrained, the output conv (weights ~N(0, 0.01), bias 0) gives every cell nearly the same
     # box signs, so with one box per cell all boxes can have w or h < 0 (no detection at all).

@@ -6,7 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mdk.eval import ap_table, voc_ap
+from mdk.eval.scalars import ap_table
+from mdk.eval.voc import voc_ap
 from mdk.eval.grid import (DET_COLOR, DIFFICULT_COLOR, GT_COLOR, dataset_grid, detection_grid,
                            save_png)
 from mdk.eval.plots import pr_curve_images, save_pr_curves

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mdk.eval import evaluate_detections, voc_ap
+from mdk.eval.metrics import evaluate_detections
+from mdk.eval.voc import voc_ap
 from mdk.eval.voc import ap_area, ap_voc07
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mdk.config import ConfigError, validate
+from mdk.config import validate
+from mdk.errors import ConfigError
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
 from mdk.engine.align import _double_inputs
 from test_ddp_helpers import ORDER_SENSITIVE, ordered_sum_rank, tiny_cfg

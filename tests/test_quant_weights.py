@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mdk.quant.rounding import round_half_away, round_shift_int
-from mdk.quant.weights import (CHIP_BITS, chip_bits, compute_shift, conv_mantissas,
-                               quantize_conv)
+from mdk.quant.chips import CHIP_BITS, chip_bits
+from mdk.quant.weights import compute_shift, conv_mantissas, quantize_conv
 
 
 def R(v: float) -> float:  # reference: half away from zero, in exact rational arithmetic

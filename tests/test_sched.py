@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from mdk.sched import (
+from mdk.sched.schedules import (
     WarmupCosineAnnealingLR,
     WarmupCosineAnnealingWarmRestarts,
     WarmupMultiStepLR,

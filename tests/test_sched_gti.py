@@ -13,8 +13,8 @@ from torch.optim.lr_scheduler import (ConstantLR, CosineAnnealingLR, CosineAnnea
                                       LinearLR, MultiStepLR, SequentialLR, StepLR)
 
 from conftest import TINY, compose
-from mdk.sched import (WarmupCosineAnnealingLR, WarmupCosineAnnealingWarmRestarts,
-                       WarmupMultiStepLR, WarmupStepLR)
+from mdk.sched.schedules import (WarmupCosineAnnealingLR, WarmupCosineAnnealingWarmRestarts,
+                                 WarmupMultiStepLR, WarmupStepLR)
 
 IPE = 7
 BASES = (0.1, 0.02)

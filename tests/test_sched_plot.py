@@ -8,7 +8,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mdk.sched import WarmupScheduler
+from mdk.sched.base import WarmupScheduler
 from mdk.tools import plot_lr
 from mdk.tools.plot_lr import (
     DEFAULT_CONFIG_DIR,

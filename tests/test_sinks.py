@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from conftest import compose
-from mdk.config import ConfigError
-from mdk.sinks import MultiSink, NullSink, TensorBoardSink, build_sinks
+from mdk.errors import ConfigError
+from mdk.sinks.base import MultiSink, NullSink
+from mdk.sinks.build import build_sinks
+from mdk.sinks.tensorboard_sink import TensorBoardSink
 
 CONFIG = {"step": {"name": "step1"}, "seed": 0}
 

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from conftest import compose
-from mdk.sinks import MultiSink, TensorBoardSink, WandbSink, build_sinks
+from mdk.sinks.base import MultiSink
+from mdk.sinks.build import build_sinks
+from mdk.sinks.tensorboard_sink import TensorBoardSink
+from mdk.sinks.wandb_sink import WandbSink
 
 wandb = pytest.importorskip("wandb", reason="wandb is not installed")
 

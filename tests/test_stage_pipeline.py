@@ -87,7 +87,7 @@ def test_stage_epochs_and_lr_scale_follow_the_stage():
 
 @pytest.mark.parametrize("bad", ["step.epochs=0", "step.lr_scale=-1"])
 def test_bad_stage_schedule_names_the_key(bad):
-    from mdk.config import ConfigError
+    from mdk.errors import ConfigError
 
     with pytest.raises(ConfigError, match=bad.split("=")[0]):
         stage_config(compose(TINY + ["step=step2", bad]), "step2")
@@ -115,7 +115,7 @@ def test_stages_override_one_stage_of_a_pipeline():
     ("+stages.step5.epochs=2", r"stages\.step5 is not a stage"),
 ])
 def test_bad_stages_override_names_the_key(over, needle):
-    from mdk.config import ConfigError
+    from mdk.errors import ConfigError
 
     cfg = compose(TINY + [f"pipeline=[{','.join(CHAIN)}]", over])
     with pytest.raises(ConfigError, match=needle):

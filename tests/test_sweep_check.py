@@ -13,7 +13,7 @@ from hydra.types import RunMode
 
 from conftest import REPO, TINY, run_cmd_env
 from launchers.sweep_check import SweepConfigError, check_job, check_sweep, sweep_jobs
-from mdk.config import ConfigError
+from mdk.errors import ConfigError
 
 SHADOW_WARNING = "ignore:(?s).*validated against ConfigStore schema with the same name:UserWarning"
 

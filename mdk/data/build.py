@@ -15,11 +15,12 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig
 
-from mdk.data.config import VOC_READER, check
+from mdk.data.config import VOC_READER, check, plain
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records, fresh_count
 from mdk.data.records import READER_METHODS, Reader
 from mdk.errors import DataError, import_target
+from mdk.paths import resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +57,18 @@ def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
 
 def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
                         cache_root: Optional[str | Path] = None) -> int:
-    """Pre-flight, in the launching process: check the ``dataset`` node and, unless the data is
-    generated on first use, the files of both splits (the reader's ``check``; a split whose index
-    cache under ``cache_root`` is fresh was checked when it was built). Return the number of train
-    images (``generate.num_train`` for generated data; 0 when unknown). Relative paths are taken
-    under ``base`` (the repository root), as the engine does."""
-    d = check(cfg_dataset)
-    root = _under(d["root"], base)
+    """Pre-flight, in the launching process, of a ``dataset`` node the config checks passed:
+    unless the data is generated on first use, the files of both splits (the reader's ``check``;
+    a split whose index cache under ``cache_root`` is fresh was checked when it was built).
+    Return the number of train images (``generate.num_train`` for generated data; 0 when
+    unknown). Relative paths are taken under ``base`` (the cwd), as the engine does."""
+    d = plain(cfg_dataset)
+    root = resolve_path(d["root"], base)
     reader = build_reader(d, root)
     if d.get("generate"):  # generated on first use: its size is the config's
         return int(d["generate"].get("num_train", 0) or 0)
-    meta_dir = meta_dir_for({**d, "root": str(root)}, _under(cache_root, base)) if cache_root else None
+    meta_dir = (meta_dir_for({**d, "root": str(root)}, resolve_path(cache_root, base))
+                if cache_root else None)
     counts = {}
     for split in (d["train_split"], d["val_split"]):
         n = fresh_count(reader, split, meta_dir / f"{split}.txt") if meta_dir else None
@@ -75,11 +77,6 @@ def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str |
             n = reader.count(split)
         counts[split] = n
     return counts[d["train_split"]]
-
-
-def _under(path: str | Path, base: str | Path) -> Path:
-    p = Path(str(path)).expanduser()
-    return p if p.is_absolute() else Path(base) / p
 
 
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,

@@ -10,7 +10,7 @@ from typing import Any, List, Mapping, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from mdk.errors import DataError
+from mdk.errors import ConfigError, DataError
 
 # dataset.augment_on: where images are augmented (auto: the training device with CUDA, else
 # the loader); the choice is made in mdk/engine/train.py.
@@ -41,7 +41,11 @@ class DatasetConf:
     on_bad_image: str = "error"          # one of POLICIES
 
 
-def _plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
+SCHEMAS: dict[str, type] = {"dataset": DatasetConf}
+
+
+def plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
+    """The node as a plain dict, resolved (a missing root: one line saying what to pass)."""
     if isinstance(cfg, DictConfig):
         if OmegaConf.is_missing(cfg, "root"):
             target = OmegaConf.select(cfg, "reader._target_", default=None)
@@ -57,7 +61,7 @@ def _plain(cfg: Mapping[str, Any] | DictConfig) -> dict:
 
 def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
     """Check the ``dataset`` node; return it as a plain dict. Errors name the bad key."""
-    d = _plain(cfg_dataset)
+    d = plain(cfg_dataset)
     for key in REQUIRED:
         if d.get(key) in (None, "???"):
             raise DataError(f"dataset.{key} is not set; see conf/dataset/{d.get('name', 'shapes')}.yaml")
@@ -70,9 +74,9 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
         raise DataError(f"dataset.class_names={names!r} must be a non-empty list of strings")
     if len(set(names)) != len(names):
         raise DataError(f"dataset.class_names={names} has duplicates; each class once")
-    if d["num_classes"] != len(names):
-        raise DataError(f"dataset.num_classes={d['num_classes']} but dataset.class_names lists "
-                        f"{len(names)} classes; make them agree")
+    if d["num_classes"] != len(names):  # a config slip, not a file's: a config error
+        raise ConfigError(f"dataset.num_classes={d['num_classes']} but dataset.class_names has "
+                          f"{len(names)} names; make them agree")
     reader = d.get("reader")
     if reader is not None and not (isinstance(reader, dict) and reader.get("_target_")):
         raise DataError(f"dataset.reader={reader!r} must be null or a node with a _target_ (the "
@@ -87,3 +91,8 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
                         f"{list(POLICIES)} (error: stop naming the file; skip: leave bad images "
                         "out of the index and list them in the log)")
     return d
+
+
+def check_dataset(cfg: DictConfig) -> None:
+    """The run config's ``dataset`` node (the config checks' entry; :func:`check` does the work)."""
+    check(cfg.dataset)

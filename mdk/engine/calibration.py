@@ -19,7 +19,7 @@ from mdk.engine.build import build_train_loader
 from mdk.engine.context import StageContext
 from mdk.engine.reports import maybe_reporter
 from mdk.quant import calibrate
-from mdk.sinks import NullSink
+from mdk.sinks.base import NullSink
 from mdk.stage import apply_stage
 
 log = logging.getLogger(__name__)

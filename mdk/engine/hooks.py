@@ -13,7 +13,7 @@ from mdk.engine.device_io import DeferredRead
 from mdk.engine.loop import HookBase
 from mdk.engine.nan_guard import NanGuardHook  # noqa: F401  (re-exported: one import for hooks)
 from mdk.stage_checkpoint import BEST, LAST
-from mdk.sinks import NullSink
+from mdk.sinks.base import NullSink
 
 log = logging.getLogger(__name__)
 

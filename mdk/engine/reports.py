@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mdk.engine.loop import HookBase
-from mdk.sinks import NullSink
+from mdk.eval.grid import dataset_grid, save_png
+from mdk.eval.plots import save_pr_curves
+from mdk.eval.scalars import ap_table, scalars
+from mdk.sinks.base import NullSink
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +35,13 @@ class EvalReporter:
         self.keep = []
         names = list(self.dataset.class_names)
         try:
-            from mdk.eval import ap_table, scalars
-
             self.sink.log({f"val/{k}": v for k, v in scalars(result, names).items()}, step)
             self.sink.log_text("val/ap_table", ap_table(result, names), step)
             if self.grid_images > 0:
-                from mdk.eval.grid import dataset_grid, save_png
-
                 grid = dataset_grid(self.dataset, detections, names, count=self.grid_images)
                 self.sink.log_image("val/detections", grid, step)
                 save_png(grid, self.run_dir / f"detections_{self.stage}.png")
             if best:
-                from mdk.eval.plots import save_pr_curves
-
                 save_pr_curves(result, self.run_dir, names, stem=f"pr_{self.stage}",
                                title=f"{self.stage} best ({result['name']})")
         except Exception as e:  # a report must never stop training

@@ -28,7 +28,7 @@ from mdk.engine.reports import ReportHook, maybe_reporter
 from mdk.engine.run_state import HookStates, RankRNG, RunState
 from mdk.engine.stop_hook import StopOnRequestHook
 from mdk.sched.curve import plot_lr_curve
-from mdk.sinks import build_sinks
+from mdk.sinks.build import build_sinks
 from mdk.stage_checkpoint import iteration
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from mdk import dist
 from mdk.data.samplers import ShardSampler
-from mdk.eval import evaluate_detections
+from mdk.eval.metrics import evaluate_detections
 from mdk.models.yolo_codec import decode
 from mdk.world import World
 

@@ -27,7 +27,8 @@ from torch import nn
 
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.fusion import is_fused
-from mdk.quant.weights import MAX_SHIFT, chip_bits, conv_mantissas
+from mdk.quant.chips import chip_bits
+from mdk.quant.weights import MAX_SHIFT, conv_mantissas
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from mdk.quant.bn_fold import chip_layers, fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
-from mdk.quant.weights import chip_bits
+from mdk.quant.chips import chip_bits
 
 log = logging.getLogger(__name__)
 

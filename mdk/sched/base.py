@@ -42,8 +42,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+from mdk.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -229,3 +234,14 @@ class WarmupScheduler(LRScheduler):
 
     def _main_params(self) -> dict[str, Any]:
         return {}
+
+
+def check_config(node: DictConfig) -> None:
+    """The ``scheduler`` node, checked by building it on a throw-away optimizer (the classes'
+    own checks name the key): a config error before any work, not a traceback in every rank."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    try:
+        instantiate(node)(optimizer=opt, iters_per_epoch=1)
+    except ValueError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith("scheduler.") else f"scheduler: {msg}") from None

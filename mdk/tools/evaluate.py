@@ -30,6 +30,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from mdk.eval.config import METRICS
+
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("integer", "onnx")
@@ -246,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--split", default=None, help="dataset split (default: dataset.val_split)")
-    ap.add_argument("--metric", choices=("voc07", "voc12", "coco"), default=None,
+    ap.add_argument("--metric", choices=METRICS, default=None,
                     help="eval.metric: VOC07 11-point (default), VOC12 area, or COCO rules")
     args = ap.parse_intermixed_args(argv)
     if args.metric:

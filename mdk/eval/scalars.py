@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-METRICS = ("voc07", "voc12", "coco")
+from mdk.eval.config import METRICS
 
 
 def headline_key(metric: str) -> str:

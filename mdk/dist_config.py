@@ -1,0 +1,80 @@
+"""The ``dist`` config group: its schema, the device and backend words (mdk/world.py resolves
+them) and its checks, including those that depend on the world size. Torch-free: the schema loads
+before Hydra composes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from mdk.checks import check_min, check_one_of, check_positive
+from mdk.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")      # trainer.device
+BACKENDS = ("auto", "gloo", "nccl")    # dist.backend
+
+
+@dataclass
+class DistConf:
+    gpus: int = 1
+    nodes: int = 1
+    rank: int = 0
+    dist_url: str = "auto"
+    sync_bn: bool = False
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    exact_chunk: Optional[int] = None
+    cpu_threads: Any = "auto"
+
+
+SCHEMAS: dict[str, type] = {"dist": DistConf}
+
+
+def check_dist_url(url: str) -> None:
+    if url == "auto":
+        return
+    host, sep, port = url.removeprefix("tcp://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"dist.dist_url={url!r} must be host:port with a port in 1..65535 "
+                          "(e.g. dist.dist_url=10.0.0.1:29500), or auto on one machine")
+
+
+def check_world(cfg: DictConfig, world_size: Optional[int] = None) -> None:
+    """The checks that depend on the world size: the real one when the launcher knows it (torchrun
+    or SLURM decide it, not ``dist.gpus * dist.nodes``), else the configured one."""
+    world = int(world_size or cfg.dist.gpus * cfg.dist.nodes)
+    where = ("the world size dist.gpus*dist.nodes" if world_size is None
+             else "the world size (processes started by the launcher)")
+    if cfg.trainer.batch_size % world:
+        raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size} is the global batch and "
+                          f"must divide by {where}={world}")
+    chunk = cfg.dist.get("exact_chunk")
+    if chunk is not None and (cfg.trainer.batch_size // world) % chunk:
+        raise ConfigError(
+            f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
+            f"world = {cfg.trainer.batch_size}/{world} = {cfg.trainer.batch_size // world}; "
+            f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
+
+
+def check_dist(cfg: DictConfig, world_size: Optional[int] = None) -> None:
+    d = cfg.dist
+    for key, lo in (("gpus", 1), ("nodes", 1), ("rank", 0)):
+        check_min(cfg, f"dist.{key}", lo)
+    check_positive(cfg, "dist.timeout_s")
+    check_dist_url(str(d.dist_url))
+    check_one_of(cfg, "dist.backend", BACKENDS)
+    if d.rank >= d.nodes:
+        raise ConfigError(f"dist.rank={d.rank} must be < dist.nodes={d.nodes} "
+                          "(machine ranks count from 0)")
+    if d.nodes > 1 and str(d.dist_url) == "auto":
+        raise ConfigError("dist.dist_url=auto only works on one machine; with dist.nodes>1 give "
+                          "machine 0's address on every machine, e.g. dist.dist_url=10.0.0.1:29500")
+    check_min(cfg, "dist.exact_chunk", 1, optional=True)
+    check_world(cfg, world_size)
+    threads = d.get("cpu_threads", "auto")
+    if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
+                              or threads < 1):
+        raise ConfigError(f"dist.cpu_threads={threads!r} must be auto or an integer >= 1 "
+                          "(e.g. dist.cpu_threads=1)")

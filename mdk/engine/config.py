@@ -1,0 +1,108 @@
+"""The ``trainer`` and ``optim`` config groups: their schemas, words and checks (the engine is
+the code that reads them). Torch-free on purpose: the schemas load before Hydra composes, so
+``python run.py --help`` does not pay for importing torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig
+
+from mdk.checks import check_min, check_one_of, check_positive, get
+from mdk.dist_config import DEVICES
+from mdk.errors import ConfigError
+
+AMP_DTYPES = ("auto", "float16", "bfloat16")
+EMA_DTYPES = ("float32", "float64")
+
+
+@dataclass
+class EMAConf:
+    enabled: bool = False
+    decay: float = 0.9999
+    tau: float = 2000.0
+    dtype: str = "float32"
+
+
+@dataclass
+class TrainerConf:
+    epochs: int = 40
+    batch_size: int = 16
+    limit_train_batches: Optional[int] = None
+    limit_val_batches: Optional[int] = None
+    num_workers: Any = None
+    eval_every: int = 1
+    checkpoint_every_iters: int = 0
+    resume: bool = True
+    amp: Any = "auto"  # true | false | auto (mdk/engine/precision.py resolves auto)
+    amp_dtype: str = "auto"
+    deterministic: bool = False
+    tf32: bool = True
+    activation_checkpointing: bool = False
+    channels_last: Any = "auto"  # true | false | auto
+    compile: bool = False
+    grad_clip: Optional[float] = 10.0
+    ema: EMAConf = field(default_factory=EMAConf)
+    nan_skip_limit: int = 0
+    progress: bool = True
+    device: str = "auto"
+    conf_thresh: float = 0.01
+    nms_iou: float = 0.5
+
+
+@dataclass
+class OptimConf:
+    _target_: str = MISSING
+    _partial_: bool = True
+    lr: Any = MISSING           # a number > 0 (checked by check_optim; Any keeps the value as typed)
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SGDConf(OptimConf):
+    momentum: float = 0.0
+
+
+# The optimizer's other arguments keep torch's defaults; to set them (betas, nesterov, ...) write
+# an optimizer YAML of your own in conf/optim/ (with this schema's keys and yours, no schema).
+TRAINER_SCHEMAS: dict[str, type] = {"trainer": TrainerConf}
+OPTIM_SCHEMAS: dict[str, type] = {"adamw": OptimConf, "sgd": SGDConf}
+
+
+def _true_false_auto(cfg: DictConfig, key: str, auto_means: str) -> None:
+    """A switch whose ``auto`` is resolved per device and stage (mdk/engine/precision.py)."""
+    v = get(cfg, key)
+    if v not in (True, False, "auto"):
+        raise ConfigError(f"{key}={v!r} must be true, false or auto (auto: {auto_means})")
+
+
+def check_trainer(cfg: DictConfig) -> None:
+    """``trainer.*`` and the run's ``seed``."""
+    check_min(cfg, "seed", 0)
+    for key, lo in (("epochs", 1), ("batch_size", 1), ("eval_every", 1),
+                    ("checkpoint_every_iters", 0), ("nan_skip_limit", 0)):
+        check_min(cfg, f"trainer.{key}", lo)
+    for key in ("limit_train_batches", "limit_val_batches"):
+        check_min(cfg, f"trainer.{key}", 1, optional=True)
+    if get(cfg, "trainer.num_workers") != "auto":
+        check_min(cfg, "trainer.num_workers", 0, optional=True)
+    check_positive(cfg, "trainer.grad_clip", optional=True)
+    check_one_of(cfg, "trainer.device", DEVICES)
+    check_one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
+    _true_false_auto(cfg, "trainer.amp", "bfloat16 autocast for float stages trained on the CPU")
+    _true_false_auto(cfg, "trainer.channels_last", "on the CPU, and on CUDA with trainer.amp")
+    if cfg.trainer.get("compile") and cfg.trainer.activation_checkpointing:
+        raise ConfigError("trainer.compile=true with trainer.activation_checkpointing=true is not "
+                          "supported (the checkpointed slices do not compile); choose one")
+    ema = cfg.trainer.get("ema")
+    if ema is not None and ema.enabled:
+        if not 0 < float(ema.decay) < 1:
+            raise ConfigError(f"trainer.ema.decay={ema.decay} must be in (0, 1), e.g. 0.9999")
+        if float(ema.tau) < 0:
+            raise ConfigError(f"trainer.ema.tau={ema.tau} must be >= 0 (0: constant decay)")
+        check_one_of(cfg, "trainer.ema.dtype", EMA_DTYPES)
+
+
+def check_optim(cfg: DictConfig) -> None:
+    check_positive(cfg, "optim.lr")

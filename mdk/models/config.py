@@ -1,0 +1,88 @@
+"""The ``model`` and ``loss`` config groups: their schemas and checks. Torch-free: the schemas
+load before Hydra composes (the loss check builds the loss through its ``_target_``, which
+imports torch only when it runs).
+
+A model or loss of your own is a YAML in conf/model/ or conf/loss/ naming its class; it may use
+these schemas (``defaults: [/_schema_model_gnetdet@_here_, _self_]``) or none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig
+
+from mdk.checks import check_min
+from mdk.errors import ConfigError
+
+
+@dataclass
+class GNetDetConf:
+    _target_: str = "mdk.models.gnetdet.GNetDet"
+    num_classes: int = MISSING
+    image_size: int = MISSING
+    channels: list[Any] = MISSING      # conv widths, and M for a 2x2 max-pool
+    mask_bits: list[int] = MISSING     # one chip mask width per conv layer
+    boxes_per_cell: int = 2
+    batch_norm: bool = False
+
+
+@dataclass
+class ModelConf:
+    name: str = MISSING
+    image_size: int = MISSING
+    freeze: list[str] = field(default_factory=list)  # fnmatch patterns of frozen parameters
+    net: GNetDetConf = field(default_factory=GNetDetConf)
+
+
+@dataclass
+class YoloLossConf:
+    _target_: str = "mdk.models.loss.YoloLoss"
+    num_classes: int = MISSING
+    boxes_per_cell: int = MISSING
+    lambda_coord: float = 5.0
+    lambda_obj: float = 1.0
+    lambda_noobj: float = 0.5
+    lambda_cls: float = 1.0
+    beta: float = 1.0
+    ignore_iou: Optional[float] = 0.5
+
+
+@dataclass
+class GtiLossConf:
+    _target_: str = "mdk.models.gti_loss.GtiLoss"
+    num_classes: int = MISSING
+    boxes_per_cell: int = MISSING
+    lambda_coord: float = 5.0
+    lambda_contain: float = 2.0
+    lambda_not_contain: float = 1.0
+    lambda_noobj: float = 0.005
+    lambda_cls: float = 1.0
+    beta: float = 1.0
+    iou_target_grad: bool = True
+    normalizer: str = "running"
+    normalizer_init: float = 6.25
+    normalizer_momentum: float = 0.9
+
+
+MODEL_SCHEMAS: dict[str, type] = {"gnetdet": ModelConf}
+LOSS_SCHEMAS: dict[str, type] = {"yolo": YoloLossConf, "gti": GtiLossConf}
+
+
+def check_model(cfg: DictConfig) -> None:
+    check_min(cfg, "model.image_size", 32)
+
+
+def check_loss(cfg: DictConfig) -> None:
+    """The loss group's own checks (its constructor names the ``loss.<key>``), run before any
+    data is built: a bad weight is one config line, not a Hydra error from the run."""
+    if cfg.get("loss") is None:
+        return
+    try:
+        instantiate(cfg.loss)  # a few floats and a buffer: no data, no device
+    except InstantiationException as e:
+        if not isinstance(e.__cause__, ValueError):
+            raise
+        raise ConfigError(str(e.__cause__)) from e.__cause__

@@ -1,0 +1,64 @@
+"""Build the metric sinks of ``conf/logger/*.yaml``. Off (or not rank 0) means a null object, so
+the engine never asks "is logging on?".
+
+The logger group's keys are described and checked in mdk/sinks/config.py. A new sink is a YAML
+file in ``conf/logger/`` plus a class whose constructor takes the keyword arguments ``run_dir,
+stage, group, resume_step, config`` (see :func:`build_sinks`) and its YAML options, with the
+methods of :class:`NullSink`.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from mdk.errors import ConfigError
+from mdk.sinks.base import MultiSink, NullSink
+from mdk.sinks.config import sink_nodes
+
+log = logging.getLogger(__name__)
+
+
+def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any], is_main: bool,
+                *, stage: Optional[str] = None, group: Optional[str] = None,
+                resume_step: Optional[int] = None) -> NullSink:
+    """The sinks of ``logger_cfg.sinks`` for one stage, or a :class:`NullSink`.
+
+    - ``run_dir``: the job's output folder (Hydra's run/job dir); sinks write under it.
+    - ``config``: the resolved run config as a plain dict (recorded by wandb).
+    - ``is_main``: False on ranks other than 0, which then get a NullSink (no files, no runs).
+    - ``stage``: the stage logging (``step1`` ... ``step4``, ``cal``); TensorBoard writes
+      ``<run_dir>/tensorboard/<stage>``, wandb makes one run per stage (``job_type``). Default:
+      ``config["step"]["name"]``.
+    - ``group``: the sweep this job belongs to (e.g. the sweep dir name), None for a single run.
+    - ``resume_step``: the global step of the checkpoint this stage resumes from, None when it
+      starts fresh. TensorBoard discards this stage's events after it (they are redone).
+
+    Each sink is constructed as ``cls(run_dir=, stage=, group=, resume_step=, config=,
+    **options)`` with the options of its YAML node. Errors in a node raise ``ConfigError``
+    naming ``logger.sinks.<name>``.
+    """
+    if not is_main:
+        return NullSink()
+    if stage is None:
+        stage = str((config.get("step") or {}).get("name") or "train")
+    sinks: list[NullSink] = []
+    try:
+        for where, cls, options in sink_nodes(logger_cfg):
+            try:
+                sinks.append(cls(run_dir=Path(run_dir), stage=stage, group=group,
+                                 resume_step=resume_step, config=config, **options))
+            except TypeError as e:
+                raise ConfigError(f"{where}: {e}; check the options of this sink in "
+                                  "conf/logger/") from None
+    except BaseException:
+        for s in sinks:  # release the sinks already made (wandb runs, open event files)
+            try:
+                s.close()
+            except Exception as e:
+                log.warning("closing %s failed: %s", type(s).__name__, e)
+        raise
+    if not sinks:
+        return NullSink()
+    return sinks[0] if len(sinks) == 1 else MultiSink(sinks)
+
