@@ -58,7 +58,8 @@ def main() -> None:
     import torch
 
     from mdk.engine import build, precision
-    from mdk.engine.hooks import (LRSchedulerHook, MetricsHook, NanGuardHook, ProgressHook,
+    from mdk.engine.nan_guard import NanGuardHook
+    from mdk.engine.hooks import (LRSchedulerHook, MetricsHook, ProgressHook,
                                   sampler_epoch_hook)
     from mdk.engine.loop import HookBase, Trainer
     from mdk.data.samplers import GlobalBatchSampler

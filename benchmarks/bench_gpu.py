@@ -122,7 +122,8 @@ def bare_loop(cfg: Any, stage: str, setting: str, a: argparse.Namespace,
 def engine_loop(cfg: Any, setting: str, a: argparse.Namespace, device: torch.device) -> float:
     """images/s of mdk's Trainer with the hooks a run has on every step (no data loading)."""
     from mdk.engine.build import build_loss
-    from mdk.engine.hooks import LRSchedulerHook, MetricsHook, NanGuardHook
+    from mdk.engine.hooks import LRSchedulerHook, MetricsHook
+    from mdk.engine.nan_guard import NanGuardHook
     from mdk.engine.loop import Trainer
     from mdk.engine.stop_hook import StopOnRequestHook
     from mdk.sched.schedules import WarmupCosineAnnealingLR

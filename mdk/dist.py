@@ -13,6 +13,8 @@ import logging
 import torch
 import torch.distributed as tdist
 
+from mdk import sync_bn
+
 log = logging.getLogger(__name__)
 
 
@@ -140,8 +142,6 @@ def convert_sync_bn(model: torch.nn.Module, device: torch.device) -> torch.nn.Mo
         log.info("dist.sync_bn=true but the model has no BatchNorm at this stage; nothing to convert")
         return model
     if device.type == "cpu":
-        from mdk import sync_bn
-
         log.info("dist.sync_bn=true: %d BatchNorm layers normalise over the global batch "
                  "(mdk.sync_bn, gloo)", n)
         return sync_bn.convert(model)

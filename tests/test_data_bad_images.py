@@ -17,7 +17,8 @@ from mdk.data.build import build_datasets
 from mdk.data.dataset import DetectionDataset
 from mdk.data.image_check import check_images, decode_error
 from mdk.data.index import cached_records
-from mdk.data.voc import DataError, VOCReader
+from mdk.data.voc import VOCReader
+from mdk.errors import DataError
 
 CLASSES = ["cat", "dog"]
 

@@ -216,7 +216,7 @@ def test_build_datasets_voc_root(tmp_path):
 def test_affine_boxes_follow_the_image_and_drop_mostly_outside():
     from torchvision.transforms.v2 import functional as F
 
-    from mdk.data.dataset import affine_boxes
+    from mdk.data.augment import affine_boxes
     img = torch.zeros(3, 96, 96, dtype=torch.uint8)
     img[:, 20:50, 30:70] = 255                                   # box x 30..70, y 20..50
     box, label = torch.tensor([[30.0, 20.0, 70.0, 50.0]]), torch.tensor([1])

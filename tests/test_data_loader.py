@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from conftest import REPO, run_cmd_env
 from mdk.data.loader import SafeLoader, shutdown_workers, unwrap_worker_error
-from mdk.data.voc import DataError
+from mdk.errors import DataError
 from mdk.engine.build import init_loader_worker
 
 MSG = "/data/VOC/JPEGImages/000013.jpg: cannot decode image (image file is truncated); " \
@@ -89,7 +89,7 @@ def test_a_bug_in_a_worker_stays_a_traceback():
 SCRIPT = """
 from torch.utils.data import DataLoader
 from mdk.data.loader import SafeLoader
-from mdk.data.voc import DataError
+from mdk.errors import DataError
 from test_data_loader import Items, loader
 try:
     for _ in loader({cls}, Items(n=64, bad=13), {workers}, **{kw}):

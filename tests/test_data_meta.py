@@ -8,7 +8,8 @@ import pytest
 from mdk.data.index import build_meta, cached_records, ensure_meta, is_stale, read_header, read_meta
 from mdk.data.records import SplitRecords, make_record
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
-from mdk.data.voc import DataError, VOCReader, parse_voc_xml, read_split
+from mdk.data.voc import VOCReader, parse_voc_xml, read_split
+from mdk.errors import DataError
 from mdk.tools.xml2txt import main
 
 CLASSES = list(SHAPE_CLASSES)

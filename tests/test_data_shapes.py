@@ -5,7 +5,8 @@ import os
 import pytest
 
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
-from mdk.data.voc import DataError, parse_voc_xml, read_split
+from mdk.data.voc import parse_voc_xml, read_split
+from mdk.errors import DataError
 
 KW = dict(num_train=6, num_val=3, image_size=64, seed=3)
 

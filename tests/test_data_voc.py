@@ -4,7 +4,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mdk.data.voc import DataError, check_root, find_image, parse_voc_xml, read_split
+from mdk.data.voc import check_root, find_image, parse_voc_xml, read_split
+from mdk.errors import DataError
 
 CLASSES = ["cat", "dog"]
 

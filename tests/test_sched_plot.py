@@ -10,13 +10,11 @@ from omegaconf import OmegaConf
 
 from mdk.sched.base import WarmupScheduler
 from mdk.tools import plot_lr
+from mdk.sched.curve import lr_curve, plot_lr_curve, plot_lr_curves
 from mdk.tools.plot_lr import (
     DEFAULT_CONFIG_DIR,
     compose_run,
     expand_sweep,
-    lr_curve,
-    plot_lr_curve,
-    plot_lr_curves,
     sweep_curves,
 )
 

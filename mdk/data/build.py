@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mdk.data.config import VOC_READER, check, plain
@@ -89,8 +90,6 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     conf/dataset/; its ``name`` only labels its folders (checkpoints, meta files). Under DDP call
     it on rank 0 first and barrier, so one process generates and indexes (concurrent calls are
     still safe: writes are atomic)."""
-    from hydra.utils import instantiate
-
     d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
     if d.get("generate"):

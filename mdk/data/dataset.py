@@ -23,8 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from mdk import faults
-from mdk.data.augment import (affine_boxes, augment_boxes, augment_image, draw,  # noqa: F401
-                              params_tensor)
+from mdk.data.augment import augment_boxes, augment_image, draw, params_tensor
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
 from mdk.data.records import Record
 from mdk.errors import DataError

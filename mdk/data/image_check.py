@@ -32,8 +32,8 @@ from typing import Iterable, Optional, Sequence
 from PIL import Image
 from tqdm import tqdm
 
-from mdk.data.config import POLICIES  # noqa: F401  (re-exported: the policy words live there)
-from mdk.data.voc import DataError
+from mdk.data.config import POLICIES
+from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
 

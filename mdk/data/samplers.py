@@ -14,7 +14,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from mdk.data.voc import DataError
+from mdk.errors import DataError
 from mdk.errors import ConfigError
 
 

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mdk.data.voc import DataError
+from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from mdk.data.records import SplitRecords, clip_to_image, make_record
-from mdk.errors import DataError  # noqa: F401  (raised here; importers take it from here too)
+from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Build the objects of a run from the composed config (all through hydra.utils.instantiate)."""
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import random
@@ -75,8 +76,6 @@ def die_with_parent() -> None:
     """Linux: SIGKILL this process when its parent dies (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG

@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from mdk.engine.loop import HookBase
@@ -163,8 +164,6 @@ class ModelEMA:
     @torch.no_grad()
     def sync_buffers(self, src: int = 0) -> None:
         """Broadcast the EMA buffers (BN statistics) from rank ``src``; a no-op in one process."""
-        import torch.distributed as tdist
-
         if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
             return
         for k in sorted(self.buffer_names & self.shadow.keys()):  # same order on every rank

@@ -7,11 +7,11 @@ import time
 from typing import Any, Callable, Optional
 
 import torch
+from tqdm import tqdm
 
 from mdk import dist, faults
 from mdk.engine.device_io import DeferredRead
 from mdk.engine.loop import HookBase
-from mdk.engine.nan_guard import NanGuardHook  # noqa: F401  (re-exported: one import for hooks)
 from mdk.stage_checkpoint import BEST, LAST
 from mdk.sinks.base import NullSink
 
@@ -177,8 +177,6 @@ class ProgressHook(HookBase):
         t = self.trainer
         self._t0, self._b0 = None, t.batch_in_epoch
         if self.enabled:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=t.iters_per_epoch, initial=t.batch_in_epoch, dynamic_ncols=True,
                             desc=f"epoch {t.epoch + 1}/{t.epochs}", leave=False)
 

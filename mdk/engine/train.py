@@ -22,7 +22,8 @@ from mdk.engine import build, precision
 from mdk.engine.context import StageContext
 from mdk.engine.ema import EMAHook, ema_from_config
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
-                              NanGuardHook, ProgressHook, sampler_epoch_hook)
+                              ProgressHook, sampler_epoch_hook)
+from mdk.engine.nan_guard import NanGuardHook
 from mdk.engine.loop import Trainer
 from mdk.engine.reports import ReportHook, maybe_reporter
 from mdk.engine.run_state import HookStates, RankRNG, RunState

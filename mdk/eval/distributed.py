@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 from mdk import dist
 from mdk.data.samplers import ShardSampler
@@ -41,7 +42,6 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
     count = 0
     bar = loader
     if progress and world.is_main:
-        from tqdm import tqdm
         bar = tqdm(loader, desc="eval", leave=False, dynamic_ncols=True)
     for images, targets, idx in bar:
         pred = model(images.to(device, non_blocking=True))

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
+from PIL import Image
+from torchvision.utils import draw_bounding_boxes, make_grid
 
 from mdk.eval.inputs import as_numpy
 
@@ -30,8 +32,6 @@ def _ordered(boxes: torch.Tensor) -> torch.Tensor:
 def _draw_one(image: torch.Tensor, det: Mapping[str, Any], gt: Sequence[Any],
               names: Sequence[str], scale: int, score_thresh: float, max_dets: int
               ) -> torch.Tensor:
-    from torchvision.utils import draw_bounding_boxes
-
     if scale > 1:  # nearest upscaling: labels stay legible on 64-px images
         image = image.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
     g_boxes = _ordered(torch.as_tensor(as_numpy(gt[0], "float32")).reshape(-1, 4) * scale)
@@ -64,8 +64,6 @@ def detection_grid(images: torch.Tensor | Sequence[torch.Tensor],
     ``[3, H', W']``: ground truth green (difficult yellow), detections with score >=
     ``score_thresh`` red and labelled (at most ``max_dets`` per image, highest first). Images
     smaller than ``min_size`` are upscaled by an integer factor (nearest) so labels can be read."""
-    from torchvision.utils import make_grid
-
     if not (len(images) == len(detections) == len(ground_truth)):
         raise ValueError(f"detection_grid: {len(images)} images, {len(detections)} detections and "
                          f"{len(ground_truth)} ground truths; give one of each per image")
@@ -95,8 +93,6 @@ def dataset_grid(dataset: Any, detections: Mapping[int, Mapping[str, Any]],
 def save_png(image: torch.Tensor, path: str | Path) -> Path:
     """Write a uint8 ``[3, H, W]`` image as PNG (parent folders created). Pillow, not
     torchvision.io, whose image encoding is deprecated since torchvision 0.29."""
-    from PIL import Image
-
     if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
         raise ValueError(f"save_png({path}): expected uint8 [3, H, W], got {image.dtype} "
                          f"{tuple(image.shape)}")

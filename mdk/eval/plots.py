@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 def _render(result: dict[str, Any], classes: list[int], names: Sequence[str], title: str
             ) -> torch.Tensor:
     # matplotlib here: ~0.4 s to import, paid only when a figure is drawn
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # (see above)
+    from matplotlib.figure import Figure  # (see above)
 
     fig = Figure(figsize=(6.4, 4.8), dpi=100)
     canvas = FigureCanvasAgg(fig)

@@ -73,7 +73,7 @@ def export_onnx(cm: ChipModel, path: str | Path, image_size: Optional[int] = Non
 
 def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
     """Run an exported ONNX file with onnxruntime on uint8 images (CPU)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # here: a heavy runtime, only for the export's check
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)

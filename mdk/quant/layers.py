@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mdk.quant.activation import quantize_activation
+from mdk.quant.weights import quantize_conv
+
 
 class ChipConv(nn.Module):
     def __init__(self, in_ch: int, out_ch: int, mask_bits: int = 8, pool: bool = False,
@@ -49,8 +52,6 @@ class ChipConv(nn.Module):
         w, b = self.conv.weight, self.conv.bias
         if not self.quant_weight:
             return w, b
-        from mdk.quant.weights import quantize_conv  # local: float runs never pay for it
-
         if torch.is_grad_enabled():
             return quantize_conv(w, b, self.mask_bits, *self.chip_bits)
         # Eval / calibration: weights do not change between batches, so quantize once. The key
@@ -73,8 +74,6 @@ class ChipConv(nn.Module):
         if self.observer is not None:
             self.observer(y)
         if self.quant_act:
-            from mdk.quant.activation import quantize_activation
-
             y = quantize_activation(y, self.cap)
         else:
             y = F.relu(y) if self.relu else y

@@ -27,6 +27,7 @@ class TensorBoardSink(NullSink):
     def __init__(self, *, run_dir: Path, stage: str, group: Optional[str] = None,
                  resume_step: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
                  subdir: str = "tensorboard", flush_secs: int = 30) -> None:
+        # here: tensorboard's writer imports its protobuf stack, ~1 s, only when this sink is on
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(run_dir) / subdir / stage

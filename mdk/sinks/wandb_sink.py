@@ -63,7 +63,7 @@ class WandbSink(NullSink):
                  project: str = "mdk", entity: Optional[str] = None,
                  tags: Sequence[str] = (), mode: Optional[str] = None,
                  name: Optional[str] = None) -> None:
-        import wandb
+        import wandb  # here: an optional heavy package, imported only when this sink is on
 
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,13 +94,13 @@ class WandbSink(NullSink):
         self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))
 
     def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
-        import wandb
+        import wandb  # (see __init__)
 
         hwc = check_image(tag, image).permute(1, 2, 0).numpy()
         self.run.log({tag: wandb.Image(hwc)}, step=int(step))
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        import wandb
+        import wandb  # (see __init__)
 
         self.run.log({tag: wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
 

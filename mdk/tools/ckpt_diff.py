@@ -18,6 +18,8 @@ from typing import Mapping, Optional
 
 import torch
 
+from mdk.checkpoint import CheckpointError, load_checkpoint
+
 
 @dataclass(frozen=True)
 class TensorDiff:
@@ -84,8 +86,6 @@ def within(diffs: list[TensorDiff], rtol: float, atol: Optional[float] = None) -
 
 
 def _load(path: str, key: str) -> Mapping:
-    from mdk.checkpoint import CheckpointError, load_checkpoint
-
     try:
         ck = load_checkpoint(Path(path))
     except CheckpointError as e:

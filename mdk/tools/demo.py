@@ -22,7 +22,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.transforms.v2 import functional as F
+from torchvision.utils import draw_bounding_boxes
 
+from mdk.models.yolo_codec import decode
 from mdk.tools.evaluate import ToolError, add_model_args, load_any
 
 log = logging.getLogger(__name__)
@@ -49,10 +52,6 @@ def read_image(path: Path) -> torch.Tensor:
 def detect(model: torch.nn.Module, image: torch.Tensor, image_size: int, boxes_per_cell: int,
            score_thresh: float, nms_iou: float, device: torch.device) -> dict[str, torch.Tensor]:
     """Detections on ``image`` (uint8 [3, H, W]) in its own pixel coordinates."""
-    from torchvision.transforms.v2 import functional as F
-
-    from mdk.models.yolo_codec import decode
-
     h, w = image.shape[1:]
     x = image if (h, w) == (image_size, image_size) else F.resize(
         image, [image_size, image_size], interpolation=F.InterpolationMode.BILINEAR, antialias=True)
@@ -64,8 +63,6 @@ def detect(model: torch.nn.Module, image: torch.Tensor, image_size: int, boxes_p
 
 def draw(image: torch.Tensor, det: dict[str, torch.Tensor], class_names: Sequence[str]) -> torch.Tensor:
     """``image`` with labelled boxes (enlarged first if it is small)."""
-    from torchvision.utils import draw_bounding_boxes
-
     factor = max(1, -(-MIN_DRAW_SIZE // min(image.shape[1:])))
     if factor > 1:
         image = image.repeat_interleave(factor, 1).repeat_interleave(factor, 2)

@@ -30,7 +30,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from mdk.checkpoint import CheckpointError, load_checkpoint
+from mdk.compose import compose
+from mdk.engine.build import build_data, build_loss
+from mdk.errors import ConfigError
 from mdk.eval.config import METRICS
+from mdk.eval.distributed import evaluate
+from mdk.quant.chip_model import load_chip_model
+from mdk.quant.export import ONNX_FILE
+from mdk.quant.integer_ref import integer_forward
+from mdk.stage import stage_spec
+from mdk.stage_checkpoint import load_model_for, spec_of
+from mdk.world import World, single_process
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +64,6 @@ class Loaded:
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The real ``conf/`` composed with ``overrides`` (mdk.compose), errors as ToolError."""
-    from mdk.compose import compose
-    from mdk.errors import ConfigError
-
     try:
         return compose(list(overrides))
     except ConfigError as e:
@@ -83,10 +91,6 @@ def _with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) 
 
 def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
     """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant)."""
-    from mdk.checkpoint import load_checkpoint
-    from mdk.stage_checkpoint import load_model_for, spec_of
-    from mdk.world import single_process
-
     ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
     cfg = _with_checkpoint_model(compose_config(overrides), ck, overrides)
     model, _ = load_model_for(cfg, path, mode="eval")
@@ -103,8 +107,6 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
 
 def _mode_name(spec: Any) -> str:
     """The stage whose mode a checkpoint is evaluated in: its own, or (cal) the next stage's."""
-    from mdk.stage import stage_spec
-
     if spec.eval_quant == spec.quant:
         return spec.name
     if spec.next and stage_spec(spec.next).quant == spec.eval_quant:
@@ -122,16 +124,13 @@ class ChipModelNet(nn.Module):
 
     def __init__(self, directory: Path, runtime: str = "integer") -> None:
         super().__init__()
-        from mdk.quant.chip_model import load_chip_model
-        from mdk.quant.export import ONNX_FILE
-
         if runtime not in RUNTIMES:
             raise ToolError(f"--runtime {runtime!r}: use one of {RUNTIMES}")
         self.cm = load_chip_model(directory)
         self.runtime = runtime
         self.session = None
         if runtime == "onnx":
-            import onnxruntime as ort
+            import onnxruntime as ort  # here: a heavy optional runtime, only for --runtime onnx
 
             onnx_path = Path(directory) / ONNX_FILE
             if not onnx_path.is_file():
@@ -150,8 +149,6 @@ class ChipModelNet(nn.Module):
             u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
             out = self.session.run(None, {"image_u8": u8.cpu().numpy()})[0]
             return torch.from_numpy(out).float()
-        from mdk.quant.integer_ref import integer_forward
-
         return integer_forward(self.cm, images.cpu())[0].float()
 
 
@@ -180,8 +177,6 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
 
 def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer") -> Loaded:
     """A checkpoint file or an exported chip model directory, with a clear error otherwise."""
-    from mdk.checkpoint import CheckpointError
-
     p = Path(path).expanduser()
     try:
         if p.is_dir():
@@ -202,9 +197,6 @@ def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "in
 def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) -> Any:
     """The evaluation dataset: ``split`` (a split name of the dataset's reader, e.g. an
     ImageSets/Main list for VOC) or ``dataset.val_split``."""
-    from mdk.engine.build import build_data
-    from mdk.world import World
-
     # One pass reads each image once anyway; caching would also decode the whole train split.
     patch: dict[str, Any] = {"cache_images": False}
     if split:
@@ -220,9 +212,6 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
 def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer",
                   split: Optional[str] = None) -> dict[str, Any]:
     """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process)."""
-    from mdk.engine.build import build_loss
-    from mdk.eval.distributed import evaluate
-
     loaded = load_any(path, overrides, runtime)
     cfg = loaded.cfg
     ds = build_split(cfg, loaded.model, split)

@@ -21,8 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from mdk.compose import CONF_DIR, compose
-from mdk.sched.curve import (SchedulerSource, build_scheduler, lr_curve,  # noqa: F401
-                             plot_lr_curve, plot_lr_curves)
+from mdk.sched.curve import lr_curve, plot_lr_curves
 
 log = logging.getLogger(__name__)
 

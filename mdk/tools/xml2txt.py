@@ -12,7 +12,8 @@ import logging
 from typing import Sequence
 
 from mdk.data.index import build_meta, ensure_meta
-from mdk.data.voc import DataError, VOCReader
+from mdk.data.voc import VOCReader
+from mdk.errors import DataError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
