@@ -45,7 +45,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.engine.align import alignment_config, perturb, train_rank
+from mdk.engine.align_rank import alignment_config, perturb, train_rank
 
 log = logging.getLogger("launchers.align")
 
@@ -71,7 +71,7 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     times (1 + noise_floor * N(0, 1)), against world 1. That is how far this configuration's
     training carries a rounding-sized change without any DDP involved: no split can be expected
     to end closer than that."""
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
     from mdk.engine import build
     from mdk.tools.ckpt_diff import diff_state_dicts
     from mdk.world import World

@@ -4,8 +4,8 @@
 * the lower floors (data, models, quant, sched, eval, sinks) import neither the engine nor the
   command-line tools, and the engine does not import the tools;
 * one owner per concept: Hydra composition only in mdk/compose.py, the process environment
-  (RANK, LOCAL_RANK, WORLD_SIZE, SLURM_*) only in launchers/env.py, the checkpoint file names
-  only in the stage checkpointer;
+  (RANK, LOCAL_RANK, WORLD_SIZE, SLURM_*) only in launchers/processes/env.py, the checkpoint file
+  names only in the stage checkpointer;
 * small files: at most 300 lines of Python each.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_no_import_goes_up_a_floor():
     (r"\bhydra\.compose\b|\binitialize_config_dir\b|from hydra import [^\n]*\bcompose\b",
      "mdk/compose.py"),
     (r"[\"'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|SLURM_PROCID|SLURM_NTASKS)[\"']",
-     "launchers/env.py"),
+     "launchers/processes/env.py"),
     (r"[\"'](best|last)\.pth[\"']", "mdk/stage_checkpoint.py"),
 ], ids=["composition", "process-environment", "checkpoint-names"])
 def test_one_owner_per_concept(pattern, owner):

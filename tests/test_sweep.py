@@ -18,12 +18,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, run_cmd_env
-from launchers import sweep_summary as ss
-from launchers.requeue import check_resources_not_swept, pin_job_dir, stop_on_signals
+from launchers.hydra_app.submitit_requeue import (check_resources_not_swept, pin_job_dir,
+                                                  stop_on_signals)
+from launchers.reports import sweep_summary as ss
 from mdk import stop
+from mdk.engine.loop import HookBase, Trainer
 from mdk.engine.result import StageResult
 from mdk.engine.stop_hook import StopOnRequestHook
-from mdk.engine.loop import HookBase, Trainer
 
 QUICK = [*TINY, "trainer.epochs=1", "trainer.limit_train_batches=2"]
 

@@ -1,5 +1,6 @@
 """Results over seeds: the aggregate table a sweep with a seed axis prints after its per-job table
-(launchers/sweep_stats.py) and the quantization bars judged on the means (launchers/sweep_bars.py).
+(launchers/reports/sweep_stats.py) and the quantization bars judged on the means
+(launchers/reports/sweep_bars.py).
 
 Unit tests build result.json trees the way the job callback writes them (``job_record``) with known
 numbers; the end-to-end test runs a real ``python run.py -m seed=0,1 pipeline=[...]``.
@@ -14,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import TINY
-from launchers import sweep_bars, sweep_stats
-from launchers import sweep_summary as ss
+from launchers.reports import sweep_bars, sweep_stats
+from launchers.reports import sweep_summary as ss
 from mdk.engine.result import StageResult
 from mdk.stage import stage_spec
 from test_sweep import run_py

@@ -68,7 +68,7 @@ def _export_repo_on_pythonpath() -> None:
     """Jobs unpickle this launcher and the task, which import ``launchers``/``mdk``/``hydra_plugins``
     from the repo: PYTHONPATH (passed on by sbatch --export=ALL and the local executor) gets the
     repo and the plugin folder, so `python /path/to/run.py -m ...` works from any directory."""
-    from launchers.plugin_path import add_plugin_path
+    from launchers.hydra_app.plugin_path import add_plugin_path
 
     add_plugin_path(export=True)
 
@@ -90,9 +90,9 @@ def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequen
 
 def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
     """A job on several nodes meets where SLURM puts it (submitit: the job's first node, a port
-    seeded by the job id; ``launchers.env`` reads the same), so ``dist.dist_url=auto``, which
-    ``validate`` refuses for ``dist.nodes>1`` (there is no machine 0 to guess), is replaced by that
-    address in the job's config: it passes the check and the run's config says where it met."""
+    seeded by the job id; ``launchers.processes.env`` reads the same), so ``dist.dist_url=auto``,
+    which ``validate`` refuses for ``dist.nodes>1`` (there is no machine 0 to guess), is replaced by
+    that address in the job's config: it passes the check and the run's config says where it met."""
     if int(cfg.dist.nodes) > 1 and str(cfg.dist.dist_url) == "auto":
         with open_dict(cfg):
             cfg.dist.dist_url = f"{master_addr}:{master_port}"

@@ -6,14 +6,15 @@ How it works, the same with every launcher (basic, submitit_local, submitit_slur
   run in the job's process, on the cluster node for SLURM): status ``running`` first, then
   ``completed`` or ``failed`` with the error. A job killed hard stays ``running``, which the
   table shows as ``incomplete``;
-* a job that raises must not stop the sweep: ``run_guarded`` (called by ``launchers.entry``)
-  turns the exception into a ``failed`` result in multirun mode. Without it Hydra's basic sweeper
-  re-raises the first failure after the batch and never calls ``on_multirun_end``;
-* ``on_multirun_end`` (launching process) reads every ``*/result.json`` under the sweep dir,
-  prints the table (and, when a seed is swept, the aggregate over seeds of ``launchers.sweep_stats``),
-  saves ``sweep_summary.txt`` / ``sweep_summary.json`` there and raises
-  ``SweepFailedError`` (a SystemExit: Hydra only warns about Exceptions raised in callbacks) when a
-  job failed, so the command exits with status 1 after the table.
+* a job that raises must not stop the sweep: ``run_guarded`` (called by
+  ``launchers.hydra_app.entry``) turns the exception into a ``failed`` result in multirun mode.
+  Without it Hydra's basic sweeper re-raises the first failure after the batch and never calls
+  ``on_multirun_end``;
+* ``on_multirun_end`` (launching process) reads every ``*/result.json`` under the sweep dir, prints
+  the table (and, when a seed is swept, the aggregate over seeds of
+  ``launchers.reports.sweep_stats``), saves ``sweep_summary.txt`` / ``sweep_summary.json`` there and
+  raises ``SweepFailedError`` (a SystemExit: Hydra only warns about Exceptions raised in callbacks)
+  when a job failed, so the command exits with status 1 after the table.
 
 ``on_multirun_start`` refuses a sweep dir that already holds a sweep's jobs (two sweeps started
 in the same second share the default timestamped dir): pass another ``hydra.sweep.dir``, or
@@ -34,8 +35,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.env import detect
-from launchers.sweep_stats import aggregate, compact_stages, format_aggregate
+from launchers.processes.env import detect
+from launchers.reports.sweep_stats import aggregate, compact_stages, format_aggregate
 from mdk.engine.result import StageResult
 
 log = logging.getLogger(__name__)
