@@ -104,7 +104,7 @@ def main() -> None:
 
 def compare(args: argparse.Namespace, out: Path) -> None:
     """Time each world on the same global batch, data generated under ``out``; print the ratios."""
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
     from launchers.align import compose_config
 
     base = compose_config([*DEFAULTS, f"paths.data={out}/data", *args.overrides])

@@ -45,16 +45,19 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.engine.align import alignment_config, perturb, train_rank
+from launchers.processes.spawn import run_ranks
+from mdk.compose import compose
+from mdk.config import validate
+from mdk.engine import build
+from mdk.engine.align_rank import alignment_config, perturb, train_rank
+from mdk.tools.ckpt_diff import diff_state_dicts, format_table
+from mdk.world import World
 
 log = logging.getLogger("launchers.align")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The real conf/ plus ``overrides``, resolved into a plain config (no Hydra run needed)."""
-    from mdk.compose import compose
-    from mdk.config import validate
-
     cfg = compose(overrides)
     validate(cfg)
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -71,11 +74,6 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     times (1 + noise_floor * N(0, 1)), against world 1. That is how far this configuration's
     training carries a rounding-sized change without any DDP involved: no split can be expected
     to end closer than that."""
-    from launchers.spawn import run_ranks
-    from mdk.engine import build
-    from mdk.tools.ckpt_diff import diff_state_dicts
-    from mdk.world import World
-
     for w in worlds:
         if batch_size % w:
             raise SystemExit(f"align: --batch-size {batch_size} does not divide by world {w}")
@@ -112,8 +110,6 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from mdk.tools.ckpt_diff import format_table
-
     ap = argparse.ArgumentParser(prog="python -m launchers.align", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", default="2", help="world sizes to compare with world 1, e.g. 2,4")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from launchers.errors import user_error_line
+from launchers.hydra_app.user_error_line import user_error_line
 from mdk.errors import user_errors
 from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot
 
@@ -123,7 +123,7 @@ def test_checkpoint_folder_is_a_file(tmp_path, capsys):
 
 
 def test_user_error_raised_inside_a_rank_is_one_line_naming_the_rank():
-    class RankFailedError(RuntimeError):  # what launchers.spawn raises, by name
+    class RankFailedError(RuntimeError):  # what launchers.processes.spawn raises, by name
         pass
 
     tb = ("rank 1 failed (log: /r/rank1.log):\nTraceback (most recent call last):\n  File x\n"

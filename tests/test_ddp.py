@@ -118,7 +118,7 @@ def test_two_machines_simulated_on_localhost(tmp_path):
 
 
 def test_distributed_eval_equals_single_process_with_odd_val_size(tmp_path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
 
     cfg1 = tiny_cfg(tmp_path, num_val=23)  # 23 images: not divisible by 2
     single = eval_rank(cfg1, tmp_path, World())
@@ -154,12 +154,12 @@ def test_real_command_crashing_rank_shows_its_traceback_not_the_parents(tmp_path
     assert "rank 1 failed" in err and "Traceback (most recent call last)" in err
     assert "InjectedError: MDK_FAULT: injected error at iter 2 on rank 1" in err
     assert "mdk/faults.py" in err  # the failing rank's own frames
-    assert "launchers/entry.py" not in err and "Error executing job" not in err
+    assert "launchers/hydra_app/entry.py" not in err and "Error executing job" not in err
     assert took < 45, f"took {took:.0f}s"
 
 
 def test_crashing_rank_stops_the_others_and_its_traceback_is_reported(tmp_path):
-    from launchers.spawn import RankFailedError, run_ranks
+    from launchers.processes.spawn import RankFailedError, run_ranks
 
     cfg = tiny_cfg(tmp_path, "dist.gpus=2", "dist.timeout_s=120")
     run = tmp_path / "run"

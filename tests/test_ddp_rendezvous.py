@@ -9,9 +9,9 @@ from collections import namedtuple
 import pytest
 import torch
 
-from launchers import spawn
-from launchers.join import join_external
-from launchers.rendezvous import RendezvousError, check_in, connect, host_store, parse_url
+from launchers.processes import spawn
+from launchers.processes.join import join_external
+from launchers.processes.rendezvous import RendezvousError, check_in, connect, host_store, parse_url
 from mdk.data.samplers import GlobalBatchSampler
 
 
@@ -146,7 +146,7 @@ def test_env_started_rank_that_cannot_meet_the_others_names_master_addr(rank, mo
     """RANK/WORLD_SIZE/MASTER_* set by torchrun or another launcher: rank 1 facing a closed
     port, or rank 0 left alone, ends in one RendezvousError naming the address and what to
     check, after dist.timeout_s, not a torch traceback or a hang."""
-    from launchers.env import ProcessEnv
+    from launchers.processes.env import ProcessEnv
     from test_ddp_helpers import tiny_cfg
 
     port = _closed_port()

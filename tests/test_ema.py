@@ -244,7 +244,7 @@ def ema_ddp_rank(cfg, run_dir: Path, world) -> dict:
 
 @pytest.mark.ddp
 def test_ranks_agree_on_parameters_and_buffers_follow_rank0(tmp_path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
 
     cfg = compose([*TINY, "dist.gpus=2", "trainer.device=cpu", f"paths.data={tmp_path}/d"])
     (tmp_path / "run").mkdir()

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mdk.config import validate
+from mdk.engine.align_rank import _double_inputs
 from mdk.errors import ConfigError
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
-from mdk.engine.align import _double_inputs
 from test_ddp_helpers import ORDER_SENSITIVE, ordered_sum_rank, tiny_cfg
 
 
@@ -76,7 +76,7 @@ def test_exact_mode_refuses_batchnorm_and_bad_chunks(tmp_path):
 def test_ordered_sum_adds_in_global_order_for_every_world_size(tmp_path, world):
     """The same parts split over 2 or 4 ranks sum to the one-process left-to-right result on
     every rank; an all-reduce of per-rank sums does not (the values are chosen so order shows)."""
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
 
     one = torch.tensor([ORDER_SENSITIVE[0]], dtype=torch.float32)
     for v in ORDER_SENSITIVE[1:]:
@@ -112,7 +112,7 @@ def test_align_exact_mode_is_bit_identical_for_worlds_1_2_4(tmp_path):
 def test_sync_bn_on_gloo_equals_one_process_batchnorm(tmp_path):
     """dist.sync_bn on CPU: 2 ranks with 4 images each normalise, back-propagate and update
     running statistics exactly as one BatchNorm2d on all 8 (float64, two steps)."""
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
     from test_ddp_helpers import bn_batch, global_bn_rank
 
     (tmp_path / "run").mkdir()
@@ -149,7 +149,7 @@ def test_exact_chunk_quantized_stage_of_a_bn_model_is_world_size_invariant(tmp_p
     and activations) on 1 and on 2 processes ends with the same bits."""
     import shutil
 
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
     from mdk.engine.runner import run_stage, stage_on_rank
     from mdk.stage import stage_config
 

@@ -69,7 +69,7 @@ def _run(argv: list[str], env: dict) -> tuple[int, str, float, float]:
     try:
         error_at = None
         for line in proc.stdout:
-            if error_at is None and "][ERROR] - " in line and "launchers.entry" in line:
+            if error_at is None and "][ERROR] - " in line and "launchers.hydra_app.entry" in line:
                 error_at = time.monotonic()
         status = proc.wait(timeout=TOTAL_S)
         end = time.monotonic()

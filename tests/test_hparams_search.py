@@ -1,5 +1,5 @@
 """Hyperparameter search: `python run.py -m hparams_search=<name>` (an Optuna study through
-hydra-optuna-sweeper) and the objective a run returns (launchers/objective.py).
+hydra-optuna-sweeper) and the objective a run returns (launchers/hydra_app/objective.py).
 
 The study test runs the shipped search config on the tiny model; SLURM runs of a study are in
 test_slurm_search.py.
@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, compose, run_cmd_env
-from launchers.objective import FailedRun, StageResults, with_objective
+from launchers.hydra_app.objective import FailedRun, StageResults, with_objective
 from mdk.engine.result import StageResult
 
 # optuna 2.10's study storage on SQLAlchemy 1.4 (pinned: its RDB storage fails on 2.x) warns on

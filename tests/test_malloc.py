@@ -1,4 +1,4 @@
-"""launchers.malloc: freed tensor memory is reused instead of being re-faulted from the kernel."""
+"""launchers.processes.malloc: freed tensor memory is reused, not re-faulted from the kernel."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ PROBE = """
 import resource, sys
 sys.path.insert(0, {repo!r})
 if sys.argv[1] == "tuned":
-    from launchers.malloc import tune_malloc
+    from launchers.processes.malloc import tune_malloc
     assert tune_malloc()
 import torch
 torch.ones(1)
@@ -43,7 +43,7 @@ def test_tuned_process_reuses_freed_memory():
 
 
 def test_children_inherit_the_setting():
-    from launchers.malloc import tune_malloc
+    from launchers.processes.malloc import tune_malloc
 
     saved = {k: os.environ.pop(k, None) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
     try:
@@ -59,7 +59,7 @@ def test_children_inherit_the_setting():
 
 
 def test_opt_out(monkeypatch):
-    from launchers.malloc import tune_malloc
+    from launchers.processes.malloc import tune_malloc
 
     monkeypatch.setenv("MDK_MALLOC_TUNE", "0")
     assert tune_malloc() is False

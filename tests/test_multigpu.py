@@ -18,7 +18,7 @@ CUDA = ("trainer.device=cuda", "trainer.deterministic=true")
 
 
 def test_ordered_sum_over_nccl_adds_in_global_order(tmp_path: Path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
 
     (tmp_path / "run").mkdir()
     res = run_ranks(tiny_cfg(tmp_path, "dist.gpus=2", *CUDA), tmp_path / "run", ordered_sum_rank)
@@ -38,7 +38,7 @@ def test_exact_mode_alignment_on_two_gpus_is_bit_identical(tmp_path: Path):
 
 
 def test_distributed_eval_on_two_gpus_equals_one(tmp_path: Path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
 
     single = eval_rank(tiny_cfg(tmp_path, *CUDA, num_val=23), tmp_path, World())
     (tmp_path / "run").mkdir()
@@ -65,7 +65,7 @@ def sync_bn_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
 
 
 def test_sync_bn_on_cuda_normalises_over_the_global_batch(tmp_path: Path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
 
     (tmp_path / "run").mkdir()
     res = run_ranks(tiny_cfg(tmp_path, "dist.gpus=2", *CUDA), tmp_path / "run", sync_bn_rank)

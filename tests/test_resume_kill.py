@@ -147,7 +147,8 @@ def test_two_processes_kill_a_rank_then_resume_equals_uninterrupted(reference):
     assert after < 15, f"{after:.1f}s from the kill to the exit"
     assert p.returncode == 1 and "rank 1 was killed by SIGKILL before it could report" in p.stderr, \
         p.stderr[-2000:]
-    assert "launchers/entry.py" not in p.stderr  # the cause, not the parent's waiting frames
+    # the cause, not the parent's waiting frames
+    assert "launchers/hydra_app/entry.py" not in p.stderr
     assert ckpt(tmp, "w2")["trainer"]["iter"] == 4
     p = run(tmp, "w2", data, "", *two)
     assert p.returncode == 0, p.stderr[-3000:]

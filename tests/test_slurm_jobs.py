@@ -80,7 +80,7 @@ def test_scheduler_sweep_runs_both_jobs_on_slurm(slurm_cluster, data, tmp_path):
 
 @pytest.mark.slow
 def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster, data, tmp_path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
     from mdk.engine.runner import stage_on_rank
 
     sweep = tmp_path / "sweep"
@@ -103,7 +103,8 @@ def test_two_task_job_is_one_ddp_run_like_a_local_two_process_run(slurm_cluster,
     assert proc.returncode == 0, out[-4000:]
     job = sweep / "0"
     assert [(j["job"], j["status"]) for j in _jobs(sweep)] == [("0", "completed")]
-    # Rank/world came from the SLURM task environment (launchers/env.py), one run dir for both.
+    # Rank/world came from the SLURM task environment (launchers/processes/env.py), one run dir
+    # for both.
     assert "slurm: 2 CPU worker processes with gloo" in read_text(job / "rank0.log")
     ck = _weights(job)
     # Both ranks took part in every step (the RNG gather before each save is a collective), and

@@ -38,8 +38,9 @@ def test_namespace_hosts_have_own_names_and_reach_each_other(namespace_hosts):
     addrs = subprocess.run(hs.prefix(0, "ip -4 -o addr"), capture_output=True, text=True).stdout
     assert re.findall(r"inet (\S+)", addrs) == ["127.0.0.1/8", f"{hs.addr(0)}/24"]  # nothing else
     # gloo is bound to the interface that reaches the rendezvous host, on either side of it
-    probe = (f"{sys.executable} -c 'import sys; sys.path.insert(0, \"{REPO}\"); from launchers."
-             "rendezvous import interface_towards as f; print(f(\"node0\", 29500))'")
+    probe = (f"{sys.executable} -c 'import sys; sys.path.insert(0, \"{REPO}\"); "
+             "from launchers.processes.rendezvous import interface_towards as f; "
+             "print(f(\"node0\", 29500))'")
     for i in (0, 1):
         res = subprocess.run(hs.prefix(i, probe), capture_output=True, text=True, timeout=60)
         assert res.stdout.strip() == "eth0", res.stderr[-500:]
@@ -64,7 +65,7 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_two_node_job_trains_the_one_process_model_bit_for_bit(slurm_two_nodes, data, tmp_path):
-    from launchers.spawn import run_ranks
+    from launchers.processes.spawn import run_ranks
     from mdk.engine.runner import stage_on_rank
 
     cluster = slurm_two_nodes

@@ -18,12 +18,15 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, run_cmd_env
-from launchers import sweep_summary as ss
-from launchers.requeue import check_resources_not_swept, pin_job_dir, stop_on_signals
+from launchers.hydra_app import job
+from launchers.hydra_app import sweep_summary as ss
+from launchers.hydra_app.submitit_requeue import (check_resources_not_swept, pin_job_dir,
+                                                  stop_on_signals)
+from launchers.reports import sweep_results
 from mdk import stop
+from mdk.engine.loop import HookBase, Trainer
 from mdk.engine.result import StageResult
 from mdk.engine.stop_hook import StopOnRequestHook
-from mdk.engine.loop import HookBase, Trainer
 
 QUICK = [*TINY, "trainer.epochs=1", "trainer.limit_train_batches=2"]
 
@@ -33,7 +36,7 @@ def test_job_record_of_a_pipeline_takes_last_scored_stage_and_sums_time():
     stages = [StageResult("step1", best_map50=0.5, final_loss=2.0, time_s=3.0),
               StageResult("cal", time_s=1.5),
               StageResult("step3", best_map50=0.25, final_loss=1.5, time_s=2.0)]
-    rec = ss.job_record(stages, ["scheduler=step"], started=0.0)
+    rec = sweep_results.job_record(stages, ["scheduler=step"], started=0.0)
     assert (rec["status"], rec["best_map50"], rec["final_loss"], rec["time_s"]) == \
         ("completed", 0.25, 1.5, 6.5)
     assert rec["overrides"] == ["scheduler=step"]
@@ -44,11 +47,11 @@ def test_job_record_of_failures_keeps_the_error_and_traceback():
         raise ValueError("bad value for x")
     except ValueError as e:
         exc = e
-    rec = ss.job_record(exc, [], started=0.0)
+    rec = sweep_results.job_record(exc, [], started=0.0)
     assert rec["status"] == "failed" and rec["error"] == "ValueError: bad value for x"
     assert "raise ValueError" in rec["traceback"]
     guarded = {"status": "failed", "error": "ConfigError: x", "traceback": "tb"}
-    assert ss.job_record(guarded, [], 0.0)["error"] == "ConfigError: x"
+    assert sweep_results.job_record(guarded, [], 0.0)["error"] == "ConfigError: x"
 
 
 def _result(d: Path, **rec) -> None:
@@ -63,10 +66,10 @@ def test_table_shows_swept_keys_and_marks_failed_and_incomplete_jobs(tmp_path):
     _result(tmp_path / "1", status="failed", overrides=[*common, "scheduler=step", "scheduler.warmup.iters=200"],
             error="ConfigError: trainer.eval_every=0 must be >= 1\nmore")
     _result(tmp_path / "10", status="running", overrides=[*common, "scheduler=cosine", "scheduler.warmup.iters=0"])
-    rows = ss.collect_results(tmp_path)
+    rows = sweep_results.collect_results(tmp_path)
     assert [r["job"] for r in rows] == ["0", "1", "10"]  # numeric order, not "0, 1, 10" by accident
     assert [r["status"] for r in rows] == ["completed", "failed", "incomplete"]
-    lines = ss.format_table(rows, tmp_path).splitlines()
+    lines = sweep_results.format_table(rows, tmp_path).splitlines()
     assert lines[0].split() == ["job", "scheduler", "scheduler.warmup.iters", "best", "mAP@0.5",
                                 "final", "loss", "time", "s", "status"]
     assert lines[1].split() == ["0", "step", "0", "0.1250", "3.2500", "12.0", "completed", "(2", "runs)"]
@@ -112,17 +115,17 @@ def test_run_guarded_records_errors_only_in_multirun(monkeypatch):
         raise ValueError("nope")
 
     with pytest.raises(ValueError):
-        ss.run_guarded(boom, None)  # a single run raises as before
-    monkeypatch.setattr(ss, "is_multirun", lambda: True)
-    out = ss.run_guarded(boom, None)
+        job.run_guarded(boom, None)  # a single run raises as before
+    monkeypatch.setattr(job, "is_multirun", lambda: True)
+    out = job.run_guarded(boom, None)
     assert out["status"] == "failed" and out["error"] == "ValueError: nope"
-    assert ss.run_guarded(lambda c: (_ for _ in ()).throw(SystemExit("config error: x")), None)["error"] \
-        == "SystemExit: config error: x"
+    config_error = job.run_guarded(lambda c: (_ for _ in ()).throw(SystemExit("config error: x")), None)
+    assert config_error["error"] == "SystemExit: config error: x"
     for exc in (SystemExit(-1), stop.StopRequested("SIGTERM", 3), KeyboardInterrupt()):
         def raiser(cfg, exc=exc):
             raise exc
         with pytest.raises(type(exc)):  # requeue exits and preemption stops end the process
-            ss.run_guarded(raiser, None)
+            job.run_guarded(raiser, None)
 
 
 # --- requeue: same job dir, resources --------------------------------------------------------

@@ -1,5 +1,5 @@
 """Fail before the queue: a sweep's jobs get a single run's config checks before any job starts
-(launchers/sweep_check.py), whatever the launcher."""
+(launchers/hydra_app/sweep_check.py), whatever the launcher."""
 from __future__ import annotations
 
 import subprocess
@@ -12,7 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
 from conftest import REPO, TINY, run_cmd_env
-from launchers.sweep_check import SweepConfigError, check_job, check_sweep, sweep_jobs
+from launchers.hydra_app.sweep_check import SweepConfigError, check_job, check_sweep, sweep_jobs
 from mdk.errors import ConfigError
 
 SHADOW_WARNING = "ignore:(?s).*validated against ConfigStore schema with the same name:UserWarning"

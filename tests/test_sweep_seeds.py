@@ -1,5 +1,6 @@
 """Results over seeds: the aggregate table a sweep with a seed axis prints after its per-job table
-(launchers/sweep_stats.py) and the quantization bars judged on the means (launchers/sweep_bars.py).
+(launchers/reports/sweep_stats.py) and the quantization bars judged on the means
+(launchers/reports/sweep_bars.py).
 
 Unit tests build result.json trees the way the job callback writes them (``job_record``) with known
 numbers; the end-to-end test runs a real ``python run.py -m seed=0,1 pipeline=[...]``.
@@ -14,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import TINY
-from launchers import sweep_bars, sweep_stats
-from launchers import sweep_summary as ss
+from launchers.hydra_app import sweep_summary as ss
+from launchers.reports import sweep_bars, sweep_results, sweep_stats
 from mdk.engine.result import StageResult
 from mdk.stage import stage_spec
 from test_sweep import run_py
@@ -31,13 +32,13 @@ def _job(root: Path, n: int, overrides: list[str], maps: dict[str, float] | None
     if status:  # e.g. "running": killed before on_job_end
         rec = {"status": status, "overrides": overrides}
     elif fail:
-        rec = ss.job_record(RuntimeError(fail), overrides, started=0.0)
+        rec = sweep_results.job_record(RuntimeError(fail), overrides, started=0.0)
     else:
         stages = [StageResult(stage=s, checkpoints=f"{d}/checkpoints/{s}", best_map50=m,
                               best_epoch=None if s == "cal" else 3 + i, final_loss=loss + i,
                               time_s=10.0 * (i + 1), bar=stage_spec(s).bar)
                   for i, (s, m) in enumerate((maps or {}).items())]
-        rec = ss.job_record(stages, overrides, started=0.0)
+        rec = sweep_results.job_record(stages, overrides, started=0.0)
     (d / "result.json").write_text(json.dumps(rec))
 
 
@@ -62,7 +63,7 @@ def seeds_by_scheduler(tmp_path: Path) -> Path:
 
 
 def test_mean_sample_std_min_max_n_per_group_and_stage(seeds_by_scheduler):
-    agg = sweep_stats.aggregate(ss.collect_results(seeds_by_scheduler))
+    agg = sweep_stats.aggregate(sweep_results.collect_results(seeds_by_scheduler))
     assert agg["seeds"] == ["0", "1", "2"] and agg["group_by"] == ["scheduler"]
     step, cosine = agg["groups"]
     assert step["overrides"] == {"scheduler": "step"} and step["jobs"] == ["0", "2", "4"]
@@ -119,7 +120,7 @@ def test_aggregate_table_rows_left_out_and_per_job_table_unchanged(seeds_by_sche
 
 
 def test_bars_are_judged_on_the_means_with_their_spread(seeds_by_scheduler):
-    agg = sweep_stats.aggregate(ss.collect_results(seeds_by_scheduler))
+    agg = sweep_stats.aggregate(sweep_results.collect_results(seeds_by_scheduler))
     step, cosine = agg["groups"]
     b3, b4 = step["bars"]
     assert (b3["bar"], b3["met"]) == ("step3 >= step1 - 0.02 (2 points)", True)
@@ -148,7 +149,7 @@ def test_a_bar_met_exactly_is_met_and_each_bar_needs_both_stages(tmp_path):
     for s, (a, b) in enumerate([(0.89, 0.87), (0.89, 0.87)]):
         _job(tmp_path, s, [f"seed={s}", "pipeline=[step1,step2,cal,step3]"],
              {"step1": a, "step2": a, "cal": 0.5, "step3": b})
-    groups = sweep_stats.aggregate(ss.collect_results(tmp_path))["groups"]
+    groups = sweep_stats.aggregate(sweep_results.collect_results(tmp_path))["groups"]
     assert [(b["stage"], b["met"], b["met_per_seed"]) for b in groups[0]["bars"]] == [("step3", True, 2)]
     # the bars are the stage records' own (conf/step/step3.yaml, step4.yaml)
     assert [str(sweep_bars.Bar.from_record(s, stage_spec(s).bar)) for s in ("step3", "step4")] == [
@@ -159,13 +160,13 @@ def test_seed_spellings_and_sweeps_without_a_seed_axis(tmp_path):
     for s in (0, 1):
         _job(tmp_path / "plus", s, [f"++seed={s}", "optim.lr=0.1"], {"step1": 0.5 + s / 10})
         _job(tmp_path / "none", s, ["seed=3", f"optim.lr={s}"], {"step1": 0.5})
-    agg = sweep_stats.aggregate(ss.collect_results(tmp_path / "plus"))
+    agg = sweep_stats.aggregate(sweep_results.collect_results(tmp_path / "plus"))
     assert agg["seeds"] == ["0", "1"] and agg["group_by"] == []
     assert agg["groups"][0]["stages"]["step1"]["best_map50"]["mean"] == pytest.approx(0.55)
     text = sweep_stats.format_aggregate(agg)
     assert text.splitlines()[0].endswith("per metric and stage")  # nothing else swept: no grouping
     assert "quantization bars" not in text  # step1 alone: no bar has both its stages
-    assert sweep_stats.aggregate(ss.collect_results(tmp_path / "none")) is None
+    assert sweep_stats.aggregate(sweep_results.collect_results(tmp_path / "none")) is None
     ss.SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "none")}}}))
     assert "over seeds" not in (tmp_path / "none" / "sweep_summary.txt").read_text()
     assert "aggregate" not in json.loads((tmp_path / "none" / "sweep_summary.json").read_text())
@@ -178,7 +179,7 @@ def test_a_group_whose_jobs_all_failed_and_an_unreadable_job_say_so(tmp_path):
     _job(tmp_path, 3, ["seed=1", "optim.lr=9"], fail="NaN loss")
     (tmp_path / "4").mkdir()
     (tmp_path / "4" / "result.json").write_text("{trunc")  # unreadable: no overrides to group by
-    agg = sweep_stats.aggregate(ss.collect_results(tmp_path))
+    agg = sweep_stats.aggregate(sweep_results.collect_results(tmp_path))
     assert agg["group_by"] == ["optim.lr"] and agg["unplaced"] == ["4"]
     text = sweep_stats.format_aggregate(agg)
     assert "left out of every group: job 4 (its result.json gives no overrides)" in text

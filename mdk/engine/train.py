@@ -131,7 +131,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             EMAHook(ema) if ema is not None else None,
                             EvalHook(evaluate, cfg.trainer.eval_every), ckpt,
                             ReportHook(reporter, ckpt, ctx.step_offset) if reporter else None,
-                            # after ckpt: a stop request (preemption signal, launchers/requeue.py)
+                            # after ckpt: a stop request (preemption signal, launchers/hydra_app/submitit_requeue.py)
                             # writes last.pth at the next step and leaves the loop
                             StopOnRequestHook(ckpt.save_last)])
     # What last.pth holds, saved and resumed by walking the same names (RNG last: restored

@@ -10,13 +10,13 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.env import detect
-from launchers.errors import user_error_line
-from launchers.malloc import tune_malloc
-from launchers.objective import with_objective
-from launchers.spawn import RankFailedError, run_ranks
-from launchers.summary import print_summary
-from launchers.sweep_summary import is_multirun, run_guarded
+from launchers.hydra_app.job import is_multirun, run_guarded
+from launchers.hydra_app.objective import with_objective
+from launchers.hydra_app.user_error_line import user_error_line
+from launchers.processes.env import detect
+from launchers.processes.malloc import tune_malloc
+from launchers.processes.spawn import RankFailedError, run_ranks
+from launchers.reports.run_summary import print_summary
 from mdk import faults
 from mdk.config import validate
 from mdk.engine.result import StageResult
@@ -39,8 +39,9 @@ def run(cfg: DictConfig) -> Any:
     tune_malloc()  # again here: submitit/SLURM jobs reach run() without run.py's top level
     try:
         # Multirun: a failing job returns a "failed" result instead of raising, so the other jobs
-        # still run and the sweep table shows it (launchers/sweep_summary.py).
-        # With an `objective` (searches): float() of the result is the metric (launchers/objective.py).
+        # still run and the sweep table shows it (launchers/hydra_app/job.py).
+        # With an `objective` (searches): float() of the result is the metric
+        # (launchers/hydra_app/objective.py).
         return with_objective(cfg, run_guarded(_run, cfg))
     except Exception as e:
         line = user_error_line(e)

@@ -8,7 +8,7 @@ is incomplete is left out of its group's numbers and counted in the ``left out``
 
 The seed key is ``seed`` (``+seed=`` / ``++seed=`` spell the same override). When the jobs ran
 stages the quantization bars name (step1, step3, step4), the bars are judged on the group means
-(``launchers.sweep_bars``).
+(``launchers.reports.sweep_bars``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import statistics
 from collections import Counter
 from typing import Any, Iterable, Optional
 
-from launchers.sweep_bars import Bar, check_bars, format_bar
+from launchers.reports.sweep_bars import Bar, check_bars, format_bar
 from mdk.engine.result import StageResult
 
 log = logging.getLogger(__name__)

@@ -32,6 +32,9 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.hydra_app.plugin_path import add_plugin_path
+from mdk.stop import StopRequested, arm, clear_stop, request_stop
+
 log = logging.getLogger(__name__)
 
 JOBDIRS = Path(".submitit") / "jobdirs"
@@ -68,8 +71,6 @@ def _export_repo_on_pythonpath() -> None:
     """Jobs unpickle this launcher and the task, which import ``launchers``/``mdk``/``hydra_plugins``
     from the repo: PYTHONPATH (passed on by sbatch --export=ALL and the local executor) gets the
     repo and the plugin folder, so `python /path/to/run.py -m ...` works from any directory."""
-    from launchers.plugin_path import add_plugin_path
-
     add_plugin_path(export=True)
 
 
@@ -90,9 +91,9 @@ def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequen
 
 def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
     """A job on several nodes meets where SLURM puts it (submitit: the job's first node, a port
-    seeded by the job id; ``launchers.env`` reads the same), so ``dist.dist_url=auto``, which
-    ``validate`` refuses for ``dist.nodes>1`` (there is no machine 0 to guess), is replaced by that
-    address in the job's config: it passes the check and the run's config says where it met."""
+    seeded by the job id; ``launchers.processes.env`` reads the same), so ``dist.dist_url=auto``,
+    which ``validate`` refuses for ``dist.nodes>1`` (there is no machine 0 to guess), is replaced by
+    that address in the job's config: it passes the check and the run's config says where it met."""
     if int(cfg.dist.nodes) > 1 and str(cfg.dist.dist_url) == "auto":
         with open_dict(cfg):
             cfg.dist.dist_url = f"{master_addr}:{master_port}"
@@ -102,8 +103,6 @@ def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
 def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
     """While inside: the signals ask the training loop to save and stop. Yields a dict of the
     previous handlers by signal number, plus the signal that arrived under ``"received"``."""
-    from mdk.stop import arm, request_stop  # here: Hydra imports this module at every start
-
     prev: dict[Any, Any] = {s: signal.getsignal(s) for s in signums}
 
     def handler(signum: int, frame: Any) -> None:
@@ -147,9 +146,7 @@ class RequeueMixin:
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
                  singleton_state: dict) -> JobReturn:
-        import submitit
-
-        from mdk.stop import StopRequested, clear_stop
+        import submitit  # here, as the plugin does: Hydra loads this module at every start
 
         Singleton.set_state(singleton_state)
         setup_globals()

@@ -26,7 +26,7 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.requeue import slurm_dist_url
+from launchers.hydra_app.submitit_requeue import slurm_dist_url
 from mdk.config import validate
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
@@ -56,8 +56,8 @@ def sweep_jobs(config: DictConfig) -> Optional[list[list[str]]]:
 
 
 def check_job(cfg: DictConfig, slurm: bool = False) -> None:
-    """What a single run checks before it starts anything (``launchers.entry._run``): the config,
-    then each stage's own config (``+stages.<stage>.*``). Raises ConfigError."""
+    """What a single run checks before it starts anything (``launchers.hydra_app.entry._run``): the
+    config, then each stage's own config (``+stages.<stage>.*``). Raises ConfigError."""
     register_resolvers()
     if slurm:  # the job fills in its first node's address; a stand-in passes the same checks
         slurm_dist_url(cfg, "slurm-node0", 29500)

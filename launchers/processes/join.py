@@ -3,7 +3,7 @@
 Each of those processes went through Hydra itself, so rank 0's resolved config and run dir are
 broadcast and used by every rank (one process resolves the run), and every rank returns rank 0's
 result (entry code that writes a summary then writes the same one). The World comes from the
-environment read once by launchers/env.py: its world size is the real one, whatever
+environment read once by launchers/processes/env.py: its world size is the real one, whatever
 ``dist.gpus * dist.nodes`` says, and the config checks that depend on it run against it.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Callable
 import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.env import ProcessEnv
-from launchers.logs import remove_rank_file_handler, setup_worker_logging
-from launchers.rendezvous import RendezvousError, host_store, init_group
+from launchers.processes.env import ProcessEnv
+from launchers.processes.rank_logs import remove_rank_file_handler, setup_worker_logging
+from launchers.processes.rendezvous import RendezvousError, host_store, init_group
 from mdk.dist_config import check_world
 from mdk.world import World, make_world
 

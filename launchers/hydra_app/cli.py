@@ -13,6 +13,11 @@ import os
 import sys
 from typing import Callable
 
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from mdk.compose import one_line
+
 _USER = "MDK_USER_HYDRA_FULL_ERROR"  # the user's HYDRA_FULL_ERROR, carried into sweep jobs
 
 
@@ -29,11 +34,6 @@ def restore_full_error() -> None:
 
 def run_cli(main: Callable[[], object]) -> None:
     """Run a ``@hydra.main`` function; Hydra/OmegaConf errors become one ``config error`` line."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from mdk.compose import one_line
-
     user = os.environ.get("HYDRA_FULL_ERROR", "")
     os.environ[_USER] = user
     os.environ["HYDRA_FULL_ERROR"] = "1"

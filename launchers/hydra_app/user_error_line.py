@@ -3,16 +3,17 @@
 A bad config, dataset, checkpoint or rendezvous address is not a bug: the user gets one line on
 stderr naming the file/key and what to do, and exit status 1 (``HYDRA_FULL_ERROR=1`` still
 shows the traceback). Which classes those are, and the label of each, is mdk/errors.py's
-(``UserError`` and its subclasses; the rendezvous error joins them from launchers/rendezvous.py).
-Errors raised inside spawned ranks arrive as ``RankFailedError`` carrying the rank's traceback
-text; its last line is matched against the same classes by name.
+(``UserError`` and its subclasses; the rendezvous error joins them from
+launchers/processes/rendezvous.py). Errors raised inside spawned ranks arrive as
+``RankFailedError`` carrying the rank's traceback text; its last line is matched against the same
+classes by name.
 """
 from __future__ import annotations
 
 import re
 from typing import Optional
 
-from launchers.rendezvous import RendezvousError  # noqa: F401  (registers its label)
+from launchers.processes.rendezvous import RendezvousError  # noqa: F401  (registers its label)
 from mdk.errors import error_line, user_errors
 
 

@@ -4,7 +4,9 @@ Returns a ProcessEnv; nothing else in the code base reads RANK / SLURM_* / MASTE
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,7 +37,7 @@ def detect() -> ProcessEnv:
     ntasks = int(e.get("SLURM_NTASKS", "1") or 1)
     if "SLURM_PROCID" in e and ntasks > 1 and e.get("SUBMITIT_EXECUTOR") == "slurm":
         # submitit computes MASTER_ADDR/PORT from the job (port seeded by the job id).
-        import submitit
+        import submitit  # here: only jobs started by submitit need it (run.py loads this module)
 
         te = submitit.helpers.TorchDistributedEnvironment()
         return ProcessEnv("slurm", te.rank, te.local_rank, te.world_size, te.master_addr,
@@ -43,7 +45,7 @@ def detect() -> ProcessEnv:
     if e.get("SUBMITIT_EXECUTOR") == "local" and int(e.get("SUBMITIT_LOCAL_NTASKS", "1") or 1) > 1:
         # hydra/launcher=submitit_local with dist.gpus>1: submitit started one process per task
         # on this machine (without this, each would spawn dist.gpus workers of its own).
-        import submitit
+        import submitit  # here: as above
 
         te = submitit.helpers.TorchDistributedEnvironment()
         return ProcessEnv("submitit_local", te.rank, te.local_rank, te.world_size, "127.0.0.1",
@@ -66,9 +68,6 @@ def leave_torchrun_rank() -> None:
 
 def leave_process() -> None:
     """Flush logs and std streams, then exit with status 0 skipping interpreter teardown."""
-    import logging
-    import sys
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

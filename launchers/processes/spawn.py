@@ -1,11 +1,10 @@
 """Start the ranks of a run: in this process, as local workers, or inside torchrun/SLURM tasks.
 
 The parent resolves the config and the run directory once and hands a plain (resolved) config to
-every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir. Each
-rank makes its ``mdk.world.World`` once, from the rank this module gave it (or, under
-torchrun/SLURM, from their environment: launchers/join.py), and the stage gets it as an argument. Every
+every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir. Each rank
+makes its ``mdk.world.World`` once, from the rank this module gave it (or, under torchrun/SLURM,
+from their environment: launchers/processes/join.py), and the stage gets it as an argument. Every
 rank logs to ``<run_dir>/rank<r>.log``; rank-0-only side effects are decided in ``mdk.dist``.
-
 Failures: a rank that raises writes its traceback to ``<run_dir>/.errors/``; the parent kills the
 other local ranks at once (SIGTERM, not the gloo/NCCL timeout) and raises RankFailedError with
 the traceback of the rank that failed *first* (the others usually only report "connection closed
@@ -27,10 +26,10 @@ import torch
 import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.env import ProcessEnv, detect, leave_process
-from launchers.join import StageFn, join_external
-from launchers.logs import remove_rank_file_handler, setup_worker_logging
-from launchers.rendezvous import connect, host_store, init_group, parse_url
+from launchers.processes.env import ProcessEnv, detect, leave_process
+from launchers.processes.join import StageFn, join_external
+from launchers.processes.rank_logs import remove_rank_file_handler, setup_worker_logging
+from launchers.processes.rendezvous import connect, host_store, init_group, parse_url
 from mdk.world import backend_for, check_local_size, make_world, single_process
 
 log = logging.getLogger(__name__)

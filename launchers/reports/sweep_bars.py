@@ -44,8 +44,8 @@ def _stat(stats: dict[str, Any], stage: str) -> Optional[dict[str, Any]]:
 def check_bars(bars: list[Bar], stats: dict[str, dict[str, dict[str, Any]]],
                per_job: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
     """Each of ``bars`` whose two stages have ``METRIC`` numbers in ``stats`` (stage -> metric ->
-    summary with n/mean/std/min/max, as ``launchers.sweep_stats.describe`` makes), judged on the
-    means.
+    summary with n/mean/std/min/max, as ``launchers.reports.sweep_stats.describe`` makes), judged
+    on the means.
 
     ``per_job`` (one stage -> metric -> value map per completed job) gives the paired view: the
     difference stage - reference seed by seed, and in how many seeds the bar holds alone."""

@@ -13,8 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PLUGINS = Path(__file__).resolve().parent / "plugins"
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = REPO / "launchers" / "plugins"
 
 
 def add_plugin_path(export: bool = True) -> None:

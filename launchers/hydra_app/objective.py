@@ -3,7 +3,7 @@
 ``python run.py -m hparams_search=<name>`` runs an Optuna study through hydra-optuna-sweeper
 (conf/hparams_search/). The sweeper takes ``float(job return value)`` as the trial's value, so a
 run returns its stage results as a ``StageResults``: the list of ``StageResult`` records that the
-sweep table reads (launchers/sweep_summary.py), and ``float()`` of it is the
+sweep table reads (launchers/reports/sweep_results.py), and ``float()`` of it is the
 objective, ``objective.metric`` of stage ``objective.stage`` (null: the last stage that reports
 the metric, e.g. step3 in ``pipeline=[step1,step2,cal,step3]``).
 
@@ -67,8 +67,8 @@ class FailedRun(dict):
 
 
 def with_objective(cfg: DictConfig, result: Any) -> Any:
-    """What ``launchers.entry.run`` returns: ``result`` with the objective attached when the
-    config has an ``objective`` node (conf/config.yaml), else ``result`` itself."""
+    """What ``launchers.hydra_app.entry.run`` returns: ``result`` with the objective attached when
+    the config has an ``objective`` node (conf/config.yaml), else ``result`` itself."""
     obj = cfg.get("objective")
     if obj is None:
         return result

@@ -1,0 +1,1 @@
+"""The command line around Hydra: entry, one-line errors, callbacks, submitit launchers."""

@@ -1,0 +1,126 @@
+"""The Hydra callback behind a sweep's closing table (``python run.py -m ...``): one row per job
+(what a row holds and how the table reads: launchers/reports/sweep_results.py).
+
+How it works, the same with every launcher (basic, submitit_local, submitit_slurm):
+
+* each job writes ``<job dir>/result.json`` itself (Hydra callback ``on_job_start`` / ``on_job_end``
+  run in the job's process, on the cluster node for SLURM): status ``running`` first, then
+  ``completed`` or ``failed`` with the error. A job killed hard stays ``running``, which the
+  table shows as ``incomplete``;
+* a job that raises must not stop the sweep: ``launchers.hydra_app.job.run_guarded`` turns the
+  exception into a ``failed`` result in multirun mode;
+* ``on_multirun_end`` (launching process) reads every ``*/result.json`` under the sweep dir, prints
+  the table (and, when a seed is swept, the aggregate over seeds of
+  ``launchers.reports.sweep_stats``), saves ``sweep_summary.txt`` / ``sweep_summary.json`` there and
+  raises ``SweepFailedError`` (a SystemExit: Hydra only warns about Exceptions raised in callbacks)
+  when a job failed, so the command exits with status 1 after the table.
+
+``on_multirun_start`` refuses a sweep dir that already holds a sweep's jobs (two sweeps started
+in the same second share the default timestamped dir): pass another ``hydra.sweep.dir``, or
+``hydra.callbacks.sweep.resume=true`` to continue that sweep (its jobs resume from last.pth).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from launchers.hydra_app.job import is_multirun
+from launchers.processes.env import detect
+from launchers.reports.sweep_results import RESULT, collect_results, format_table, job_record
+from launchers.reports.sweep_stats import aggregate, format_aggregate
+
+log = logging.getLogger(__name__)
+
+
+class SweepFailedError(SystemExit):
+    """Some sweep jobs failed; the message lists them (the table is printed before).
+
+    A SystemExit (exit status 1, message on stderr) because Hydra turns an Exception raised in a
+    callback into a mere warning, and the command must fail when a job did."""
+
+
+class SweepDirInUseError(SystemExit):
+    """The sweep dir already holds another sweep's jobs (SystemExit: see SweepFailedError)."""
+
+
+def _rank() -> int:
+    return detect().rank
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
+class SweepSummary(Callback):
+    """Hydra callback (``hydra.callbacks.sweep`` in conf/config.yaml)."""
+
+    def __init__(self, resume: bool = False, fail_on_error: bool = True) -> None:
+        self.resume, self.fail_on_error = resume, fail_on_error
+        self._started = time.time()
+
+    # --- launching process -------------------------------------------------------------------
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        # multirun.yaml: Hydra writes it after this callback, so it marks any earlier sweep here.
+        old = sorted(sweep_dir.glob(f"*/{RESULT}")) + sorted(sweep_dir.glob("multirun.yaml"))
+        if old and not self.resume:
+            raise SweepDirInUseError(
+                f"hydra.sweep.dir={sweep_dir} already holds a sweep ({old[0]} exists); its "
+                f"checkpoints would be reused or overwritten. Give a new hydra.sweep.dir, or add "
+                f"hydra.callbacks.sweep.resume=true to continue that sweep")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        rows = collect_results(sweep_dir)
+        text = format_table(rows, sweep_dir)
+        agg = aggregate(rows)  # None unless the sweep has a seed axis
+        if agg is not None:
+            text += "\n\n" + format_aggregate(agg)
+        log.info("sweep summary (%s)\n%s", sweep_dir / "sweep_summary.txt", text)
+        (sweep_dir / "sweep_summary.txt").write_text(text + "\n", encoding="utf-8")
+        _write(sweep_dir / "sweep_summary.json", {"sweep_dir": str(sweep_dir), "jobs": rows,
+                                                  **({"aggregate": agg} if agg else {})})
+        bad = [r for r in rows if r["status"] != "completed"]
+        if bad and self.fail_on_error:
+            raise SweepFailedError(
+                f"{len(bad)} of {len(rows)} sweep jobs did not complete: "
+                + "; ".join(f"#{r['job']} {r['status']}: {r.get('error') or r['dir']}" for r in bad)
+                + f". Table: {sweep_dir / 'sweep_summary.txt'}")
+
+    # --- job process -------------------------------------------------------------------------
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not is_multirun() or _rank() != 0:
+            return
+        self._started = time.time()
+        path = Path(str(config.hydra.runtime.output_dir)) / RESULT
+        attempts = 0
+        if path.is_file():
+            try:
+                attempts = int(json.loads(path.read_text()).get("attempts", 0))
+            except (ValueError, OSError):
+                pass
+        _write(path, {"status": "running", "overrides": _overrides(config),
+                      "job_id": str(OmegaConf.select(config, "hydra.job.id")),
+                      "attempts": attempts + 1, "started": self._started})
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if not is_multirun() or _rank() != 0:
+            return
+        path = Path(str(config.hydra.runtime.output_dir)) / RESULT
+        ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None
+        prev = json.loads(path.read_text()) if path.is_file() else {}
+        rec = job_record(ret, _overrides(config), self._started)
+        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1)})
+
+
+def _overrides(config: DictConfig) -> list[str]:
+    return [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task)]  # type: ignore[union-attr]

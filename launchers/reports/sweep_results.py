@@ -1,0 +1,89 @@
+"""A sweep's job records and its closing table: what each job's ``result.json`` holds, and the
+plain-text table of all jobs (one row per job: swept values, best mAP@0.5, final loss, time,
+status) that the sweep callback (``launchers.hydra_app.sweep_summary``) prints and saves."""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+from launchers.reports.sweep_stats import compact_stages
+from mdk.engine.result import StageResult
+
+RESULT = "result.json"
+
+
+def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]:
+    """What result.json holds for a job that returned ``ret`` (its StageResults, a failure, or
+    an error)."""
+    rec: dict[str, Any] = {"overrides": overrides, "wall_s": round(time.time() - started, 1)}
+    if isinstance(ret, BaseException):
+        tb = "".join(traceback.format_exception(type(ret), ret, ret.__traceback__))
+        return {**rec, "status": "failed", "error": f"{type(ret).__name__}: {ret}", "traceback": tb}
+    if isinstance(ret, dict) and ret.get("status") == "failed":
+        return {**rec, **ret}
+    stages: list[StageResult] = list(ret) if isinstance(ret, (list, tuple)) else []
+    scored = [s for s in stages if s.best_map50 is not None]
+    losses = [s.final_loss for s in stages if s.final_loss is not None]
+    times = [s.time_s for s in stages if s.time_s is not None]
+    return {**rec, "status": "completed", "stages": [s.to_dict() for s in stages],
+            "best_map50": scored[-1].best_map50 if scored else None,
+            "final_loss": losses[-1] if losses else None,
+            "time_s": round(sum(times), 1) if times else rec["wall_s"]}
+
+
+def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per job dir with a result.json, in job-number order; ``running`` -> ``incomplete``.
+
+    ``stages`` holds each stage's numbers (``sweep_stats.compact_stages``) for the seed aggregate."""
+    rows = []
+    for p in Path(sweep_dir).glob(f"*/{RESULT}"):
+        try:
+            rec = json.loads(p.read_text())
+        except (ValueError, OSError) as e:
+            rec = {"status": "unreadable", "error": f"{p}: {e}"}
+        status = rec.get("status", "unknown")
+        rows.append({"job": p.parent.name, "dir": str(p.parent),
+                     "status": "incomplete" if status == "running" else status,
+                     **{k: rec.get(k) for k in ("overrides", "best_map50", "final_loss", "time_s",
+                                                 "attempts", "job_id", "error")},
+                     "stages": compact_stages(rec.get("stages"))})
+    return sorted(rows, key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit() else 0, r["job"]))
+
+
+def _swept(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(keys whose value differs between jobs, overrides all jobs share)."""
+    maps = [dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o) for r in rows]
+    keys: list[str] = []
+    for m in maps:
+        keys += [k for k in m if k not in keys]
+    varying = [k for k in keys if len({m.get(k) for m in maps}) > 1]
+    common = [f"{k}={maps[0][k]}" for k in keys if k not in varying and maps and k in maps[0]]
+    return varying, common
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def format_table(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
+    """A plain-text table: job, swept override values, best mAP@0.5, final loss, time, status."""
+    varying, common = _swept(rows)
+    head = ["job", *varying, "best mAP@0.5", "final loss", "time s", "status"]
+    body = []
+    for r in rows:
+        m = dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o)
+        status = r["status"] + (f" ({r['attempts']} runs)" if (r.get("attempts") or 1) > 1 else "")
+        if r.get("error"):
+            status += f": {str(r['error']).splitlines()[0][:120]}"
+        body.append([r["job"], *[m.get(k, "-") for k in varying], _fmt(r.get("best_map50"), ".4f"),
+                     _fmt(r.get("final_loss"), ".4f"), _fmt(r.get("time_s"), ".1f"), status])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    done = sum(r["status"] == "completed" for r in rows)
+    lines.append(f"{done}/{len(rows)} jobs completed; sweep dir: {sweep_dir}")
+    if common:
+        lines.append("all jobs: " + " ".join(common))
+    return "\n".join(lines)
