@@ -80,6 +80,7 @@ def main() -> None:
 
     from mdk.data.build import build_datasets  # noqa: F401  (imported before timing)
     from mdk.engine import build
+    from mdk.models.build import build_model
     from mdk.stage import apply_stage
     from mdk.world import single_process
 
@@ -91,7 +92,7 @@ def main() -> None:
           f"model={cfg.model.name} batch={cfg.trainer.batch_size} default num_workers={default_workers}")
     print(f"# {common.machine()}")
     build.seed_everything(cfg.seed)
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     apply_stage(model, "step1")
     model.to(world.device).train()
     (train_ds, val_ds), wall, cpu = _timed(lambda: build.build_data(cfg, model.grid))

@@ -41,13 +41,14 @@ def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Train warm-up + timed iterations on this rank; rank 0 returns images/s."""
     from mdk import dist
     from mdk.engine import build
+    from mdk.models.build import build_model
     from mdk.engine.loop import HookBase, Trainer
     from mdk.engine.build import build_loss
 
     torch.set_num_threads(1)  # one thread per process: the comparison is processes, not threads
     warm, iters = int(cfg.bench.warmup), int(cfg.bench.iters)
     build.seed_everything(cfg.seed)
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     net = model
     if dist.world_size() > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)

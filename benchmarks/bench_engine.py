@@ -58,6 +58,7 @@ def main() -> None:
     import torch
 
     from mdk.engine import build, precision
+    from mdk.models.build import build_model
     from mdk.engine.nan_guard import NanGuardHook
     from mdk.engine.hooks import (LRSchedulerHook, MetricsHook, ProgressHook,
                                   sampler_epoch_hook)
@@ -73,7 +74,7 @@ def main() -> None:
     cfg = common.compose(["step=step1", *a.overrides])
     device = single_process(cfg.trainer.device).device
     build.seed_everything(cfg.seed)
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     batches = _batches(cfg, model.grid, a.iters)
     apply_stage(model, "step1")
     model.to(device)

@@ -49,7 +49,8 @@ def _overrides(setting: str) -> list[str]:
 
 
 def _model(cfg: Any, stage: str, device: torch.device, cl: bool) -> torch.nn.Module:
-    from mdk.engine.build import build_model, seed_everything
+    from mdk.engine.build import seed_everything
+    from mdk.models.build import build_model
     from mdk.quant.bn_fold import chip_layers
     from mdk.stage import apply_stage
 

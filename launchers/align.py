@@ -49,6 +49,7 @@ from launchers.processes.spawn import run_ranks
 from mdk.compose import compose
 from mdk.config import validate
 from mdk.engine import build
+from mdk.models.build import build_model
 from mdk.engine.align_rank import alignment_config, perturb, train_rank
 from mdk.tools.ckpt_diff import diff_state_dicts, format_table
 from mdk.world import World
@@ -85,7 +86,7 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     out.mkdir(parents=True, exist_ok=True)
     acfg = alignment_config(cfg, batch_size, iters, dtype, out, exact_chunk)
     build.seed_everything(acfg.seed)
-    model = build.build_model(acfg)
+    model = build_model(acfg)
     torch.save(model.state_dict(), out / "init.pth")
     if noise_floor > 0:
         torch.save(perturb(model.state_dict(), noise_floor), out / "init_floor.pth")

@@ -42,10 +42,11 @@ def eval_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     """Evaluate a seeded tiny model on this rank's shard; return metrics and all detections."""
     from mdk import dist
     from mdk.engine import build
+    from mdk.models.build import build_model
     from mdk.eval.distributed import evaluate, predict
 
     torch.manual_seed(0)
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     _, val_ds = build.build_data(cfg, model.grid, world)
     bs = 4  # per rank, as in training
     res = evaluate(model, val_ds, bs, torch.device("cpu"), conf_thresh=0.0, nms_iou=0.5,

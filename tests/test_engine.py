@@ -7,6 +7,7 @@ import torch
 
 from mdk.checkpoint import load_checkpoint
 from mdk.engine import build
+from mdk.models.build import build_model
 from mdk.engine.runner import run_stage
 
 
@@ -56,7 +57,7 @@ def test_same_seed_same_weights_other_seed_differs(tiny_cfg, tmp_path):
 def test_freeze_patterns_freeze_parameters(tiny_cfg, tmp_path):
     cfg = tiny_cfg("trainer.limit_train_batches=2", "trainer.epochs=1", "model.freeze=[layers.0.*]")
     build.seed_everything(cfg.seed)  # run_stage seeds the same way before building the model
-    init = {k: v.clone() for k, v in build.build_model(cfg).state_dict().items()}
+    init = {k: v.clone() for k, v in build_model(cfg).state_dict().items()}
     run_stage(cfg, tmp_path)
     w = load_checkpoint(Path(cfg.paths.checkpoints) / "step1" / "last.pth")["model"]
     assert torch.equal(w["layers.0.conv.weight"], init["layers.0.conv.weight"])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mdk.engine import build
+from mdk.models.build import build_model
 from mdk.eval.metrics import evaluate_detections
 from mdk.eval.scalars import ap_table, scalars
 from mdk.eval.grid import dataset_grid
@@ -21,7 +22,7 @@ from test_eval_reference import devkit_ap
 def model_and_val(tiny_cfg):
     cfg = tiny_cfg("trainer.device=cpu")
     build.seed_everything(cfg.seed)  # the same untrained model whatever ran before in this process
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     # Untrained, the output conv (weights ~N(0, 0.01), bias 0) gives every cell nearly the same
     # box signs, so with one box per cell all boxes can have w or h < 0 (no detection at all).
     # A box prior in the bias (centred, 0.3 x 0.3, conf 0.5) keeps the outputs the model's own,

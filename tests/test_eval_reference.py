@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from mdk.eval.voc import voc_ap
+from mdk.eval.voc_ap import voc_ap
 
 
 def devkit_ap(dets, gts, cls, metric, off, thr=0.5):

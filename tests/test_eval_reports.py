@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from mdk.eval.scalars import ap_table
-from mdk.eval.voc import voc_ap
+from mdk.eval.voc_ap import voc_ap
 from mdk.eval.grid import (DET_COLOR, DIFFICULT_COLOR, GT_COLOR, dataset_grid, detection_grid,
                            save_png)
 from mdk.eval.plots import pr_curve_images, save_pr_curves

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mdk.eval.metrics import evaluate_detections
-from mdk.eval.voc import voc_ap
-from mdk.eval.voc import ap_area, ap_voc07
+from mdk.eval.voc_ap import voc_ap
+from mdk.eval.voc_ap import ap_area, ap_voc07
 
 
 def det(boxes, scores, labels=None):

@@ -14,11 +14,12 @@ from test_ddp_helpers import ORDER_SENSITIVE, ordered_sum_rank, tiny_cfg
 
 def _model_and_batch(tmp_path, dtype: torch.dtype):
     from mdk.engine import build
+    from mdk.models.build import build_model
     from mdk.models.loss import YoloLoss
 
     cfg = tiny_cfg(tmp_path, "model.net.batch_norm=false")
     torch.manual_seed(0)
-    model = build.build_model(cfg).to(dtype)
+    model = build_model(cfg).to(dtype)
     train_ds, _ = build.build_data(cfg, model.grid)
     items = [train_ds[i] for i in range(8)]
     images = torch.stack([it[0] for it in items])
@@ -50,12 +51,12 @@ def test_chunked_gradient_is_the_whole_batch_gradient(tmp_path):
 
 
 def test_exact_mode_refuses_batchnorm_and_bad_chunks(tmp_path):
-    from mdk.engine import build
+    from mdk.models.build import build_model
 
-    bn_model = build.build_model(tiny_cfg(tmp_path))  # the default has BatchNorm
+    bn_model = build_model(tiny_cfg(tmp_path))  # the default has BatchNorm
     with pytest.raises(ConfigError, match=r"BatchNorm.*model\.net\.batch_norm=false"):
         prepare(bn_model, 2)
-    prepare(build.build_model(tiny_cfg(tmp_path, "model.net.batch_norm=false")), 2)
+    prepare(build_model(tiny_cfg(tmp_path, "model.net.batch_norm=false")), 2)
     with pytest.raises(ConfigError, match=r"dist\.exact_chunk=3 must divide the per-process "
                                           r"batch .* 8/2 = 4"):
         validate(tiny_cfg(tmp_path, "trainer.batch_size=8", "dist.gpus=2", "dist.exact_chunk=3"))

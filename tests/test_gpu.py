@@ -92,6 +92,7 @@ def test_chain_on_cuda_exports_a_bit_exact_chip_model_and_eval_matches_cpu(tmp_p
 
 def test_activation_checkpointing_gives_the_same_losses_in_deterministic_mode(tiny_cfg):
     from mdk.engine import build, precision
+    from mdk.models.build import build_model
     from mdk.engine.loop import HookBase, Trainer
 
     def losses(ac: bool) -> list[float]:
@@ -99,7 +100,7 @@ def test_activation_checkpointing_gives_the_same_losses_in_deterministic_mode(ti
                        f"trainer.activation_checkpointing={str(ac).lower()}")
         precision.configure(cfg.trainer, torch.device("cuda"))
         build.seed_everything(0)
-        model = build.build_model(cfg).cuda()
+        model = build_model(cfg).cuda()
         gen = torch.Generator().manual_seed(1)
         x = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8, generator=gen)
         b = cfg.model.net.boxes_per_cell

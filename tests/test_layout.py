@@ -1,16 +1,15 @@
 """The code's floors and owners (docs/architecture.md), checked on the source so they stay true.
 
-* ``mdk`` (the library) never imports ``launchers`` (how processes start);
-* the lower floors (data, models, quant, sched, eval, sinks) import neither the engine nor the
-  command-line tools, and the engine does not import the tools;
-* launchers/ has floors too: processes/ (how ranks start) imports neither hydra_app/ (the command
-  line around Hydra) nor reports/ (what a run and a sweep print); reports/ does not import
-  hydra_app/;
+* the import graph (every import, at module top or inside a function; tests/import_graph.py)
+  has no cycle, and no module imports one on a higher floor (``FLOORS``, from the ground up);
+  ``mdk`` (the library) never imports ``launchers`` (how processes start);
+* an import inside a function says why on its line or the line above its block (an optional
+  heavy package, a start-up cost); a package's ``__init__.py`` is a docstring, importing nothing;
 * one owner per concept: Hydra composition only in mdk/compose.py, the process environment
   (RANK, LOCAL_RANK, WORLD_SIZE, SLURM_*) only in launchers/processes/env.py, the checkpoint file
-  names only in the stage checkpointer;
-* one meaning per file name: no two Python files under mdk/ and launchers/ share a name
-  (``__init__.py`` and ``config.py``, a config group owner's schema and checks, excepted);
+  names only in the stage checkpointer, a stage's name in no Python file;
+* one meaning per file name: no two Python files under mdk/ and launchers/ share a name, but for
+  the names of a role every package may have (``ROLES``);
 * small files: at most 300 lines of Python each.
 """
 from __future__ import annotations
@@ -21,36 +20,41 @@ from pathlib import Path
 
 import pytest
 
+import import_graph as ig
 from conftest import REPO
 
 LIBRARY = sorted((REPO / "mdk").rglob("*.py"))
-CODE = LIBRARY + sorted((REPO / "launchers").rglob("*.py")) + [REPO / "run.py"]
-LOWER = ("data", "models", "quant", "sched", "eval", "sinks")
-# File names that mean the same thing wherever they are (config.py: a config group's owner).
-SAME_MEANING = {"__init__.py", "config.py"}
-# Names the library still repeats with different meanings, until its own renames land; a clash
-# that is not listed here fails, and so does an entry that no longer clashes (take it out).
-PENDING_LIBRARY_RENAMES = {
-    "base.py": ["mdk/sched/base.py", "mdk/sinks/base.py"],
-    "build.py": ["mdk/data/build.py", "mdk/engine/build.py", "mdk/models/build.py"],
-    "coco.py": ["mdk/data/coco.py", "mdk/eval/coco.py"],
-    "voc.py": ["mdk/data/voc.py", "mdk/eval/voc.py"],
-}
+LAUNCHERS = sorted(p for p in (REPO / "launchers").rglob("*.py") if "plugins" not in p.parts)
+CODE = LIBRARY + LAUNCHERS + [REPO / "run.py"]
+# From the ground up; a module's floor is the first whose patterns match it or its package.
+FLOORS = [
+    # leaves: the errors, the stop flag, and each config group's words, schema and checks
+    ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.paths", "mdk.dist_config",
+     "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
+    # the registry of schemas, composition, the process world and its collectives, files
+    ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
+     "mdk.checkpoint"],
+    ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
+    ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
+    ["mdk.stage_checkpoint", "mdk.config", "mdk.preflight"],  # checks and checkpoints of a run
+    ["mdk.engine"],                                       # one stage in one process
+    ["mdk.tools"],                                        # command-line tools on the library
+    ["launchers", "launchers.processes", "launchers.bootstrap"],  # how ranks start and meet
+    ["launchers.reports"],                                # what a run and a sweep print
+    ["launchers.hydra_app", "launchers.align"],           # the command line around Hydra
+    ["run"],
+]
+# A file name every package may use for the same role: its face, its config group's owner, its
+# builders from config, its base class.
+ROLES = {"__init__.py", "config.py", "build.py", "base.py"}
 
 
 def _rel(p: Path) -> str:
     return str(p.relative_to(REPO))
 
 
-def _imports(p: Path) -> set[str]:
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(p.read_text(), str(p))):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from pkg import mod` imports pkg.mod too: both names, so floors see either spelling
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return out
+def _graph() -> dict[str, set[str]]:
+    return ig.import_graph(CODE, REPO)
 
 
 def _code(p: Path) -> str:
@@ -65,58 +69,70 @@ def _code(p: Path) -> str:
     return ast.unparse(tree)
 
 
+def test_the_import_graph_has_no_cycle():
+    graph = _graph()
+    assert len(graph) == len(CODE) and sum(map(len, graph.values())) > 300  # the real graph
+    assert ig.cycles(graph) == []
+
+
+def test_no_import_goes_up_a_floor():
+    assert ig.upward(_graph(), FLOORS) == []
+
+
 def test_the_library_never_imports_the_launchers():
-    bad = {_rel(p): sorted(m for m in _imports(p) if m.split(".")[0] == "launchers")
-           for p in LIBRARY}
-    assert {k: v for k, v in bad.items() if v} == {}
+    bad = [f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+           if a.startswith("mdk") and b.startswith("launchers")]
+    assert bad == []
 
 
-@pytest.mark.parametrize("floor, above", [
-    ("processes", ("launchers.hydra_app", "launchers.reports")),
-    ("reports", ("launchers.hydra_app",)),
-])
-def test_no_launchers_import_goes_up_a_floor(floor, above):
-    files = sorted((REPO / "launchers" / floor).rglob("*.py"))
-    assert files  # the floor exists
-    bad = {_rel(p): hits for p in files
-           if (hits := sorted(m for m in _imports(p) if m.startswith(above)))}
-    assert bad == {}
+def test_the_checks_catch_a_planted_cycle_and_a_planted_upward_import(tmp_path):
+    """The graph sees imports inside functions too: that is where cycles hide."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""a package"""\n')
+    (pkg / "low.py").write_text("import os\n\n\ndef f():\n    from pkg import high  # planted\n")
+    (pkg / "high.py").write_text("from pkg.low import f\n")
+    (pkg / "mid.py").write_text("X = 1\n")
+    graph = ig.import_graph(sorted(pkg.glob("*.py")), tmp_path)
+    assert ig.cycles(graph) == [["pkg.high", "pkg.low"]]
+    assert ig.upward(graph, [["pkg", "pkg.low"], ["pkg.mid"], ["pkg.high"]]) == [
+        "pkg.low -> pkg.high"]
+
+
+def test_imports_inside_functions_say_why():
+    bad = [line for p in CODE for line in ig.unexplained_local_imports(p)]
+    assert bad == []
+
+
+def test_package_faces_import_nothing():
+    """A package's ``__init__.py`` is its docstring: importing a config leaf never runs a heavy
+    package (mdk.schema loads before Hydra composes, torch-free)."""
+    bad = [_rel(p) for p in CODE if p.name == "__init__.py" and any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) and not (
+            isinstance(n, ast.ImportFrom) and n.module == "__future__")
+        for n in ast.walk(ast.parse(p.read_text())))]
+    assert bad == []
+
+
+@pytest.mark.parametrize("pattern, owner", [
+    (r"\bhydra\.compose\b|\binitialize_config_dir\b|from hydra import [^\n]*\bcompose\b",
+     ["mdk/compose.py"]),
+    (r"[\"'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|SLURM_PROCID|SLURM_NTASKS)[\"']",
+     ["launchers/processes/env.py"]),
+    (r"[\"'](best|last)\.pth[\"']", ["mdk/stage_checkpoint.py"]),
+    (r"[\"'](step[0-4]|cal)[\"']", []),
+], ids=["composition", "process-environment", "checkpoint-names", "stage-names"])
+def test_one_owner_per_concept(pattern, owner):
+    where = sorted(_rel(p) for p in CODE if re.search(pattern, _code(p)))
+    assert where == owner
 
 
 def test_no_two_files_share_a_name_with_different_meanings():
     where: dict[str, list[str]] = {}
     for p in CODE:
-        if p.name not in SAME_MEANING and p != REPO / "run.py":
+        if p.name not in ROLES and p != REPO / "run.py":
             where.setdefault(p.name, []).append(_rel(p))
-    assert {name: paths for name, paths in where.items() if len(paths) > 1} == \
-        PENDING_LIBRARY_RENAMES
-
-
-def test_no_import_goes_up_a_floor():
-    bad = {}
-    for p in LIBRARY:
-        parts = p.relative_to(REPO / "mdk").parts
-        up: tuple[str, ...] = ()
-        if parts[0] in LOWER:
-            up = ("mdk.engine", "mdk.tools")
-        elif parts[0] == "engine":
-            up = ("mdk.tools",)
-        hits = sorted(m for m in _imports(p) if m.startswith(up)) if up else []
-        if hits:
-            bad[_rel(p)] = hits
-    assert bad == {}
-
-
-@pytest.mark.parametrize("pattern, owner", [
-    (r"\bhydra\.compose\b|\binitialize_config_dir\b|from hydra import [^\n]*\bcompose\b",
-     "mdk/compose.py"),
-    (r"[\"'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|SLURM_PROCID|SLURM_NTASKS)[\"']",
-     "launchers/processes/env.py"),
-    (r"[\"'](best|last)\.pth[\"']", "mdk/stage_checkpoint.py"),
-], ids=["composition", "process-environment", "checkpoint-names"])
-def test_one_owner_per_concept(pattern, owner):
-    where = sorted(_rel(p) for p in CODE if re.search(pattern, _code(p)))
-    assert where == [owner]
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
 
 
 def test_files_stay_small():

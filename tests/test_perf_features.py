@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from mdk.engine import build
+from mdk.models.build import build_model
 from mdk.engine.loop import HookBase, Trainer
 from mdk.models.gnetdet import GNetDet
 from mdk.models.loss import YoloLoss
@@ -102,8 +102,8 @@ def test_checkpointing_off_in_eval_and_no_grad():
 
 
 def test_config_switches_checkpointing_on(tiny_cfg):
-    assert build.build_model(tiny_cfg("trainer.activation_checkpointing=true")).activation_checkpointing
-    assert not build.build_model(tiny_cfg()).activation_checkpointing
+    assert build_model(tiny_cfg("trainer.activation_checkpointing=true")).activation_checkpointing
+    assert not build_model(tiny_cfg()).activation_checkpointing
 
 
 class _Losses(HookBase):

@@ -43,10 +43,11 @@ def _cmd(cluster, data: Path, sweep: Path, *extra: str) -> list[str]:
 def data(tmp_path_factory) -> Path:
     """The tiny dataset, generated once here: concurrent jobs must not all generate it at once."""
     from mdk.engine import build
+    from mdk.models.build import build_model
 
     d = tmp_path_factory.mktemp("slurm_data")
     cfg = compose([*TINY, f"paths.data={d}"])
-    build.build_data(cfg, build.build_model(cfg).grid)
+    build.build_data(cfg, build_model(cfg).grid)
     return d
 
 

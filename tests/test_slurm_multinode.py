@@ -56,10 +56,11 @@ def test_srun_runs_one_task_on_each_node(slurm_two_nodes):
 def data(tmp_path_factory) -> Path:
     """The tiny dataset, made once before the job (both nodes read it from the shared disk)."""
     from mdk.engine import build
+    from mdk.models.build import build_model
 
     d = tmp_path_factory.mktemp("two_node_data")
     cfg = compose([*TINY, f"paths.data={d}", "trainer.device=cpu"])
-    build.build_data(cfg, build.build_model(cfg).grid)
+    build.build_data(cfg, build_model(cfg).grid)
     return d
 
 

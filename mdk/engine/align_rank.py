@@ -14,6 +14,11 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mdk import dist
+from mdk.engine import build
+from mdk.engine.hooks import LRSchedulerHook, sampler_epoch_hook
+from mdk.engine.loop import HookBase, Trainer
+from mdk.models.build import build_model
 from mdk.world import World
 
 log = logging.getLogger(__name__)
@@ -62,14 +67,9 @@ def _double_inputs(model: torch.nn.Module) -> None:
 
 def train_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict[str, Any]:
     """One rank of one alignment run (a launcher's stage function): train ``align.iters`` steps."""
-    from mdk import dist
-    from mdk.engine import build
-    from mdk.engine.hooks import LRSchedulerHook, sampler_epoch_hook
-    from mdk.engine.loop import HookBase, Trainer
-
     iters, device = int(cfg.align.iters), world.device
     build.seed_everything(cfg.seed + world.rank)
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     tag = str(cfg.align.get("tag", ""))
     model.load_state_dict(torch.load(Path(cfg.align.out) / f"init{tag}.pth", weights_only=True))
     if cfg.align.dtype == "float64":

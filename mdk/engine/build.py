@@ -18,7 +18,6 @@ from mdk import dist
 from mdk.data.build import build_datasets
 from mdk.data.loader import SafeLoader
 from mdk.data.samplers import EpochTagged, GlobalBatchSampler
-from mdk.models.build import build_model  # noqa: F401  (re-exported: the engine's builders)
 from mdk.paths import resolve_path
 from mdk.world import World, alone
 

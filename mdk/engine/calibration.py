@@ -38,7 +38,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     model.eval()
     bar = loader
     if cfg.trainer.progress and world.is_main:
-        bar = tqdm(loader, desc="cal", dynamic_ncols=True, leave=False)
+        bar = tqdm(loader, desc=ctx.spec.name, dynamic_ncols=True, leave=False)
     with calibrate.observing(model, method=str(c.method), percentile=float(c.percentile),
                              mse_candidates=int(c.get("mse_candidates", 64)),
                              max_values=c.get("max_values", calibrate.DEFAULT_MAX_VALUES)):

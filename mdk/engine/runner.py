@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from mdk import faults
 from mdk.engine import build, precision
+from mdk.models.build import build_model
 from mdk.engine.calibration import calibrate_stage
 from mdk.engine.context import StageContext
 from mdk.engine.export_stage import export_best
@@ -47,7 +48,7 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     spec = StageSpec.from_node(cfg.step)
     precision.configure(cfg.trainer, world.device)
     build.seed_everything(cfg.seed + world.rank)
-    model = build.build_model(cfg)
+    model = build_model(cfg)
     train_ds, val_ds = build.build_data(cfg, model.grid, world)
     checkpoints = StageCheckpointer(cfg, spec, world)
     start = checkpoints.start(model)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from mdk.eval.coco import coco_map
+from mdk.eval.coco_ap import coco_map
 from mdk.eval.config import METRICS
 from mdk.eval.inputs import GroundTruth
-from mdk.eval.voc import voc_ap
+from mdk.eval.voc_ap import voc_ap
 
 
 def evaluate_detections(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTruth,

@@ -63,8 +63,8 @@ def chip_model_from(model: nn.Module, chip: str) -> ChipModel:
     """Integer form of a fused (step4) model; the same mantissas its fake-quant forward uses."""
     layers = chip_layers(model)
     if not is_fused(model):
-        raise ValueError("chip export needs a gain-fused step4 model (apply_stage(model, 'step4', "
-                         "chip) after loading the step3 checkpoint)")
+        raise ValueError("chip export needs a gain-fused step4 model (mdk.stage.apply_stage into the "
+                         "stage whose record fuses gains, after loading that stage's input)")
     out = []
     for i, layer in enumerate(layers):
         if layer.bn is not None:

@@ -66,7 +66,8 @@ def fake_quant_forward(model: nn.Module, images: torch.Tensor,
     layers = chip_layers(core)
     if not all(layer.quant_weight and layer.quant_act for layer in layers):
         raise ValueError("fake_quant_forward needs the step4 configuration (quantized weights and "
-                         "activations): call mdk.stage.apply_stage(model, 'step4', chip)")
+                         "activations): mdk.stage.apply_stage into the stage whose record fuses "
+                         "gains")
     x = quantize_input_int(images.cpu()).to(dtype)
     acts = []
     for layer in layers:

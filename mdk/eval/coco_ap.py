@@ -4,7 +4,7 @@ COCO rules: 101-point interpolated precision, at most 100 detections per image (
 scores), AP averaged over IoU 0.50:0.05:0.95 (``map``) and at IoU 0.5 (``map50``). VOC
 ``difficult`` objects are passed as COCO ``iscrowd``: a crowd region is matched by intersection
 over the *detection's* area and only when no regular object matches, so a small detection inside a
-difficult box is ignored here but is a false positive under VOC rules (see mdk/eval/voc.py).
+difficult box is ignored here but is a false positive under VOC rules (see mdk/eval/voc_ap.py).
 """
 from __future__ import annotations
 
