@@ -23,6 +23,7 @@ from torch import nn
 
 from mdk.compose import app_searchpath, compose, group_options
 from mdk.errors import ConfigError
+from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, QuantMode, apply_mode
 from mdk.stage_config import check_kind, check_schedule, check_stages, running_stages
 
@@ -149,15 +150,18 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
 
 
 def check_pipeline(cfg: DictConfig) -> None:
-    """The ``step`` group's checks over the whole command: the records it names exist, and
-    world-size-invariant gradients (``dist.exact_chunk``) never train a stage whose BatchNorm is
-    live (each chunk would normalise with its own statistics)."""
+    """The ``step`` group's checks over the whole command: the records it names exist; a stage
+    whose record says ``export`` exports a chip model the chip can run (mdk.quant.chips), checked
+    before any stage trains; and world-size-invariant gradients (``dist.exact_chunk``) never train
+    a stage whose BatchNorm is live (each chunk would normalise with its own statistics)."""
     check_stages(cfg, stage_names())
+    specs = {s: StageSpec.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}
+    if any(spec.export for spec in specs.values()):
+        check_export_size(cfg)
     chunk = cfg.dist.get("exact_chunk")
     if chunk is None or not cfg.model.net.get("batch_norm", False):
         return
-    for s in running_stages(cfg):
-        spec = StageSpec.from_node(cfg.step) if s == cfg.step.name else stage_spec(s)
+    for s, spec in specs.items():
         if spec.trains and not spec.folds_bn:
             folded = spec.next
             while folded and not stage_spec(folded).folds_bn:

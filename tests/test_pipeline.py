@@ -38,3 +38,5 @@ def test_full_chain_runs_and_exports_a_bit_exact_chip_model(tiny_cfg, tmp_path):
     assert caps4 and all(c == 31.0 for c in caps4)
     export = Path(results["step4"].export)
     assert (export / "chip_model.json").is_file() and (export / "model.onnx").is_file()
+    assert json.loads((export / "chip_model.json").read_text())["simulation_only"] is True
+    assert not (export / "gti").exists()  # no GTI hand-off for a size the chip cannot run

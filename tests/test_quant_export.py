@@ -85,15 +85,17 @@ def test_other_chip_masks_2803_exact_in_float64():
 
 
 def test_export_files_load_and_onnx(fused, tmp_path):
-    cm = export_chip_model(fused, tmp_path / "chip", "5801")
+    # 64 px is no chip input size: a simulation-only chip model (no GTI hand-off)
+    cm = export_chip_model(fused, tmp_path / "chip", "5801", allow_any_size=True)
     spec = json.loads((tmp_path / "chip" / "chip_model.json").read_text())
     assert spec["format"] == "mdk-chip-model" and len(spec["layers"]) == 8
+    assert spec["simulation_only"] is True and not (tmp_path / "chip" / "gti").exists()
     assert spec["layers"][0]["pool"] == "max2x2" and spec["layers"][-1]["pool"] is None
     assert all(0 <= s["shift"] <= 12 and s["cap"] == 31.0 for s in spec["layers"])
     loaded = load_chip_model(tmp_path / "chip")
     for a, b in zip(cm.layers, loaded.layers):
         assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias) and a.shift == b.shift
-    assert loaded.out_scale == cm.out_scale
+    assert loaded.out_scale == cm.out_scale and loaded.simulation_only
     val = _u8(5, 11)
     with torch.no_grad():
         want = fused(val).numpy()
@@ -105,7 +107,7 @@ def test_export_files_load_and_onnx(fused, tmp_path):
 def test_export_errors(fused, tmp_path):
     with pytest.raises(FileNotFoundError, match="chip_model.json is missing"):
         load_chip_model(tmp_path)
-    export_chip_model(fused, tmp_path / "c", "5801", onnx=False)
+    export_chip_model(fused, tmp_path / "c", "5801", onnx=False, allow_any_size=True)
     np.savez(tmp_path / "c" / "weights.npz", x=np.zeros(1))
     with pytest.raises(ValueError, match="'layer0.weight' .* is missing"):
         load_chip_model(tmp_path / "c")

@@ -119,13 +119,14 @@ def test_fake_quant_equals_export_at_boundaries(mask, wb, bb, k):
     assert torch.equal(b_int.double() / 2 ** s, b_q.double())
 
 
-def _fused_model(mask_bits, seed=0, channels=(8, "M", 8, "M", 8), num_classes=2):
+def _fused_model(mask_bits, seed=0, channels=(8, "M", 8, "M", 8), num_classes=2, image_size=32):
     torch.manual_seed(seed)
     cfg = dict(num_classes=num_classes, channels=list(channels), mask_bits=mask_bits,
-               image_size=32, batch_norm=False)
+               image_size=image_size, batch_norm=False)
     model = GNetDet(**cfg).eval()
     g = torch.Generator().manual_seed(seed)
-    u8 = lambda n: torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)  # noqa
+    u8 = lambda n: torch.randint(0, 256, (n, 3, image_size, image_size), dtype=torch.uint8,  # noqa
+                                 generator=g)
     apply_stage(model, "cal", "5801")
     with calibrate.observing(model), torch.no_grad():
         model(u8(4))

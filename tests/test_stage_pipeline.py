@@ -2,11 +2,14 @@
 override composes inside a sweep."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from conftest import REPO, TINY, compose, run_cmd_env
 from mdk.stage import stage_config
@@ -19,9 +22,15 @@ NUM = r"(\d+\.\d+)"
 
 @pytest.mark.slow
 def test_pipeline_command_runs_every_stage_and_prints_the_table(tmp_path):
-    cmd = [sys.executable, str(REPO / "run.py"), f"pipeline=[{','.join(CHAIN)}]", *TINY,
-           "trainer.epochs=1", "trainer.limit_train_batches=2", f"paths.data={tmp_path}/data",
-           f"paths.checkpoints={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/run"]
+    # TINY's channels at the default chain's 224 px (a chip input size; export.allow_any_size as
+    # on defaults), the data following the model's size: the chain ends in a GTI hand-off
+    tiny = [a for a in TINY if not a.startswith(("model.image_size", "dataset.generate.image_size",
+                                                 "export.allow_any_size"))]
+    cmd = [sys.executable, str(REPO / "run.py"), f"pipeline=[{','.join(CHAIN)}]", *tiny,
+           "trainer.epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+           *[f"+stages.{s}.epochs=1" for s in ("step2", "step3", "step4")],
+           f"paths.data={tmp_path}/data", f"paths.checkpoints={tmp_path}/ckpt",
+           f"hydra.run.dir={tmp_path}/run"]
     p = subprocess.run(cmd, cwd=REPO, env=run_cmd_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     table = (tmp_path / "run" / "summary.txt").read_text().splitlines()
@@ -43,6 +52,19 @@ def test_pipeline_command_runs_every_stage_and_prints_the_table(tmp_path):
     # the table is also logged to the run's log (what the user sees on the console)
     shown = p.stdout + p.stderr + (tmp_path / "run" / "run.log").read_text()
     assert all(row in shown for row in rows)
+    chip = tmp_path / "ckpt" / "step4" / "chip_model"
+    spec = json.loads((chip / "chip_model.json").read_text())
+    assert spec["meta"]["image_size"] == 224 and spec["simulation_only"] is False
+    gti = chip / "gti"
+    assert sorted(p.name for p in gti.iterdir()) == [
+        "5801_gnetdet_dat.json", "5801_gnetdet_model.json", "bias.txt", "filter.txt", "relu_cap.txt"]
+    cap = float((gti / "relu_cap.txt").read_text())
+    assert cap == pytest.approx(31 * spec["output"]["scale"], rel=1e-6)
+    model = json.loads((gti / "5801_gnetdet_model.json").read_text())
+    assert model["layer"][0]["output height"] == 224
+    assert model["layer"][1]["data file"] == os.path.realpath(gti / "chip.dat")
+    with Image.open(next((tmp_path / "data" / "shapes" / "JPEGImages").glob("*.jpg"))) as im:
+        assert im.size == (224, 224)  # dataset.generate.image_size follows model.image_size
 
 
 def test_pipeline_composes_inside_a_sweep():

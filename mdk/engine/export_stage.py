@@ -9,19 +9,23 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from mdk.quant.chips import allow_any_size
 from mdk.quant.export import export_chip_model
 from mdk.quant.integer_ref import count_mismatches
 from mdk.stage_checkpoint import StageCheckpointer, load_model_for
 
 log = logging.getLogger(__name__)
 
+CHIP_MODEL_DIR = "chip_model"  # under the exporting stage's checkpoint folder
+
 
 def export_best(cfg: DictConfig, checkpoints: StageCheckpointer, val_ds: Any,
                 check_images: int = 32) -> Path:
     src = checkpoints.best if checkpoints.best.is_file() else checkpoints.last
     model, _ = load_model_for(cfg, src, mode="eval")
-    out = checkpoints.dir / "chip_model"
-    cm = export_chip_model(model, out, str(cfg.chip), onnx=True)
+    out = checkpoints.dir / CHIP_MODEL_DIR
+    cm = export_chip_model(model, out, str(cfg.chip), onnx=True,
+                           allow_any_size=allow_any_size(cfg))
     n = min(check_images, len(val_ds))
     images = torch.stack([val_ds[i][0] for i in range(n)])
     bad = count_mismatches(model, cm, images)

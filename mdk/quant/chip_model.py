@@ -2,8 +2,9 @@
 
 On disk (an open, documented format, readable without mdk):
 
-- ``chip_model.json``: ``format``/``version``, ``chip``, input quantization, the integer layer
-  semantics, ``output.scale`` and one entry per layer: channels, kernel/stride/padding, mask/weight/
+- ``chip_model.json``: ``format``/``version``, ``chip``, ``simulation_only`` (true: exported with
+  ``export.allow_any_size`` at an input size the chip does not take; it runs in numpy/onnxruntime
+  only), input quantization, the integer layer semantics, ``output.scale`` and one entry per layer: channels, kernel/stride/padding, mask/weight/
   bias bits, ``shift``, ``pool`` ("max2x2" or null), ``cap`` (31 after fusion) and the names of its
   arrays in ``weights.npz``.
 - ``weights.npz``: ``layer{i}.weight`` int64 [out, in, 3, 3] and ``layer{i}.bias`` int64 [out]
@@ -57,6 +58,7 @@ class ChipModel:
     out_scale: float
     chip: str
     meta: dict[str, Any] = field(default_factory=dict)
+    simulation_only: bool = False  # an input size the chip does not take (export.allow_any_size)
 
 
 def chip_model_from(model: nn.Module, chip: str) -> ChipModel:
@@ -97,7 +99,8 @@ def save_chip_model(cm: ChipModel, out_dir: str | Path) -> Path:
                       "weight": f"layer{i}.weight", "bias": f"layer{i}.bias",
                       "weight_range": [int(L.weight.min()), int(L.weight.max())],
                       "bias_range": [int(L.bias.min()), int(L.bias.max())]})
-    doc = {"format": FORMAT, "version": VERSION, "chip": cm.chip, "input": INPUT_SEMANTICS,
+    doc = {"format": FORMAT, "version": VERSION, "chip": cm.chip,
+           "simulation_only": bool(cm.simulation_only), "input": INPUT_SEMANTICS,
            "layer_semantics": LAYER_SEMANTICS,
            "output": {"scale": cm.out_scale, "formula": "output = y_last * scale"},
            "meta": cm.meta, "layers": specs}
@@ -137,4 +140,5 @@ def load_chip_model(path: str | Path) -> ChipModel:
             layers.append(ChipLayer(w, b, int(s["shift"]), s["pool"] is not None,
                                     int(s["mask_bits"]), int(s["weight_bits"]),
                                     int(s["bias_bits"]), float(s["cap"])))
-    return ChipModel(layers, float(doc["output"]["scale"]), str(doc["chip"]), doc.get("meta", {}))
+    return ChipModel(layers, float(doc["output"]["scale"]), str(doc["chip"]), doc.get("meta", {}),
+                     bool(doc.get("simulation_only", False)))

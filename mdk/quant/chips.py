@@ -1,11 +1,16 @@
-"""The chip table: what each GTI chip accepts (the top-level ``chip`` key), and its check. A leaf
-(no torch): the config checks read it before anything else is imported.
+"""The chip table: what each GTI chip accepts (the top-level ``chip`` key), and its checks, with
+those of the ``export`` node (conf/config.yaml). A leaf (no torch): the config checks read it
+before anything else is imported.
 
-(weight bits, bias bits) per chip and mask bit width, from the GTI MDKs.
+(weight bits, bias bits) per chip and mask bit width, and the square input sizes a chip model may
+take, from the GTI MDKs (the PyTorch MDK's chip spec lists 224, 320, 448 and 640 px for every
+chip; its TensorFlow MDK builds 224 and 448).
 """
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from mdk.errors import ConfigError
 
@@ -14,6 +19,7 @@ CHIP_BITS: dict[str, dict[int, tuple[int, int]]] = {
     "2801": {1: (12, 12), 3: (12, 18)},
     "2803": {2: (12, 12), 5: (12, 16), 12: (12, 20)},
 }
+CHIP_INPUT_SIZES: dict[str, tuple[int, ...]] = {chip: (224, 320, 448, 640) for chip in CHIP_BITS}
 CHIPS = tuple(CHIP_BITS)
 SUPPORTED_MASKS = (1, 2, 3, 5, 8, 12)
 
@@ -30,6 +36,34 @@ def chip_bits(chip: str, mask_bits: int) -> tuple[int, int]:
     return table[int(mask_bits)]
 
 
+def chip_takes(chip: str, image_size: Any) -> bool:
+    """Whether ``chip`` runs a model whose input is ``image_size`` x ``image_size`` pixels."""
+    return str(chip) in CHIP_INPUT_SIZES and image_size in CHIP_INPUT_SIZES[str(chip)]
+
+
+def size_refusal(chip: str, image_size: Any) -> str:
+    """What to tell a user who exports a chip model at an input size ``chip`` does not take."""
+    sizes = ", ".join(map(str, CHIP_INPUT_SIZES[str(chip)]))
+    return (f"model.image_size={image_size} is no input size of chip {chip} (it takes {sizes} px), "
+            "so the chip could not run the exported model; set model.image_size to one of them, or "
+            "export.allow_any_size=true for a simulation-only chip model (no GTI hand-off)")
+
+
+def check_export_size(cfg: DictConfig) -> None:
+    """Before any stage trains: a run that exports a chip model exports one the chip can run,
+    unless ``export.allow_any_size`` (called for the stages whose record says ``export``)."""
+    if not allow_any_size(cfg) and not chip_takes(cfg.chip, cfg.model.image_size):
+        raise ConfigError(size_refusal(cfg.chip, cfg.model.image_size))
+
+
+def allow_any_size(cfg: DictConfig) -> bool:
+    """``export.allow_any_size`` (false where a config has no ``export`` node)."""
+    return bool(OmegaConf.select(cfg, "export.allow_any_size", default=False))
+
+
 def check_chip(cfg: DictConfig) -> None:
     if str(cfg.chip) not in CHIPS:
         raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of {', '.join(CHIPS)}")
+    flag = OmegaConf.select(cfg, "export.allow_any_size", default=False)
+    if not isinstance(flag, bool):
+        raise ConfigError(f"export.allow_any_size={flag!r} must be true or false")

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdk.quant.bn_fold import chip_layers
+from mdk.errors import ConfigError
 from mdk.quant.chip_model import ChipModel, chip_model_from, save_chip_model
+from mdk.quant.chips import chip_takes, size_refusal
 from mdk.quant.gti_sdk import GTI_CHIPS, write_gti_files
 
 log = logging.getLogger(__name__)
@@ -80,15 +82,26 @@ def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
     return sess.run(None, {"image_u8": u8.cpu().numpy()})[0]
 
 
-def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str,
-                      onnx: bool = True, gti: bool = True) -> ChipModel:
+def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str, onnx: bool = True,
+                      gti: bool = True, allow_any_size: bool = False) -> ChipModel:
     """Write ``chip_model.json`` + ``weights.npz`` (+ ``model.onnx``) for a fused step4 model, and
-    (``gti``, chip 5801) the GTI converter's input files in ``out_dir/gti/``."""
+    (``gti``, chip 5801) the GTI converter's input files in ``out_dir/gti/``.
+
+    An input size the chip does not take (mdk.quant.chips) is a ConfigError, or with
+    ``allow_any_size`` a simulation-only chip model (marked in chip_model.json, no GTI hand-off)."""
     cm = chip_model_from(model, chip)
+    size = cm.meta.get("image_size")
+    if size is not None and not chip_takes(chip, size):
+        if not allow_any_size:
+            raise ConfigError(size_refusal(chip, size))
+        cm.simulation_only = True
     out_dir = save_chip_model(cm, out_dir)
     if onnx:
         export_onnx(cm, out_dir / ONNX_FILE)
-    if gti and str(chip) in GTI_CHIPS:
+    if cm.simulation_only:
+        log.warning("chip model in %s is simulation-only: chip %s does not take %dx%d inputs "
+                    "(export.allow_any_size=true); no GTI SDK hand-off", out_dir, chip, size, size)
+    elif gti and str(chip) in GTI_CHIPS:
         layers = [(layer.conv.weight, layer.conv.bias) for layer in chip_layers(model)]
         try:
             write_gti_files(cm, out_dir / GTI_DIR, float_layers=layers)

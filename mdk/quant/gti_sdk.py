@@ -5,7 +5,7 @@ checkpoint, writes four files into one directory and then calls GTI's closed lib
 ``GtiConvertInternalToSDK`` (``libgticonfig5801.so``: layer-spec JSON + filter + bias -> ``chip.dat``)
 and ``GtiComposeModelFile`` (``libGTILibrary``: model JSON -> the chip ``.model``); see
 docs/pipeline.md. ``write_gti_files`` writes the same four files, in the same layout and number
-formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`:
+formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`, and the host's CAP value:
 
 - ``filter.txt``: every weight of every layer, layer after layer, each ``[out, in, 3, 3]`` in C
   order, one value per line as ``%.16e`` of the quantized float (``mantissa / 2**shift``, exact),
@@ -19,15 +19,20 @@ formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`:
   ``sublayer_number``, ``learning`` false, ``last_layer_out`` false, ``major_layer`` (1-based) and
   ``scaling`` (the sublayers' shifts); ``model: [{ChipType, MajorLayerNumber}]``.
 - ``<chip>_gnetdet_model[_448].json``: the SDK model: an image reader and the chip CNN layer
-  (``data file`` = the absolute path of ``chip.dat`` in this directory, input and output shapes).
+  (``data file`` = the absolute path of ``chip.dat`` in this directory, input and output shapes;
+  ``set_dat_path`` points it at the machine that runs GTI's tools).
+- ``relu_cap.txt``: one line, the last layer's cap ``c_last = 31 * output.scale``, the value the
+  GTI MDK's README has users copy from its ``relu_cap.txt`` into the inference program's ``CAP``
+  (after gain fusion every other cap is 31).
 
 Both JSON files are ``json.dump(..., indent=4, separators=(',', ': '), sort_keys=True)`` with no
 final newline. Zeros keep the sign the GTI quantizer gives them (``-0.0000000000000000e+00`` where
 a negative weight or bias rounds to 0), so the text is byte-identical to the converter's for the
-same fused model. One exception, measure-zero: the converter evaluates the *last* layer's shift in
-float64 (a side effect of its zero-padding) while training evaluates it in float32; at an exact
-power-of-two boundary the two differ and ``write_gti_files`` warns (the files hold the trained
-values). The GTI PyTorch MDK converts for chip 5801 only.
+same fused model, but for two measure-zero exceptions where the converter computes other values
+than training did (mdk.quant.gti_converter: the last layer's float64 shift at an exact power-of-two
+boundary; float32 ``floor(x + 0.5)`` rounding ``±0.49999997`` to ``±1``); each is warned at
+export and the files hold the trained values. Only input sizes the chip takes are written
+(mdk.quant.chips). The GTI PyTorch MDK converts for chip 5801 only.
 """
 from __future__ import annotations
 
@@ -42,12 +47,14 @@ import numpy as np
 import torch
 
 from mdk.quant.chip_model import ChipModel
-from mdk.quant.weights import GTI_EPSILON, five_bit_coefficients
+from mdk.quant.chips import CHIP_INPUT_SIZES, chip_takes
+from mdk.quant.gti_converter import warn_where_the_converter_differs
+from mdk.quant.weights import five_bit_coefficients
 
 log = logging.getLogger(__name__)
 
 GTI_CHIPS = ("5801",)
-FILTER_FILE, BIAS_FILE, DAT_FILE = "filter.txt", "bias.txt", "chip.dat"
+FILTER_FILE, BIAS_FILE, DAT_FILE, CAP_FILE = "filter.txt", "bias.txt", "chip.dat", "relu_cap.txt"
 MODEL_VERSION = 100  # the converter adds this to the model JSON
 TILE = 14  # the SDK's default output tile size
 
@@ -198,29 +205,18 @@ def model_json(cm: ChipModel, majors: Sequence[MajorLayer], image_size: int, dat
     return {"layer": [reader, cnn], "name": f"gti_{cm.chip}_gnetdet", "version": MODEL_VERSION}
 
 
-def converter_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
-                    bias_bits: int) -> int:
-    """The shift the GTI converter gives the last layer: its formula evaluated in float64."""
-    def term(t: torch.Tensor, bits: int) -> float:
-        d = t.detach().cpu().to(torch.float32).to(torch.float64).abs().max() + GTI_EPSILON
-        return float(torch.log2(d.reciprocal() * float(2 ** (bits - 1) - 1)).trunc())
-    s = term(w, weight_bits)
-    if b is not None and b.numel():
-        s = min(s, term(b, bias_bits))
-    return int(min(max(s, 0), 12))
-
-
 def _dump(doc: dict) -> str:
     return json.dumps(doc, indent=4, separators=(",", ": "), sort_keys=True)
 
 
 def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int] = None,
-                    float_layers: Optional[Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]] = None
-                    ) -> Path:
-    """Write filter.txt, bias.txt and the two JSON files into ``out_dir`` (created).
+                    float_layers: Optional[Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
+                    check_size: bool = True) -> Path:
+    """Write filter.txt, bias.txt, the two JSON files and relu_cap.txt into ``out_dir`` (created).
 
     ``float_layers``: the fused float (weight, bias) of every layer, for the sign of zeros and the
-    last-layer shift check; without it every zero is written as +0.
+    warnings where the converter would compute otherwise; without it every zero is written as +0.
+    ``check_size=False`` writes an input size the chip does not take (the format only: tests).
     """
     chip = str(cm.chip)
     if chip not in GTI_CHIPS:
@@ -229,28 +225,49 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
     size = int(image_size or cm.meta.get("image_size") or 0)
     if size <= 0:
         raise ValueError("write_gti_files needs the model's image size (image_size=...)")
+    if check_size and not chip_takes(chip, size):
+        raise ValueError(f"the GTI chip spec takes input sizes {CHIP_INPUT_SIZES[chip]}, not {size}")
     majors = major_layers(cm, size)
     negz = None
     if float_layers is not None:
         negz = [negative_zeros(w, b, L.mask_bits, L.weight, L.bias)
                 for (w, b), L in zip(float_layers, cm.layers, strict=True)]
-        w, b = float_layers[-1]
-        L = cm.layers[-1]
-        conv = converter_shift(w, b, L.weight_bits, L.bias_bits)
-        if conv != L.shift:
-            log.warning("last layer: the GTI converter would compute shift %d (it evaluates the "
-                        "last layer in float64) where the model was trained with %d (float32, an "
-                        "exact power-of-two boundary); %s holds the trained values", conv,
-                        L.shift, FILTER_FILE)
+        warn_where_the_converter_differs(cm, float_layers, FILTER_FILE)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _write_values(out / FILTER_FILE, ((w, nw) for w, nw, _, _ in layer_values(cm, majors, negz)))
     _write_values(out / BIAS_FILE, ((b, nb) for _, _, b, nb in layer_values(cm, majors, negz)))
     dat_name, model_name = file_names(chip, size)
-    for name, doc in ((dat_name, dat_json(cm, majors)),
-                      (model_name, model_json(cm, majors, size, os.path.realpath(out / DAT_FILE)))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(_dump(doc))
-        tmp.replace(out / name)
-    log.info("GTI SDK hand-off (%d major layers) written to %s", len(majors), out)
+    _write_text(out / dat_name, _dump(dat_json(cm, majors)))
+    _write_text(out / model_name, _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
+    _write_text(out / CAP_FILE, f"{last_cap(cm)}\n")
+    log.info("GTI SDK hand-off (%d major layers, CAP %s) written to %s", len(majors),
+             last_cap(cm), out)
     return out
+
+
+def last_cap(cm: ChipModel) -> str:
+    """``c_last = 31 * output.scale`` as the shortest float32 text (the caps are float32)."""
+    return str(np.float32(cm.out_scale * 31.0))
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def set_dat_path(gti_dir: str | Path, dat_path: str) -> Path:
+    """Point the model JSON of a hand-off folder at ``dat_path`` (where ``chip.dat`` will be on the
+    machine that runs GTI's tools); the rest of the file is kept as written. Returns the JSON."""
+    found = sorted(Path(gti_dir).glob("*_gnetdet_model*.json"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{gti_dir} holds {len(found)} GTI model JSON files "
+                                "(*_gnetdet_model*.json), not 1: not a GTI hand-off folder")
+    doc = json.loads(found[0].read_text())
+    cnn = [layer for layer in doc.get("layer", []) if layer.get("operation") == "GTICNN"]
+    if len(cnn) != 1:
+        raise ValueError(f"{found[0]} has {len(cnn)} GTICNN layers, not 1")
+    cnn[0]["data file"] = str(dat_path)
+    _write_text(found[0], _dump(doc))
+    return found[0]

@@ -37,6 +37,13 @@ def round_half_away(x: torch.Tensor) -> torch.Tensor:
     return torch.copysign(torch.floor(x.abs().add_(pred_half(x.dtype))), x)
 
 
+def gti_round(x: torch.Tensor) -> torch.Tensor:
+    """The GTI tools' R: ``floor(x + 0.5)`` where ``x >= 0``, else ``ceil(x - 0.5)``, in ``x``'s
+    dtype. Not used to train or export: it tells where the GTI converter writes another value
+    than :func:`round_half_away` (float32: 0.49999997 -> 1, and odd integers from 2^23 up)."""
+    return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
+
+
 def round_shift_int(acc: torch.Tensor, shift: int) -> torch.Tensor:
     """Integer R(acc / 2**shift) with ties away from zero, for int64 tensors (integer reference)."""
     if shift == 0:

@@ -23,7 +23,7 @@ power-of-two boundary a model gets the same shift, and the same chip integers, f
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -83,38 +83,44 @@ def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
                        torch.zeros_like(num))
 
 
-def five_bit_coefficients(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+Rounding = Callable[[torch.Tensor], torch.Tensor]
+
+
+def five_bit_coefficients(w: torch.Tensor, rnd: Rounding = round_half_away
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """5-bit mask: ``(R(w / step), step)`` with ``step = max|w| / 15`` per 3x3 kernel (0 for an
     all-zero kernel, whose coefficients are 0)."""
     step = w.abs().amax(dim=(2, 3), keepdim=True) / 15
-    return round_half_away(_safe_div(w, step)), step
+    return rnd(_safe_div(w, step)), step
 
 
-def weight_mantissas(w: torch.Tensor, mask_bits: int, scale: torch.Tensor) -> torch.Tensor:
-    """Integer-valued (float dtype) mantissas of the ``mask_bits`` quantizer; ``scale = 2**shift``."""
+def weight_mantissas(w: torch.Tensor, mask_bits: int, scale: torch.Tensor,
+                     rnd: Rounding = round_half_away) -> torch.Tensor:
+    """Integer-valued (float dtype) mantissas of the ``mask_bits`` quantizer; ``scale = 2**shift``.
+    ``rnd``: the rounding (mdk.quant.rounding.gti_round replays the GTI tools' float formula)."""
     if mask_bits in (8, 12):
-        return round_half_away(w * scale)
+        return rnd(w * scale)
     if mask_bits not in SUPPORTED_MASKS:
         raise ValueError(f"mask_bits={mask_bits} is not a chip mask; use one of {SUPPORTED_MASKS}")
     a = w.abs()
     sign = torch.sign(w)
     if mask_bits == 5:
-        coef, step = five_bit_coefficients(w)
-        return coef * round_half_away(step * scale)
+        coef, step = five_bit_coefficients(w, rnd)
+        return coef * rnd(step * scale)
     m = a.mean(dim=(2, 3), keepdim=True)  # per (out, in) kernel
     if mask_bits == 1:
         # A sign bit, never 0: w == 0 (either zero) gets +QS(m), as in the GTI tools.
-        q = round_half_away(m * scale)
+        q = rnd(m * scale)
         return torch.where(w >= 0, q, -q)
     if mask_bits == 2:
-        qm_int = round_half_away(m * scale)
+        qm_int = rnd(m * scale)
         keep = a >= (qm_int / scale) / 4  # |w| >= QS(m)/4, all exact power-of-two divisions
         return torch.where(keep, sign * qm_int, torch.zeros_like(w))
     # 3 bit
     step = m / 4
     coef = torch.trunc(_safe_div(a, step))
     coef = torch.where(coef >= 3, torch.full_like(coef, 4.0), coef)
-    return sign * coef * round_half_away(step * scale)
+    return sign * coef * rnd(step * scale)
 
 
 def _quantize(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,

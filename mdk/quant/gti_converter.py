@@ -1,0 +1,79 @@
+"""Where the GTI converter would write other numbers than mdk's hand-off, and the warnings at export.
+
+The hand-off (mdk.quant.gti_sdk) writes the values mdk trained and exported. The GTI converter
+(``gnetmdk/gti/converter.py``) quantizes the checkpoint again and differs, on isolated float values
+only, in two places (docs/gti-compat.md, 2 and 4):
+
+- the **last layer's shift**: the converter zero-pads that layer with a float64 numpy array, so it
+  evaluates its shift in float64, where training used float32; at an exact power-of-two boundary
+  the two shifts differ (``converter_shift``);
+- **rounding**: the GTI tools round with ``floor(x + 0.5)`` / ``ceil(x - 0.5)``
+  (mdk.quant.rounding.gti_round), in float32 for every layer but the last; that rounds
+  ``±0.49999997`` (``0.5 - 2^-25``) to ``±1`` where mdk's exact rounding gives 0
+  (``rounding_slips``; its other slip, odd integers from 2^23 up, is beyond any mantissa).
+  In the float64 last layer the formula is exact for these float32 values: no slip there.
+
+Either way the files hold the trained values (what the model was fine-tuned and evaluated with),
+and the export logs one warning line per affected layer.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+import torch
+
+from mdk.quant.chip_model import ChipModel
+from mdk.quant.rounding import gti_round, round_half_away
+from mdk.quant.weights import GTI_EPSILON, weight_mantissas
+
+log = logging.getLogger(__name__)
+
+FloatLayers = Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+def converter_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
+                    bias_bits: int) -> int:
+    """The shift the GTI converter gives the last layer: its formula evaluated in float64."""
+    def term(t: torch.Tensor, bits: int) -> float:
+        d = t.detach().cpu().to(torch.float32).to(torch.float64).abs().max() + GTI_EPSILON
+        return float(torch.log2(d.reciprocal() * float(2 ** (bits - 1) - 1)).trunc())
+    s = term(w, weight_bits)
+    if b is not None and b.numel():
+        s = min(s, term(b, bias_bits))
+    return int(min(max(s, 0), 12))
+
+
+def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, shift: int) -> int:
+    """How many of a layer's written values (weights and biases, quantized from the float ``w``,
+    ``b`` at ``shift``) the GTI tools' float32 ``floor(x + 0.5)`` rounds otherwise than mdk."""
+    w32 = w.detach().cpu().to(torch.float32)
+    scale = torch.tensor(2.0 ** shift, dtype=torch.float32)
+    n = 0
+    ours, theirs = (weight_mantissas(w32, int(mask_bits), scale, rnd=r) for r in (round_half_away,
+                                                                                  gti_round))
+    n += int((ours != theirs).sum())
+    if b is not None:
+        x = b.detach().cpu().to(torch.float32) * scale
+        n += int((round_half_away(x) != gti_round(x)).sum())
+    return n
+
+
+def warn_where_the_converter_differs(cm: ChipModel, float_layers: FloatLayers,
+                                     filter_file: str) -> None:
+    """One warning line per layer the GTI converter would write otherwise (see the module doc)."""
+    last = len(cm.layers) - 1
+    for i, ((w, b), L) in enumerate(zip(float_layers, cm.layers, strict=True)):
+        slips = rounding_slips(w, b, L.mask_bits, L.shift) if i != last else 0
+        if slips:
+            log.warning("layer %d: %d written value(s) where the GTI tools' float32 floor(x + 0.5) "
+                        "rounds otherwise (it rounds ±0.49999997 to ±1); %s holds the trained "
+                        "values", i, slips, filter_file)
+    w, b = float_layers[-1]
+    L = cm.layers[-1]
+    conv = converter_shift(w, b, L.weight_bits, L.bias_bits)
+    if conv != L.shift:
+        log.warning("last layer: the GTI converter would compute shift %d (it evaluates the "
+                    "last layer in float64) where the model was trained with %d (float32, an "
+                    "exact power-of-two boundary); %s holds the trained values", conv,
+                    L.shift, filter_file)
