@@ -111,6 +111,17 @@ def _proc(tmp: Path, *args: str, env: dict | None = None) -> subprocess.Complete
                           capture_output=True, text=True, timeout=300)
 
 
+def test_real_command_model_value_error_is_one_line(tmp_path):
+    """A ValueError of the model's class at build time (Hydra would print its five-line
+    "Error in call to target" block) is mdk's one line, before any stage."""
+    p = _proc(tmp_path, "model.image_size=100")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "config error: model.image_size=100 must be divisible by 2^5 = 32 (the model has 5 2x2 "
+        "max-pools): e.g. 96 or 128"]
+    assert not (tmp_path / "ck").exists()
+
+
 def test_real_command_user_error_is_one_line_and_status_1(tmp_path):
     p = _proc(tmp_path, "step=step3")
     assert p.returncode == 1 and "Traceback" not in p.stderr

@@ -75,6 +75,18 @@ CASES = {
     "split_below_one_batch": (["trainer.batch_size=32"],
                               ["data error: dataset.generate.num_train has 16 images, fewer than "
                                "one global batch (trainer.batch_size=32)", "lower trainer.batch_size"]),
+    "image_size_no_chip_size": (["pipeline=[step1,step2,cal,step3,step4]", "model.image_size=192"],
+                                ["config error: model.image_size=192 is no input size of chip 5801 "
+                                 "(it takes 224, 320, 448, 640 px)",
+                                 "export.allow_any_size=true for a simulation-only chip model"]),
+    "export_flag": (["export.allow_any_size=maybe"],
+                    ["config error: export.allow_any_size='maybe' must be true or false"]),
+    "image_size_not_divisible": (["model.image_size=100"],
+                                 ["config error: model.image_size=100 must be divisible by 2^5 = 32 "
+                                  "(the model has 5 2x2 max-pools): e.g. 96 or 128"]),
+    "model_value_its_class_refuses": (["model.net.channels=[8,M,x]", "model.net.mask_bits=[3,3,8]"],
+                                      ["config error: model.net (mdk.models.gnetdet.GNetDet): "
+                                       "invalid literal for int() with base 10: 'x'"]),
     "rendezvous_unreachable": (["dist.nodes=2", "dist.rank=1", "dist.dist_url=127.0.0.1:1",
                                 "dist.timeout_s=1"],
                                ["distributed setup error: could not reach the rendezvous at "

@@ -9,8 +9,12 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import REPO, compose, run_cmd_env
+from launchers.hydra_app.user_error_line import user_error_line
 from mdk.config import validate
 from mdk.errors import ConfigError
+from mdk.models.build import build_model
+from mdk.models.config import check_model
+from mdk.quant.chips import chip_takes
 from mdk.schema import SCHEMAS, schema_name
 
 GROUPS = {
@@ -145,3 +149,65 @@ def test_cli_help_lists_groups_and_cfg_prints_config():
 def test_cli_rejects_unknown_keys_and_choices(args, needle):
     r = _run(*args, "--cfg", "job")
     assert r.returncode != 0 and needle in r.stderr
+
+
+def test_the_default_model_and_data_take_a_chip_input_size():
+    cfg = compose([])
+    assert cfg.model.image_size == 224 and cfg.dataset.generate.image_size == 224
+    assert chip_takes(cfg.chip, cfg.model.image_size) and not cfg.export.allow_any_size
+    assert compose(["model.image_size=448"]).dataset.generate.image_size == 448  # follows the model
+    validate(compose(["pipeline=[step1,step2,cal,step3,step4]"]))
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (["pipeline=[step1,step2,cal,step3,step4]"], True),
+    (["step=step4"], True),
+    (["pipeline=[step1,step2,cal,step3,step4]", "export.allow_any_size=true"], False),
+    (["pipeline=[step1,step2,cal,step3]"], False),  # nothing exports
+    (["pipeline=[step1,step2,cal,step3,step4]", "+stages.step4.export=false"], False),
+    (["pipeline=[step1,step2,cal,step3,step4]", "model.image_size=320"], False),
+])
+def test_the_input_size_is_checked_where_a_running_stage_exports(overrides, refused):
+    cfg = compose(["model.image_size=192", *overrides])
+    if refused:
+        with pytest.raises(ConfigError, match=r"^model\.image_size=192 is no input size of chip "
+                                              r"5801 \(it takes 224, 320, 448, 640 px\)"):
+            validate(cfg)
+    else:
+        validate(cfg)
+
+
+def test_a_rank_building_the_model_gets_the_same_config_error():
+    """build_model (what every rank runs) turns the class's ValueError into the ConfigError the
+    checks give; from a spawned rank it reaches the user as one line naming the rank."""
+    cfg = compose(["model.image_size=100"])
+    with pytest.raises(ConfigError) as checked:
+        validate(cfg)
+    with pytest.raises(ConfigError) as built:
+        build_model(cfg)
+    assert str(built.value) == str(checked.value) == (
+        "model.image_size=100 must be divisible by 2^5 = 32 (the model has 5 2x2 max-pools): "
+        "e.g. 96 or 128")
+
+    class RankFailedError(RuntimeError):  # what launchers.processes.spawn raises, by name
+        pass
+
+    tb = f"rank 1 failed (log: r.log):\nTraceback ...\nmdk.errors.ConfigError: {built.value}\n"
+    assert user_error_line(RankFailedError(tb)) == f"config error (rank 1): {built.value}"
+
+
+def test_the_model_check_builds_nothing_real():
+    """check_model builds GNetDet-448 on the meta device: no weights are allocated."""
+    made = []
+    orig = torch.nn.Conv2d.__init__
+
+    def spy(self, *a, **k):
+        orig(self, *a, **k)
+        made.append(self.weight.device.type)
+
+    torch.nn.Conv2d.__init__ = spy
+    try:
+        check_model(compose(["model=gnetdet"]))
+    finally:
+        torch.nn.Conv2d.__init__ = orig
+    assert made == ["meta"] * 16

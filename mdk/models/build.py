@@ -5,8 +5,9 @@ import fnmatch
 import logging
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
+
+from mdk.models.config import instantiate_checked
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +16,7 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
     """``model.net`` instantiated, with the training choices that touch the model applied:
     ``trainer.activation_checkpointing`` and ``model.freeze`` (fnmatch patterns on parameter
     names)."""
-    model = instantiate(cfg.model.net)
+    model = instantiate_checked(cfg.model.net, "model.net")  # a bad value: one config line
     if cfg.trainer.get("activation_checkpointing"):
         # A training choice, not part of the model definition: a plain attribute the model reads.
         if not hasattr(model, "activation_checkpointing"):

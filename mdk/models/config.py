@@ -1,6 +1,6 @@
 """The ``model`` and ``loss`` config groups: their schemas and checks. Torch-free: the schemas
-load before Hydra composes (the loss check builds the loss through its ``_target_``, which
-imports torch only when it runs).
+load before Hydra composes (the checks build the model and the loss through their ``_target_``,
+which imports torch only when they run).
 
 A model or loss of your own is a YAML in conf/model/ or conf/loss/ naming its class; it may use
 these schemas (``defaults: [/_schema_model_gnetdet@_here_, _self_]``) or none.
@@ -71,8 +71,34 @@ MODEL_SCHEMAS: dict[str, type] = {"gnetdet": ModelConf}
 LOSS_SCHEMAS: dict[str, type] = {"yolo": YoloLossConf, "gti": GtiLossConf}
 
 
+def instantiate_checked(node: DictConfig, key: str) -> Any:
+    """``node`` instantiated; a ValueError its ``_target_`` raises (a bad value) becomes one
+    ConfigError line, named by the class's own message (``model.image_size=...``) or else by
+    ``key`` and the target. Anything else keeps Hydra's error: it is a bug, not a value."""
+    try:
+        return instantiate(node)
+    except InstantiationException as e:
+        cause = e.__cause__
+        if not isinstance(cause, ValueError):
+            raise
+        text = str(cause)
+        group = key.split(".")[0] + "."
+        where = "" if text.startswith(group) else f"{key} ({node.get('_target_')}): "
+        raise ConfigError(where + text) from cause
+
+
 def check_model(cfg: DictConfig) -> None:
+    """The model is built once here on the meta device (its geometry, no weights): a value its
+    class refuses (``model.image_size=100`` for five 2x2 pools) is one line before any stage."""
     check_min(cfg, "model.image_size", 32)
+    import torch  # here: this leaf is imported torch-free before Hydra composes; the check runs after
+
+    try:
+        with torch.device("meta"):
+            instantiate_checked(cfg.model.net, "model.net")
+    except InstantiationException:
+        pass  # not a bad value (e.g. a model that cannot be built on the meta device): the run's
+        # build_model raises it with its traceback
 
 
 def check_loss(cfg: DictConfig) -> None:
@@ -80,9 +106,4 @@ def check_loss(cfg: DictConfig) -> None:
     data is built: a bad weight is one config line, not a Hydra error from the run."""
     if cfg.get("loss") is None:
         return
-    try:
-        instantiate(cfg.loss)  # a few floats and a buffer: no data, no device
-    except InstantiationException as e:
-        if not isinstance(e.__cause__, ValueError):
-            raise
-        raise ConfigError(str(e.__cause__)) from e.__cause__
+    instantiate_checked(cfg.loss, "loss")  # a few floats and a buffer: no data, no device

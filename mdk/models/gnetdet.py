@@ -68,8 +68,11 @@ class GNetDet(nn.Module):
         self.layers = nn.ModuleList(layers)
         n_pool = sum(1 for c in spec if c == "M")
         if image_size % (2 ** n_pool):
-            raise ValueError(f"model.image_size={image_size} must be divisible by 2^{n_pool} "
-                             f"(the model has {n_pool} 2x2 max-pools)")
+            step = 2 ** n_pool
+            lower = max(step, image_size // step * step)
+            raise ValueError(f"model.image_size={image_size} must be divisible by 2^{n_pool} = "
+                             f"{step} (the model has {n_pool} 2x2 max-pools): e.g. {lower} or "
+                             f"{lower + step}")
         self.grid = image_size // (2 ** n_pool)
         # Step4 sets this to c_last / 31 after gain fusion so outputs keep their float scale.
         self.register_buffer("out_scale", torch.tensor(1.0))
