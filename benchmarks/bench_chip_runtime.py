@@ -38,6 +38,7 @@ def main() -> None:
 
     from mdk.models.build import build_model
     from mdk.quant import calibrate
+    from mdk.quant.chips import allow_any_size
     from mdk.quant.export import ONNX_FILE, export_chip_model
     from mdk.quant.integer_ref import integer_forward
     from mdk.stage import apply_stage
@@ -53,7 +54,8 @@ def main() -> None:
         calibrate.finalize_caps(model)
     apply_stage(model, "step4", str(cfg.chip))
     with tempfile.TemporaryDirectory() as d:
-        cm = export_chip_model(model, Path(d), str(cfg.chip), onnx=True)
+        cm = export_chip_model(model, Path(d), str(cfg.chip), onnx=True, gti=False,
+                               allow_any_size=allow_any_size(cfg))
         opts = ort.SessionOptions()
         if args.threads:
             opts.intra_op_num_threads = args.threads

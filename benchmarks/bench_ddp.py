@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from mdk.world import World  # noqa: E402
 
-# The default model (gnetdet_small, 192 px) on a smaller generated split. Data is loaded in each
+# The default model (gnetdet_small) on a smaller generated split. Data is loaded in each
 # training process (num_workers=0): with one thread per process the comparison is about
 # processes, and a loader worker would hand the 1-process run a second core for free.
 # `model.image_size=96 dataset.generate.image_size=96` shows the small-step case (gloo's

@@ -91,7 +91,7 @@ def check_model(cfg: DictConfig) -> None:
     """The model is built once here on the meta device (its geometry, no weights): a value its
     class refuses (``model.image_size=100`` for five 2x2 pools) is one line before any stage."""
     check_min(cfg, "model.image_size", 32)
-    import torch  # here: this leaf is imported torch-free before Hydra composes; the check runs after
+    import torch  # here: this leaf loads torch-free before Hydra composes; checks run after
 
     try:
         with torch.device("meta"):

@@ -4,9 +4,9 @@ On disk (an open, documented format, readable without mdk):
 
 - ``chip_model.json``: ``format``/``version``, ``chip``, ``simulation_only`` (true: exported with
   ``export.allow_any_size`` at an input size the chip does not take; it runs in numpy/onnxruntime
-  only), input quantization, the integer layer semantics, ``output.scale`` and one entry per layer: channels, kernel/stride/padding, mask/weight/
-  bias bits, ``shift``, ``pool`` ("max2x2" or null), ``cap`` (31 after fusion) and the names of its
-  arrays in ``weights.npz``.
+  only), input quantization, the integer layer semantics, ``output.scale`` and one entry per
+  layer: channels, kernel/stride/padding, mask/weight/bias bits, ``shift``, ``pool`` ("max2x2" or
+  null), ``cap`` (31 after fusion) and the names of its arrays in ``weights.npz``.
 - ``weights.npz``: ``layer{i}.weight`` int64 [out, in, 3, 3] and ``layer{i}.bias`` int64 [out]
   (plain numpy arrays, no pickle).
 

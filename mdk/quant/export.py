@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mdk.quant.bn_fold import chip_layers
 from mdk.errors import ConfigError
+from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chip_model import ChipModel, chip_model_from, save_chip_model
 from mdk.quant.chips import chip_takes, size_refusal
 from mdk.quant.gti_sdk import GTI_CHIPS, write_gti_files

@@ -49,10 +49,9 @@ def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, s
     ``b`` at ``shift``) the GTI tools' float32 ``floor(x + 0.5)`` rounds otherwise than mdk."""
     w32 = w.detach().cpu().to(torch.float32)
     scale = torch.tensor(2.0 ** shift, dtype=torch.float32)
-    n = 0
-    ours, theirs = (weight_mantissas(w32, int(mask_bits), scale, rnd=r) for r in (round_half_away,
-                                                                                  gti_round))
-    n += int((ours != theirs).sum())
+    ours = weight_mantissas(w32, int(mask_bits), scale, rnd=round_half_away)
+    theirs = weight_mantissas(w32, int(mask_bits), scale, rnd=gti_round)
+    n = int((ours != theirs).sum())
     if b is not None:
         x = b.detach().cpu().to(torch.float32) * scale
         n += int((round_half_away(x) != gti_round(x)).sum())
