@@ -17,13 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
+from conftest import compose
+from launchers.processes.spawn import run_ranks
 from mdk.data.dataset import DetectionDataset
 from mdk.data.voc import VOCReader
 from mdk.eval.distributed import evaluate
 from mdk.eval.metrics import evaluate_dataset, evaluate_detections
-from test_ddp_helpers import Oracle
+from mdk.world import World
+from test_ddp_helpers import TINY, Oracle, eval_rank
 
 CLASSES = ["cat", "dog", "person", "car", "bird"]
 SIZES = [(500, 375), (333, 500), (375, 500), (500, 333), (480, 360), (353, 500)]
@@ -241,3 +245,25 @@ def test_evaluate_scores_a_models_detections_as_the_devkit(real_sized, metric):
     cont = evaluate(Oracle(ds), ds, 8, torch.device("cpu"), 0.01, 0.5, metric=metric,
                     box_rule="continuous")
     assert cont["metric"].endswith("(continuous boxes)") and cont["map50"] != res["map50"]
+
+
+def test_two_processes_score_real_sized_images_as_one(tmp_path):
+    """Exact under DDP with the devkit rule: each rank predicts its shard, the union is mapped to
+    original pixels once, so 1 and 2 processes give the same numbers (an odd split: 23 images)."""
+    root = write_voc(tmp_path / "VOC", images=23, seed=1)
+
+    def cfg(*extra: str):
+        tiny = [o for o in TINY if not o.startswith("dataset.generate")]
+        c = compose([*tiny, "dataset=voc", f"dataset.root={root}",
+                     f"dataset.class_names=[{','.join(CLASSES)}]", "dataset.num_classes=5",
+                     "dataset.train_split=train", "dataset.val_split=val", "dataset.num_workers=0",
+                     f"paths.data={tmp_path}/data", f"paths.checkpoints={tmp_path}/ck", *extra])
+        return OmegaConf.create(OmegaConf.to_container(c, resolve=True))
+
+    single = eval_rank(cfg(), tmp_path, World())
+    (tmp_path / "run").mkdir()
+    multi = run_ranks(cfg("dist.gpus=2"), tmp_path / "run", eval_rank)
+    assert multi["world"] == 2 and single["metrics"]["images"] == multi["metrics"]["images"] == 23
+    assert multi["metrics"] == single["metrics"] and multi["oracle"] == single["oracle"]
+    assert single["oracle"]["metric"] == "VOC07 11-point mAP@0.5"
+    assert 0.05 < single["oracle"]["map50"] < 1.0
