@@ -9,9 +9,10 @@ the batch split, world size or worker count (needed for single- vs multi-process
 Call :meth:`DetectionDataset.set_epoch` each epoch (as with ``DistributedSampler``).
 
 Objects flagged ``difficult`` (VOC difficult objects, COCO crowd regions) are left out of training
-targets (the VOC convention: they are ignored, not counted, in evaluation); :meth:`DetectionDataset.gt`
-(boxes in the model-input frame) and :meth:`DetectionDataset.gt_original` (boxes in the image's
-original pixels) return them with their flag.
+targets (the VOC convention: they are ignored, not counted, in evaluation);
+:meth:`DetectionDataset.gt` (boxes in the model-input frame) and
+:meth:`DetectionDataset.gt_original` (boxes in the image's original pixels) return them with their
+flag.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Each rank predicts its no-padding shard (ShardSampler); detections are gathered to every rank,
 keyed by image index, and the metric (``eval.metric``: VOC07 11-point, VOC12 area, or COCO
 rules, VOC boxes under ``eval.box_rule``; mdk.eval.metrics) is computed once over the union, so
-W processes report exactly the single-process number whatever the split size. A model with BatchNorm evaluates with rank 0's
-running statistics on every rank (each rank's own drift apart with its own last batches).
+W processes report exactly the single-process number whatever the split size. A model with
+BatchNorm evaluates with rank 0's running statistics on every rank (each rank's own drift apart
+with its own last batches).
 """
 from __future__ import annotations
 

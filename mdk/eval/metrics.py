@@ -8,8 +8,8 @@ AP, with the same result layout.
 
 The box rule (``eval.box_rule``) of ``voc07``/``voc12`` on a dataset's model-input detections:
 
-* ``devkit`` (default): what the VOC devkit and every published VOC number score. Each detection
-  box is mapped from the model input back to its image's original pixels (``x * width /
+* ``devkit`` (default): what the VOC devkit scores, and published VOC numbers with it. Each
+  detection box is mapped from the model input back to its image's original pixels (``x * width /
   image_size``, ``y * height / image_size``, in float64; the inverse of the resize, as detectron2
   maps its boxes back), and scored against the annotation's boxes as written (VOC XML: 1-based
   inclusive integers) with the devkit's +1 on widths and heights (``pixel_offset=1``). The metric

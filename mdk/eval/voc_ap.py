@@ -23,8 +23,8 @@ Per class, over all evaluated images:
    float64: t = 0.3, 0.6 and 0.7 are a hair above 3/10, 6/10 and 7/10, so a recall of exactly
    3/10 (3 of 10 objects found) does not count at t = 0.3. (MATLAB's ``0:0.1:1`` in
    ``VOCevaldet.m`` builds its upper half down from 1, so its 0.6 and 0.7 are the doubles of
-   6/10 and 7/10: the two differ at those two thresholds only.) ``voc12`` (VOC2010 and later): area under the monotone precision
-   envelope, summed where recall changes.
+   6/10 and 7/10: the two differ at those two thresholds only.) ``voc12`` (VOC2010 and later):
+   area under the monotone precision envelope, summed where recall changes.
 
 Box convention: ``pixel_offset`` is added to widths and heights (and to the intersection's).
 ``pixel_offset=1`` is the devkit's: boxes in 1-based inclusive integer pixels, a box from 1 to 10
