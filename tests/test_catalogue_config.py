@@ -58,6 +58,8 @@ CASES = {
                         ["config error: loss.ignore_iou must be an IoU in [0, 1] or null, got 2"]),
     "loss_weight": (["loss.lambda_cls=-1"],
                     ["config error: loss.lambda_cls must be a finite number >= 0, got -1"]),
+    "eval_box_rule": (["eval.box_rule=pixels"],
+                      ["config error: eval.box_rule='pixels' must be devkit or continuous"]),
     "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
     "nccl_without_cuda": (["dist.backend=nccl"], ["config error: dist.backend=nccl needs CUDA GPUs"]),
     "cuda_without_gpu": (["trainer.device=cuda"], ["config error: trainer.device=cuda but this machine "

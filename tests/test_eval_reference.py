@@ -1,6 +1,8 @@
 """The vectorised VOC evaluator against a slow loop transcription of the devkit written here
-(VOCevaldet.m + VOCap.m as documented: per detection, a loop over the image's objects), on random
-sets with difficult objects, duplicates, score ties and empty images; and its speed."""
+(VOCevaldet.m + VOCap.m as documented: per detection, a loop over the image's objects; the 11
+thresholds of the Python ports), on random sets with difficult objects, duplicates, score ties and
+empty images, with and without the +1; and its speed. Real-sized images and the box rule:
+test_eval_devkit.py."""
 from __future__ import annotations
 
 import math
@@ -51,7 +53,7 @@ def devkit_ap(dets, gts, cls, metric, off, thr=0.5):
         prec = tp / (fp + tp)                     # 0/0 = NaN where only ignored rows so far
     if metric == "voc07":
         ap = 0.0
-        for t in [k / 10 for k in range(11)]:
+        for t in [k * 0.1 for k in range(11)]:   # the ports' np.arange(0.0, 1.1, 0.1)
             sel = prec[rec >= t]
             sel = sel[~np.isnan(sel)]
             ap += (sel.max() if len(sel) else 0.0) / 11

@@ -114,11 +114,16 @@ def test_eleven_point_and_area_differ_as_computed_by_hand():
     assert ap_voc07(np.zeros(0), np.zeros(0)) == 0.0 and ap_area(np.zeros(0), np.zeros(0)) == 0.0
 
 
-def test_recall_of_exactly_three_tenths_counts_at_threshold_point_three():
+@pytest.mark.parametrize("found, points", [(3, 3), (6, 6), (7, 7), (5, 6), (8, 9)])
+def test_eleven_points_are_the_devkit_ports_thresholds(found, points):
+    """The devkit ports' thresholds are np.arange(0, 1.1, 0.1): 0.3, 0.6 and 0.7 sit a hair above
+    3/10, 6/10, 7/10, so 3 of 10 objects found (recall exactly 0.3) do not count at t = 0.3;
+    5/10 and 8/10 count at 0.5 and 0.8, which are exact."""
     objs = [[20 * k, 0, 20 * k + 10, 10] for k in range(10)]
-    r = voc_ap({0: det(objs[:3], [0.9, 0.8, 0.7])}, {0: gt(objs)}, 1, "voc07")
-    assert r["recall"][0][-1] == 0.3
-    assert r["ap"][0] == pytest.approx(4 / 11, abs=1e-12)   # t = 0, .1, .2, .3
+    r = voc_ap({0: det(objs[:found], [0.9 - 0.01 * k for k in range(found)])},
+               {0: gt(objs)}, 1, "voc07")
+    assert r["recall"][0][-1] == found / 10
+    assert r["ap"][0] == pytest.approx(points / 11, abs=1e-12)   # precision 1 up to the recall
 
 
 def test_ties_in_score_keep_the_given_order():

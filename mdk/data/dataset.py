@@ -9,7 +9,10 @@ the batch split, world size or worker count (needed for single- vs multi-process
 Call :meth:`DetectionDataset.set_epoch` each epoch (as with ``DistributedSampler``).
 
 Objects flagged ``difficult`` (VOC difficult objects, COCO crowd regions) are left out of training
-targets (the VOC convention: they are ignored, not counted, in evaluation); :meth:`DetectionDataset.gt` returns them with their flag.
+targets (the VOC convention: they are ignored, not counted, in evaluation);
+:meth:`DetectionDataset.gt` (boxes in the model-input frame) and
+:meth:`DetectionDataset.gt_original` (boxes in the image's original pixels) return them with their
+flag.
 """
 from __future__ import annotations
 
@@ -108,6 +111,18 @@ class DetectionDataset(Dataset):
         """Ground truth for evaluation: boxes xyxy in image_size pixels, labels, difficult."""
         e = self.records[index]
         return (self._boxes[index].clone(), torch.from_numpy(e.labels.copy()),
+                torch.from_numpy(e.difficult.copy()))
+
+    def original_size(self, index: int) -> tuple[int, int]:
+        """``(width, height)`` of the image file in pixels, before the resize to image_size."""
+        e = self.records[index]
+        return e.width, e.height
+
+    def gt_original(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`gt` in the image's original pixels, as the annotation gives them (VOC XML:
+        1-based inclusive integers, kept as written): what the VOC devkit scores against."""
+        e = self.records[index]
+        return (torch.from_numpy(e.boxes.copy()), torch.from_numpy(e.labels.copy()),
                 torch.from_numpy(e.difficult.copy()))
 
     def rng(self, index: int, epoch: int | None = None) -> np.random.Generator:

@@ -57,10 +57,11 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     loss_fn = build.build_loss(cfg).to(world.device)  # (a loss may hold state: GtiLoss.nu)
     local_bs = cfg.trainer.batch_size // world.size
     metric = str((cfg.get("eval") or {}).get("metric", "voc07"))
+    box_rule = str((cfg.get("eval") or {}).get("box_rule", "devkit"))
     eval_fn = faults.wrap("eval", lambda keep=None: evaluate(  # MDK_FAULT=kill:eval:N (tests)
         model, val_ds, local_bs, world.device, cfg.trainer.conf_thresh, cfg.trainer.nms_iou,
         cfg.trainer.limit_val_batches, loss_fn=loss_fn, progress=cfg.trainer.progress,
-        metric=metric, keep=keep, world=world))
+        metric=metric, keep=keep, world=world, box_rule=box_rule))
     ctx = StageContext(cfg, run_dir, world, spec, model, train_ds, val_ds, checkpoints, start,
                        loss_fn, eval_fn, step_offset, group)
     if start.finished and not spec.trains:

@@ -2,9 +2,10 @@
 
 Each rank predicts its no-padding shard (ShardSampler); detections are gathered to every rank,
 keyed by image index, and the metric (``eval.metric``: VOC07 11-point, VOC12 area, or COCO
-rules; mdk.eval) is computed once over the union, so W processes report exactly the
-single-process number whatever the split size. A model with BatchNorm evaluates with rank 0's
-running statistics on every rank (each rank's own drift apart with its own last batches).
+rules, VOC boxes under ``eval.box_rule``; mdk.eval.metrics) is computed once over the union, so
+W processes report exactly the single-process number whatever the split size. A model with
+BatchNorm evaluates with rank 0's running statistics on every rank (each rank's own drift apart
+with its own last batches).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from mdk import dist
 from mdk.data.samplers import ShardSampler
-from mdk.eval.metrics import evaluate_detections
+from mdk.eval.metrics import evaluate_dataset
 from mdk.models.yolo_codec import decode
 from mdk.world import World
 
@@ -71,12 +72,13 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
              conf_thresh: float = 0.01, nms_iou: float = 0.5, limit_batches: int | None = None,
              num_workers: int = 0, loss_fn: Any = None, progress: bool = False,
              metric: str = "voc07", keep: Optional[list] = None,
-             world: Optional[World] = None) -> dict[str, Any]:
+             world: Optional[World] = None, box_rule: str = "devkit") -> dict[str, Any]:
     """``map50`` (the mAP@0.5 of ``metric``: VOC07 11-point, VOC12 area or COCO 101-point),
     ``metric`` (its name), per-class ``ap``, ``images`` and, with ``loss_fn``, the mean ``loss``;
     identical on every rank. ``keep``: a list that receives the full evaluator result and the
-    merged detections (for reports), so they are not recomputed. ``world``: this process's place
-    in the run (None: alone); each rank of a distributed run passes its own."""
+    merged detections (model-input frame, for reports), so they are not recomputed. ``world``:
+    this process's place in the run (None: alone); each rank of a distributed run passes its own.
+    ``box_rule``: ``eval.box_rule`` (mdk.eval.metrics.evaluate_dataset)."""
     _sync_bn_buffers(model)
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
                                      limit_batches, num_workers, loss_fn, progress, world)
@@ -86,7 +88,7 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
         merged.update(part[0])
     total_loss = sum(p[1] for p in parts)
     total_count = sum(p[2] for p in parts)
-    result = evaluate_detections(merged, dataset.gt, len(dataset.class_names), metric)
+    result = evaluate_dataset(merged, dataset, metric, box_rule)
     res: dict[str, Any] = {"map50": float(result["map50"] if metric == "coco" else result["map"]),
                            "metric": result["name"] if metric != "coco" else "COCO mAP@0.5",
                            "ap": [float(a) for a in (result["ap50"] if metric == "coco"

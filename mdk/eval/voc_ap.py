@@ -17,24 +17,27 @@ Per class, over all evaluated images:
 3. ``recall = TP / npos`` with ``npos`` = non-difficult objects; ``precision = TP / (TP + FP)``.
    Ignored detections are left out of the curve; they would only repeat the previous point,
    which changes neither AP (the devkit's rows for them repeat (rec, prec) or are 0/0).
-4. ``voc07``: 11-point interpolated AP, mean over t in {0, 0.1, ..., 1} of max precision at
-   recall >= t (0 when none). The thresholds are ``k / 10`` correctly rounded, so a recall of
-   exactly 3/10 counts at t = 0.3 (``np.arange(0, 1.1, 0.1)`` gives 0.30000000000000004 and
-   would not). ``voc12`` (VOC2010 and later): area under the monotone precision envelope,
-   summed where recall changes.
+4. ``voc07``: 11-point interpolated AP, mean over the 11 thresholds t of the max precision at
+   recall >= t (0 when none). The thresholds are the devkit ports' ``np.arange(0.0, 1.1, 0.1)``
+   (py-faster-rcnn, detectron2, mmdetection: the published numbers), i.e. ``k * 0.1`` in
+   float64: t = 0.3, 0.6 and 0.7 are a hair above 3/10, 6/10 and 7/10, so a recall of exactly
+   3/10 (3 of 10 objects found) does not count at t = 0.3. (MATLAB's ``0:0.1:1`` in
+   ``VOCevaldet.m`` builds its upper half down from 1, so its 0.6 and 0.7 are the doubles of
+   6/10 and 7/10: the two differ at those two thresholds only.) ``voc12`` (VOC2010 and later):
+   area under the monotone precision envelope, summed where recall changes.
 
-Box convention: boxes are continuous pixel coordinates ``x1, y1, x2, y2`` (areas ``(x2 - x1) *
-(y2 - y1)``), ``pixel_offset=0``. The devkit works on 1-based inclusive integer pixels and adds
-1 to widths and heights; our boxes are rescaled to the model input (e.g. 500 px -> 448 px, factor
-0.896) and are no longer integer pixel indices, so a +1 would be a different amount of the
-original image per image, and torchvision/COCO use the continuous convention too. The +1 makes
-small boxes overlap more: boxes (0, 0, 10, 10) and (3, 0, 13, 10) have IoU 0.538 without and
-0.571 with it (0.538 and 0.542 at 10x the size). ``pixel_offset=1`` reproduces the devkit
-exactly on original-resolution integer boxes.
+Box convention: ``pixel_offset`` is added to widths and heights (and to the intersection's).
+``pixel_offset=1`` is the devkit's: boxes in 1-based inclusive integer pixels, a box from 1 to 10
+is 10 pixels wide. ``pixel_offset=0`` is the continuous convention (torchvision, COCO): areas
+``(x2 - x1) * (y2 - y1)``. The +1 makes small boxes overlap more: boxes (0, 0, 10, 10) and (3, 0,
+13, 10) have IoU 0.538 without and 0.571 with it (0.538 and 0.542 at 10x the size). Which boxes
+and which offset a run scores (``eval.box_rule``) is :func:`mdk.eval.metrics.evaluate_dataset`'s.
 
 A class without non-difficult ground truth in the evaluated images has AP ``nan`` (undefined:
 recall has no denominator) and is left out of the mean; its detections are still counted in
-``num_det``. A class with ground truth but no detections has AP 0 and is in the mean.
+``num_det``. A class with ground truth but no detections has AP 0 and is in the mean. (The devkit
+ports divide 0 by 0 there: AP 0 (in their mean) under voc07, and under voc12 nan when the class
+has detections, else 0; the VOC test sets hold every class, so published numbers never meet it.)
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 VOC_METRICS = {"voc07": "VOC07 11-point mAP@0.5", "voc12": "VOC12 area mAP@0.5"}
 _CHUNK = 1 << 20  # IoU matrix elements per block: bounds memory to ~50 MB whatever the input
+VOC07_THRESHOLDS = np.arange(0.0, 1.1, 0.1)  # the devkit ports' 11 recall points (k * 0.1)
 
 
 def _iou(det: np.ndarray, gt: np.ndarray, off: float) -> np.ndarray:
@@ -104,7 +108,7 @@ def ap_voc07(recall: np.ndarray, precision: np.ndarray) -> float:
     if len(recall) == 0:
         return 0.0
     envelope = np.maximum.accumulate(precision[::-1])[::-1]  # max precision at index >= i
-    first = np.searchsorted(recall, np.arange(11) / 10.0, side="left")  # recall is sorted
+    first = np.searchsorted(recall, VOC07_THRESHOLDS, side="left")  # recall is sorted
     return float(np.where(first < len(recall), envelope[np.minimum(first, len(recall) - 1)],
                           0.0).sum() / 11.0)
 

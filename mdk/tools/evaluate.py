@@ -5,7 +5,9 @@
     python -m mdk.tools.evaluate <path> --split train trainer.limit_val_batches=5 trainer.batch_size=32
 
 Prints mAP@0.5 and the mean loss (the same YOLO loss as training, so the numbers compare with the
-stage table of ``python run.py pipeline=[...]``). Hydra overrides compose the real ``conf/``.
+stage table of ``python run.py pipeline=[...]``). Hydra overrides compose the real ``conf/``; the
+metric follows ``eval.metric`` and ``eval.box_rule`` as in training (default: VOC07 with the
+devkit's rule, boxes in each image's original pixels), e.g. ``eval.box_rule=continuous``.
 
 - A checkpoint is evaluated in its stage's evaluation mode (the stage record's ``eval_quant``,
   mdk/stage.py): step1 float, step2 quantized weights, step3/step4 quantized weights + 5-bit
@@ -219,7 +221,7 @@ def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str 
     res = evaluate(loaded.model, ds, int(cfg.trainer.batch_size), loaded.device,
                    cfg.trainer.conf_thresh, cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
                    loss_fn=loss_fn, progress=bool(cfg.trainer.progress),
-                   metric=str(cfg.eval.metric))
+                   metric=str(cfg.eval.metric), box_rule=str(cfg.eval.box_rule))
     res.update(description=loaded.description, split=ds.split, dataset=str(cfg.dataset.name))
     return res
 
