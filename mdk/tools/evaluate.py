@@ -218,7 +218,7 @@ def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str 
     loss_fn = build_loss(cfg)
     res = evaluate(loaded.model, ds, int(cfg.trainer.batch_size), loaded.device,
                    cfg.trainer.conf_thresh, cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
-                   loss_fn=loss_fn, progress=bool(cfg.trainer.progress),
+                   loss_fn=loss_fn, progress=cfg.trainer.progress,
                    metric=str(cfg.eval.metric))
     res.update(description=loaded.description, split=ds.split, dataset=str(cfg.dataset.name))
     return res
