@@ -59,6 +59,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     metrics = ctx.evaluate(keep=reporter.keep if reporter else None)
     if reporter:  # the PR curves and detections of what the next stage starts from
         reporter.after_eval(ctx.step_offset, best=True)
+        reporter.write_best(ctx.step_offset)
     apply_stage(model, ctx.spec, str(cfg.chip))
     log.info("with 5-bit activations at these caps: val mAP@0.5 %.4f", metrics["map50"])
     summary = {"best_map50": metrics["map50"], "final_loss": metrics.get("loss"), "caps": caps,
