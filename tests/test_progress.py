@@ -102,10 +102,17 @@ def test_progress_true_forces_the_bars_into_a_file(tmp_path):
 
 
 def test_two_process_run_ends_with_its_summary_and_no_resource_warning(tmp_path):
-    """With bars in rank 0 (trainer.progress=true) tqdm's semaphore used to leak: the launching
-    process printed a resource_tracker warning after the summary."""
-    status, log = _run_to_file(tmp_path, "dist.gpus=2", "trainer.progress=true",
-                               env={"PYTHONWARNINGS": "always::ResourceWarning"})
+    """With bars in rank 0 (trainer.progress=true) tqdm's semaphore used to leak: the resource
+    tracker printed a warning after the summary. It prints when the launching process has
+    exited, so the output is read through a pipe, to its end (every writer closed), not from a
+    file that may be read before the tracker wrote."""
+    p = subprocess.run([sys.executable, str(REPO / "run.py"),
+                        *_argv(tmp_path, ("dist.gpus=2", "trainer.progress=true"))],
+                       cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1",
+                                          PYTHONWARNINGS="always::ResourceWarning"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    status, log = p.returncode, p.stdout.decode()
     assert status == 0, log[-2000:]
+    assert "\reval: " in log  # rank 0 drew its bars
     assert "resource_tracker" not in log and "ResourceWarning" not in log and "leaked" not in log
     assert log.rstrip("\n").splitlines()[-1] == f"run dir: {tmp_path / 'run'}"
