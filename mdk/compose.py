@@ -8,6 +8,8 @@ anywhere else it composes ``conf/`` of this repository.
 from __future__ import annotations
 
 import logging
+import re
+import shlex
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
@@ -18,7 +20,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -119,9 +121,58 @@ def _explain_cause(cause: BaseException) -> str:
     return first
 
 
+# What Hydra's override grammar takes unquoted in a value (besides ${...}, lists and dicts).
+_UNQUOTED = "ASCII letters, digits, spaces and _-+./:@$%*?|"
+
+
+def _bad_position(e: OverrideParseException) -> Optional[int]:
+    """Where in the override Hydra's parser stopped: the caret under a lexer error, or the token
+    of a parser error (None when the message says neither)."""
+    text, lines = e.override, (e.message or "").splitlines()
+    if len(lines) > 1 and lines[0].endswith(text) and lines[1].strip() == "^":
+        i = lines[1].index("^") - (len(lines[0]) - len(text))
+        return i if 0 <= i < len(text) else None
+    token = re.search(r"input '(.+?)' expecting", e.message or "")
+    if token and token.group(1) != "<EOF>":
+        i = text.find(token.group(1), text.find("=") + 1)
+        return i if i >= 0 else None
+    return None
+
+
+def _quoted(key: str, value: str) -> str:
+    """``key="value"`` as typed in a shell: Hydra's quotes inside the shell's."""
+    q = "'" if '"' in value and "'" not in value else '"'
+    body = value.replace(q, "\\" + q)
+    body += "\\" * (len(body) - len(body.rstrip("\\")))  # before the closing quote: doubled
+    return shlex.quote(f"{key}={q}{body}{q}")
+
+
+def grammar_error(e: OverrideParseException) -> str:
+    """One line for an override Hydra's grammar cannot parse: the override, the character it
+    stopped at, and how to write it (Hydra's own message is the parser's, e.g.
+    ``LexerNoViableAltException: paths.checkpoints=/data/ck ü``)."""
+    text = e.override
+    where = _bad_position(e)
+    at = f" (at {text[where]!r})" if where is not None else ""
+    head = f"could not parse the override {text}{at}"
+    key, eq, value = text.partition("=")
+    if not eq:
+        return f"{head}: write key=value, e.g. trainer.epochs=3"
+    if where is not None and where < len(key):
+        return (f"{head}: a key is a dotted name of ASCII letters, digits, _ and -, "
+                "e.g. trainer.epochs=3")
+    if value.lstrip().startswith(("[", "{")):
+        return (f"{head}: a list is written [a,b] and a dict {{a:1,b:2}}; quote an item with "
+                f"characters other than {_UNQUOTED}, e.g. {key}='[\"a b\",c]'")
+    return (f"{head}: a value with characters other than {_UNQUOTED} must be quoted, "
+            f"e.g. {_quoted(key, value)}")
+
+
 def one_line(e: BaseException) -> str:
     """Hydra/OmegaConf messages run over several lines (the cause, full_key, object_type, a
     hint); keep what names the key, the value and what to do, on one line."""
+    if isinstance(e, OverrideParseException) and e.override:
+        return grammar_error(e)
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     head = lines[0].rstrip(".") if lines else type(e).__name__
     cause = e.__cause__ or (e if getattr(e, "full_key", None) else None)

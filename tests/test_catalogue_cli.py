@@ -10,14 +10,18 @@ from __future__ import annotations
 import hashlib
 import os
 import runpy
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 
 from conftest import REPO, run_cmd_env
+from mdk.compose import one_line
 
 CLASSES = "dataset.class_names=[circle,square,triangle,star,cross]"
 TINY_CLI = [
@@ -149,3 +153,42 @@ def test_real_command_nan_loss_stops_and_keeps_last_good(tmp_path):
     last = torch.load(tmp_path / "ck" / "step1" / "last.pth", weights_only=False)
     assert last["trainer"]["iter"] == 1 and all(bool(torch.isfinite(v).all()) for v in last["model"].values()
                                      if v.is_floating_point())
+
+
+def test_real_command_unparsable_override_says_how_to_quote_it(tmp_path):
+    ck = tmp_path / "ck ü"
+    p = _proc(tmp_path, f"paths.checkpoints={ck}")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"config error: could not parse the override paths.checkpoints={ck} (at 'ü'): a value "
+        "with characters other than ASCII letters, digits, spaces and _-+./:@$%*?| must be "
+        f"quoted, e.g. 'paths.checkpoints=\"{ck}\"'"]
+    assert not ck.exists()
+
+
+@pytest.mark.parametrize("override", [
+    "paths.checkpoints=/data/ck ü", "paths.checkpoints=/d/[x]", 'paths.checkpoints=/d/x"y',
+    "paths.checkpoints=/d/x'y", "x=ab'c\"d", "+stages.step3.x=ö", "x=ü\\"])
+def test_the_quoted_form_of_an_unparsable_value_parses_to_that_value(override):
+    parser = OverridesParser.create()
+    with pytest.raises(OverrideParseException) as e:
+        parser.parse_overrides([override])
+    advice = one_line(e.value)
+    assert advice.startswith(f"could not parse the override {override} (at ")
+    typed = shlex.split(advice.split(", e.g. ", 1)[1])  # what the shell hands Python
+    assert len(typed) == 1
+    key, value = override.split("=", 1)
+    parsed = parser.parse_overrides(typed)[0]
+    assert parsed.get_key_element().lstrip("+") == key.lstrip("+") and parsed.value() == value
+
+
+@pytest.mark.parametrize("override, advice", [
+    ("a b=1", "could not parse the override a b=1 (at ' '): a key is a dotted name"),
+    ("trainer.epochs", "could not parse the override trainer.epochs: write key=value"),
+    ("pipeline=[step1,stüp]", "(at 'ü'): a list is written [a,b] and a dict {a:1,b:2}; quote an "
+                              "item"),
+])
+def test_an_unparsable_key_or_list_gets_its_own_advice(override, advice):
+    with pytest.raises(OverrideParseException) as e:
+        OverridesParser.create().parse_overrides([override])
+    assert advice in one_line(e.value)

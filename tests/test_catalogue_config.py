@@ -54,6 +54,12 @@ CASES = {
                              "auto"]),
     "amp_value": (["trainer.amp=maybe"],
                   ["config error: trainer.amp='maybe' must be true, false or auto"]),
+    "unparsable_override": (["paths.data=/d/ü"],
+                            ["config error: could not parse the override paths.data=/d/ü (at 'ü')",
+                             "must be quoted, e.g. 'paths.data=\"/d/ü\"'"]),
+    "progress_value": (["trainer.progress=sometimes"],
+                       ["config error: trainer.progress='sometimes' must be true, false or auto "
+                        "(auto: progress bars only when stderr is a terminal, none in a log file)"]),
     "loss_ignore_iou": (["loss.ignore_iou=2"],
                         ["config error: loss.ignore_iou must be an IoU in [0, 1] or null, got 2"]),
     "loss_weight": (["loss.lambda_cls=-1"],

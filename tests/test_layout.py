@@ -31,9 +31,9 @@ FLOORS = [
     # leaves: the errors, the stop flag, and each config group's words, schema and checks
     ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.paths", "mdk.dist_config",
      "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
-    # the registry of schemas, composition, the process world and its collectives, files
+    # the registry of schemas, composition, the process world and its collectives, files, bars
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
-     "mdk.checkpoint"],
+     "mdk.checkpoint", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
     ["mdk.stage_checkpoint", "mdk.config", "mdk.preflight"],  # checks and checkpoints of a run

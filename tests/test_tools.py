@@ -36,7 +36,7 @@ def chain(tmp_path_factory, shared_data):
     for s in STAGES:
         cfg = compose(common + per_stage.get(s, ["trainer.epochs=1", "optim.lr=5e-4"]))
         results[s] = run_stage(stage_config(cfg, s), root / "run")
-    return {"ckpt": root / "ckpt", "overrides": common, "results": results}
+    return {"ckpt": root / "ckpt", "overrides": common, "results": results, "run": root / "run"}
 
 
 def _eval(chain, rel: str, **kw):
@@ -100,6 +100,19 @@ def test_evaluate_cli_prints_map_and_loss(chain, capsys):
     rc = evaluate.main([str(chain["ckpt"] / "step4/chip_model"), "--runtime", "onnx",
                         "--split", "train", *chain["overrides"]])
     assert rc == 0 and "onnx runtime" in capsys.readouterr().out
+
+
+def test_evaluate_reports_on_demand_equal_what_each_stage_drew_at_its_end(chain, tmp_path, capsys):
+    # Each stage drew its best evaluation's pictures into the run dir when it ended; the tool,
+    # evaluating that best.pth again, draws the same pixels (the evaluation is exact).
+    for s in ("step1", "cal", "step3"):
+        out = tmp_path / s
+        assert evaluate.main([str(chain["ckpt"] / s / "best.pth"), *chain["overrides"],
+                              "--reports", str(out)]) == 0
+        printed = capsys.readouterr().out
+        for name in (f"detections_{s}.png", f"pr_{s}_1.png"):
+            assert f"wrote {out / name}" in printed
+            assert (out / name).read_bytes() == (chain["run"] / name).read_bytes(), (s, name)
 
 
 def test_demo_draws_labelled_detections_to_png(chain, tmp_path, shared_data):

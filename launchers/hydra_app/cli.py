@@ -3,9 +3,10 @@
 Hydra prints its own composition errors (a wrong type, an unknown key or option) over several
 lines and exits. Here Hydra is asked to re-raise them (``HYDRA_FULL_ERROR=1`` while it composes)
 and they become ``config error: <one line naming the key and value>`` with exit status 1, like
-every other config error. The user's own HYDRA_FULL_ERROR setting is put back before the task
-runs (``restore_full_error``, first thing in run.py's main) and after the command; with it set,
-tracebacks are shown as usual.
+every other config error; an override its grammar cannot parse names the override, the
+character it stopped at and the quoted form to type (``mdk.compose.one_line``). The user's own
+HYDRA_FULL_ERROR setting is put back before the task runs (``restore_full_error``, first thing in
+run.py's main) and after the command; with it set, tracebacks are shown as usual.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -55,12 +55,13 @@ def load_image(path: Path, image_size: int) -> torch.Tensor:
 
 class DetectionDataset(Dataset):
     """``records`` of ``split`` (image paths relative to ``root``) as model inputs and targets.
-    ``meta_dir``: the folder of the split's index, where the image check keeps its cache."""
+    ``meta_dir``: the folder of the split's index, where the image check keeps its cache;
+    ``progress``: its bar (trainer.progress, mdk/progress.py)."""
 
     def __init__(self, root: str | Path, split: str, records: Sequence[Record],
                  class_names: Sequence[str], image_size: int, grid: int, boxes_per_cell: int,
                  augment: bool, meta_dir: str | Path, cache_images: bool = False, seed: int = 0,
-                 on_bad_image: str = "error") -> None:
+                 on_bad_image: str = "error", progress: Any = "auto") -> None:
         self.root = Path(root).expanduser().resolve()
         self.split = split
         self.class_names = list(class_names)
@@ -73,7 +74,8 @@ class DetectionDataset(Dataset):
         # Bad images leave the index here, before any sampler sees its length (deterministic
         # epochs, full global batches); see mdk.data.image_check for why not on the fly.
         bad = check_images(self.root, [e.image for e in self.records],
-                           Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images")
+                           Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images",
+                           progress=progress)
         drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(self.records))
         if drop:
             self.records = [e for e in self.records if e.image not in drop]

@@ -22,18 +22,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from PIL import Image
-from tqdm import tqdm
 
 from mdk.data.config import POLICIES
 from mdk.errors import DataError
+from mdk.progress import bars_on, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +93,12 @@ def _write_cache(path: Path, files: dict[str, list]) -> None:
         raise
 
 
-def _progress(items: Iterable, total: int, desc: str) -> Iterable:
-    # A bar only on a terminal: in a log file or a SLURM .err it is noise (the caller logs a line).
-    return tqdm(items, total=total, desc=desc, unit="img", disable=not sys.stderr.isatty(),
-                leave=False, file=sys.stderr)
-
-
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,
-                 desc: str = "checking images", threads: Optional[int] = None) -> dict[str, str]:
+                 desc: str = "checking images", threads: Optional[int] = None,
+                 progress: Any = "auto") -> dict[str, str]:
     """Decode every image of ``images`` (paths relative to ``root``) that is not already in the
-    cache with the same size and mtime; return ``{relative path: reason}`` of the bad ones."""
+    cache with the same size and mtime; return ``{relative path: reason}`` of the bad ones.
+    ``progress``: trainer.progress (mdk/progress.py); without a bar a log line says what runs."""
     root, cache_path = Path(root), Path(cache_path)
     cached = _read_cache(cache_path)
     stamps = {rel: _stamp(root / rel) for rel in dict.fromkeys(images)}
@@ -116,14 +111,15 @@ def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path
         else:
             todo.append(rel)
     if todo:
-        if not sys.stderr.isatty():
+        if not bars_on(progress):
             log.info("%s: decoding %d image(s) once to find bad files (cached in %s)",
                      desc, len(todo), cache_path)
         t0 = time.perf_counter()
         n = threads or min(MAX_THREADS, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=n) as pool:
             results = pool.map(lambda rel: decode_error(root / rel), todo)
-            for rel, reason in zip(todo, _progress(results, len(todo), desc)):
+            bar = progress_bar(results, setting=progress, total=len(todo), desc=desc, unit="img")
+            for rel, reason in zip(todo, bar):
                 verdict[rel] = reason
         log.info("%s: %d image(s) decoded in %.1f s, %d bad", desc, len(todo),
                  time.perf_counter() - t0, sum(verdict[r] is not None for r in todo))

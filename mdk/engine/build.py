@@ -42,7 +42,9 @@ def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None) -> tup
     cache_root = resolve_path(cfg.paths.data, os.getcwd())
     ds_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     ds_cfg["root"] = str(resolve_path(cfg.dataset.root, os.getcwd()))
-    args = (ds_cfg, cfg.model.image_size, grid, cfg.model.net.boxes_per_cell, cfg.seed, cache_root)
+    # Only rank 0 may draw the image check's bar (the others find its cache).
+    args = (ds_cfg, cfg.model.image_size, grid, cfg.model.net.boxes_per_cell, cfg.seed, cache_root,
+            cfg.trainer.progress if world.is_main else False)
     if world.is_main:
         out = build_datasets(*args)
         dist.barrier()

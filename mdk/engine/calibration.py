@@ -12,12 +12,12 @@ import logging
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from mdk import dist
 from mdk.engine.build import build_train_loader
 from mdk.engine.context import StageContext
 from mdk.engine.reports import maybe_reporter
+from mdk.progress import progress_bar
 from mdk.quant import calibrate
 from mdk.sinks.base import NullSink
 from mdk.stage import apply_stage
@@ -36,9 +36,8 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     loader, sampler = build_train_loader(cfg, train_ds, world, persistent=False)
     sampler.shuffle = False
     model.eval()
-    bar = loader
-    if cfg.trainer.progress and world.is_main:
-        bar = tqdm(loader, desc=ctx.spec.name, dynamic_ncols=True, leave=False)
+    bar = progress_bar(loader, setting=cfg.trainer.progress, is_main=world.is_main,
+                       desc=ctx.spec.name)
     with calibrate.observing(model, method=str(c.method), percentile=float(c.percentile),
                              mse_candidates=int(c.get("mse_candidates", 64)),
                              max_values=c.get("max_values", calibrate.DEFAULT_MAX_VALUES)):
@@ -60,6 +59,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     metrics = ctx.evaluate(keep=reporter.keep if reporter else None)
     if reporter:  # the PR curves and detections of what the next stage starts from
         reporter.after_eval(ctx.step_offset, best=True)
+        reporter.write_best(ctx.step_offset)
     apply_stage(model, ctx.spec, str(cfg.chip))
     log.info("with 5-bit activations at these caps: val mAP@0.5 %.4f", metrics["map50"])
     summary = {"best_map50": metrics["map50"], "final_loss": metrics.get("loss"), "caps": caps,

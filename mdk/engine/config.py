@@ -45,7 +45,7 @@ class TrainerConf:
     grad_clip: Optional[float] = 10.0
     ema: EMAConf = field(default_factory=EMAConf)
     nan_skip_limit: int = 0
-    progress: bool = True
+    progress: Any = "auto"  # auto | true | false (mdk/progress.py)
     device: str = "auto"
     conf_thresh: float = 0.01
     nms_iou: float = 0.5
@@ -71,7 +71,8 @@ OPTIM_SCHEMAS: dict[str, type] = {"adamw": OptimConf, "sgd": SGDConf}
 
 
 def _true_false_auto(cfg: DictConfig, key: str, auto_means: str) -> None:
-    """A switch whose ``auto`` is resolved per device and stage (mdk/engine/precision.py)."""
+    """A switch whose ``auto`` is resolved where it is used (per device and stage in
+    mdk/engine/precision.py; per stream in mdk/progress.py)."""
     v = get(cfg, key)
     if v not in (True, False, "auto"):
         raise ConfigError(f"{key}={v!r} must be true, false or auto (auto: {auto_means})")
@@ -92,6 +93,8 @@ def check_trainer(cfg: DictConfig) -> None:
     check_one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
     _true_false_auto(cfg, "trainer.amp", "bfloat16 autocast for float stages trained on the CPU")
     _true_false_auto(cfg, "trainer.channels_last", "on the CPU, and on CUDA with trainer.amp")
+    _true_false_auto(cfg, "trainer.progress", "progress bars only when stderr is a terminal, "
+                     "none in a log file")
     if cfg.trainer.get("compile") and cfg.trainer.activation_checkpointing:
         raise ConfigError("trainer.compile=true with trainer.activation_checkpointing=true is not "
                           "supported (the checkpointed slices do not compile); choose one")

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any, Callable, Optional
 
 import torch
-from tqdm import tqdm
 
 from mdk import dist, faults
 from mdk.engine.device_io import DeferredRead
 from mdk.engine.loop import HookBase
+from mdk.progress import bars_on, progress_bar
 from mdk.stage_checkpoint import BEST, LAST
 from mdk.sinks.base import NullSink
 
@@ -157,16 +156,17 @@ class MetricsHook(HookBase):
 
 
 class ProgressHook(HookBase):
-    """A tqdm bar per epoch on rank 0, its postfix refreshed at log steps only. When stderr is not
-    a terminal (SLURM logs, pipes) there is no bar, and a log line every ``line_every_s`` seconds
+    """A tqdm bar per epoch on rank 0, its postfix refreshed at log steps only, when
+    ``trainer.progress`` (``setting``) draws bars (mdk/progress.py: with ``auto``, on a terminal).
+    With ``auto`` and no terminal (SLURM logs, pipes) a log line every ``line_every_s`` seconds
     tells how far the epoch is instead."""
 
-    def __init__(self, metrics: MetricsHook, enabled: bool, is_main: bool,
+    def __init__(self, metrics: MetricsHook, setting: Any, is_main: bool,
                  line_every_s: float = 60.0) -> None:
         self.metrics = metrics
-        main = enabled and is_main
-        self.enabled = main and sys.stderr.isatty()
-        self.lines = main and not self.enabled
+        self.setting, self.is_main = setting, is_main
+        self.enabled = bars_on(setting, is_main)
+        self.lines = is_main and setting == "auto" and not self.enabled
         self.line_every_s, self._next_line = line_every_s, 0.0
         self.bar: Optional[Any] = None
         self.images_per_step = 0  # the global batch (set by the engine) for the img/s figure
@@ -176,9 +176,9 @@ class ProgressHook(HookBase):
     def before_epoch(self) -> None:
         t = self.trainer
         self._t0, self._b0 = None, t.batch_in_epoch
-        if self.enabled:
-            self.bar = tqdm(total=t.iters_per_epoch, initial=t.batch_in_epoch, dynamic_ncols=True,
-                            desc=f"epoch {t.epoch + 1}/{t.epochs}", leave=False)
+        self.bar = progress_bar(setting=self.setting, is_main=self.is_main,
+                                total=t.iters_per_epoch, initial=t.batch_in_epoch,
+                                desc=f"epoch {t.epoch + 1}/{t.epochs}")
 
     def after_step(self) -> None:
         if self._t0 is None:  # from the end of the epoch's first step: loader start-up apart

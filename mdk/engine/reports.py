@@ -1,9 +1,16 @@
-"""What an evaluation leaves for people to look at (rank 0, ``eval.reports``): per-class AP and
-its table in the sinks, a grid of val detections in the sinks and the run dir after every
-evaluation, and the precision-recall curves of the stage's best checkpoint in the run dir.
+"""What an evaluation leaves for people to look at (rank 0, ``eval.reports``).
 
-Cheap on purpose (measured ~0.4 s for the grid, ~0.15 s per PR figure): it reuses the
-evaluator's result and the merged detections the evaluation already computed.
+* After every evaluation: per-class AP and its table in the sinks (cheap scalars and text).
+* Once, at the end of the stage: the pictures of the stage's best evaluation (the one that chose
+  best.pth): a grid of val detections (``detections_<stage>.png`` in the run dir, and
+  ``val/best_detections`` in the sinks at the stage's last step) and the precision-recall curves
+  (``pr_<stage>_<k>.png``). Drawn when they are read, not at every improvement: the grid and its
+  PNG cost ~0.4 s, a PR figure ~0.1 s, ~0.5 s per epoch of a run that drew them each epoch.
+
+Exact and cheap: the best evaluation's own result and merged detections are kept in memory
+(``keep``, a few MB for 400 images), nothing is evaluated again. A stage resumed after its best
+epoch has no such evaluation in this process: it says so, and ``python -m mdk.tools.evaluate
+<best.pth> --reports DIR`` draws them from the checkpoint (on demand, any time).
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from mdk.eval.grid import dataset_grid, save_png
 from mdk.eval.plots import save_pr_curves
 from mdk.eval.scalars import ap_table, scalars
 from mdk.sinks.base import NullSink
+from mdk.stage_checkpoint import BEST
 
 log = logging.getLogger(__name__)
 
@@ -26,26 +34,44 @@ class EvalReporter:
         self.run_dir, self.stage, self.dataset, self.sink = Path(run_dir), stage, dataset, sink
         self.grid_images, self.enabled = int(grid_images), enabled
         self.keep: list = []  # filled by the evaluation: [evaluator result, merged detections]
+        self.best: Optional[list] = None  # the best evaluation's [result, detections] so far
 
     def after_eval(self, step: int, best: bool) -> None:
-        """Report the evaluation that just filled ``keep``; ``best``: it chose a new best.pth."""
+        """Report the evaluation that just filled ``keep`` to the sinks; ``best``: it chose a new
+        best.pth (kept for ``write_best``)."""
         if not self.enabled or len(self.keep) != 2:
             return
         result, detections = self.keep
         self.keep = []
+        if best:
+            self.best = [result, detections]
         names = list(self.dataset.class_names)
         try:
             self.sink.log({f"val/{k}": v for k, v in scalars(result, names).items()}, step)
             self.sink.log_text("val/ap_table", ap_table(result, names), step)
-            if self.grid_images > 0:
-                grid = dataset_grid(self.dataset, detections, names, count=self.grid_images)
-                self.sink.log_image("val/detections", grid, step)
-                save_png(grid, self.run_dir / f"detections_{self.stage}.png")
-            if best:
-                save_pr_curves(result, self.run_dir, names, stem=f"pr_{self.stage}",
-                               title=f"{self.stage} best ({result['name']})")
         except Exception as e:  # a report must never stop training
             log.warning("could not write the evaluation reports: %s", e)
+
+    def write_best(self, step: int) -> list[Path]:
+        """The pictures of the best evaluation kept so far (the grid also to the sinks at
+        ``step``); returns the files written."""
+        if not self.enabled or self.best is None:
+            return []
+        result, detections = self.best
+        self.best = None
+        names = list(self.dataset.class_names)
+        paths: list[Path] = []
+        try:
+            if self.grid_images > 0:
+                grid = dataset_grid(self.dataset, detections, names, count=self.grid_images)
+                self.sink.log_image("val/best_detections", grid, step)
+                paths.append(save_png(grid, self.run_dir / f"detections_{self.stage}.png"))
+                log.info("detections of the best evaluation: %s", paths[-1])
+            paths += save_pr_curves(result, self.run_dir, names, stem=f"pr_{self.stage}",
+                                    title=f"{self.stage} best ({result['name']})")
+        except Exception as e:  # a report must never stop training
+            log.warning("could not write the evaluation reports: %s", e)
+        return paths
 
 
 def maybe_reporter(cfg: Any, run_dir: Path, stage: str, dataset: Any, sink: NullSink,
@@ -58,12 +84,24 @@ def maybe_reporter(cfg: Any, run_dir: Path, stage: str, dataset: Any, sink: Null
 
 class ReportHook(HookBase):
     """After each epoch's evaluation (register after the CheckpointHook, which decides whether it
-    is the new best): hand the evaluation to the reporter at the run's global step."""
+    is the new best): hand the evaluation to the reporter at the run's global step. When the
+    loop ends (finished, stopped on request or failed): the best evaluation's pictures."""
 
-    def __init__(self, reporter: EvalReporter, checkpoint_hook: Any, step_offset: int = 0) -> None:
+    def __init__(self, reporter: EvalReporter, checkpoint_hook: Any, step_offset: int = 0,
+                 best_path: Optional[Path] = None) -> None:
         self.reporter, self.ckpt, self.offset = reporter, checkpoint_hook, step_offset
+        self.best_path = best_path or Path(reporter.stage) / BEST
 
     def after_epoch(self) -> None:
         t = self.trainer
         if getattr(t, "metrics", None):
             self.reporter.after_eval(self.offset + t.iter, best=self.ckpt.best_epoch == t.epoch)
+
+    def after_train(self) -> None:
+        if self.reporter.enabled and self.reporter.best is None and self.ckpt.best_epoch >= 0:
+            log.info("the best evaluation of %s (epoch %d) came before this run resumed: its "
+                     "PR curves and detections are in that run's dir, or draw them with "
+                     "python -m mdk.tools.evaluate %s --reports <dir>", self.reporter.stage,
+                     self.ckpt.best_epoch + 1, self.best_path)
+            return
+        self.reporter.write_best(self.offset + self.trainer.iter)

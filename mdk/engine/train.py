@@ -30,7 +30,7 @@ from mdk.engine.run_state import HookStates, RankRNG, RunState
 from mdk.engine.stop_hook import StopOnRequestHook
 from mdk.sched.curve import plot_lr_curve
 from mdk.sinks.build import build_sinks
-from mdk.stage_checkpoint import iteration
+from mdk.stage_checkpoint import BEST, iteration
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             LRSchedulerHook(scheduler), progress,
                             EMAHook(ema) if ema is not None else None,
                             EvalHook(evaluate, cfg.trainer.eval_every), ckpt,
-                            ReportHook(reporter, ckpt, ctx.step_offset) if reporter else None,
+                            ReportHook(reporter, ckpt, ctx.step_offset,
+                                       ctx.checkpoints.dir / BEST) if reporter else None,
                             # after ckpt: a stop request (preemption signal, launchers/hydra_app/submitit_requeue.py)
                             # writes last.pth at the next step and leaves the loop
                             StopOnRequestHook(ckpt.save_last)])

@@ -14,12 +14,12 @@ from typing import Any, Optional
 
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from mdk import dist
 from mdk.data.samplers import ShardSampler
 from mdk.eval.metrics import evaluate_dataset
 from mdk.models.yolo_codec import decode
+from mdk.progress import progress_bar
 from mdk.world import World
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,11 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
             conf_thresh: float, nms_iou: float, limit_batches: int | None = None,
-            num_workers: int = 0, loss_fn: Any = None, progress: bool = False,
+            num_workers: int = 0, loss_fn: Any = None, progress: Any = False,
             world: Optional[World] = None) -> tuple[dict[int, dict], float, int]:
     """Detections of this rank's shard: ({index: det}, summed loss, number of images).
-    ``world``: this process's place in the run (None: alone)."""
+    ``progress``: trainer.progress (auto | true | false: mdk/progress.py); ``world``: this
+    process's place in the run (None: alone)."""
     world = world or World()
     limit = limit_batches * batch_size * world.size if limit_batches else None
     sampler = ShardSampler(len(dataset), world.rank, world.size, limit)
@@ -41,9 +42,7 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
     out: dict[int, dict] = {}
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    bar = loader
-    if progress and world.is_main:
-        bar = tqdm(loader, desc="eval", leave=False, dynamic_ncols=True)
+    bar = progress_bar(loader, setting=progress, is_main=world.is_main, desc="eval")
     for images, targets, idx in bar:
         pred = model(images.to(device, non_blocking=True))
         if loss_fn is not None:  # summed on the device, read once at the end
@@ -70,7 +69,7 @@ def _sync_bn_buffers(model: torch.nn.Module) -> None:
 
 def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
              conf_thresh: float = 0.01, nms_iou: float = 0.5, limit_batches: int | None = None,
-             num_workers: int = 0, loss_fn: Any = None, progress: bool = False,
+             num_workers: int = 0, loss_fn: Any = None, progress: Any = False,
              metric: str = "voc07", keep: Optional[list] = None,
              world: Optional[World] = None, box_rule: str = "devkit") -> dict[str, Any]:
     """``map50`` (the mAP@0.5 of ``metric``: VOC07 11-point, VOC12 area or COCO 101-point),

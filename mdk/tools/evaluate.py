@@ -3,6 +3,7 @@
     python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step3/best.pth
     python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step4/chip_model --runtime onnx
     python -m mdk.tools.evaluate <path> --split train trainer.limit_val_batches=5 trainer.batch_size=32
+    python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step1/best.pth --reports out/
 
 Prints mAP@0.5 and the mean loss (the same YOLO loss as training, so the numbers compare with the
 stage table of ``python run.py pipeline=[...]``). Hydra overrides compose the real ``conf/``; the
@@ -18,6 +19,8 @@ devkit's rule, boxes in each image's original pixels), e.g. ``eval.box_rule=cont
 - A chip model directory (``chip_model.json`` + ``weights.npz`` [+ ``model.onnx``]) runs either
   through the integer-only reference (``--runtime integer``, default, bit-exact with step4) or the
   exported ONNX file in onnxruntime (``--runtime onnx``). Both run on the CPU.
+- ``--reports DIR`` also draws that evaluation's pictures into DIR, as a training stage does for
+  its best evaluation (mdk/engine/reports.py): ``pr_<stage>_<k>.png`` and ``detections_<stage>.png``.
 """
 from __future__ import annotations
 
@@ -35,12 +38,14 @@ from torch import nn
 from mdk.checkpoint import CheckpointError, load_checkpoint
 from mdk.compose import compose
 from mdk.engine.build import build_data, build_loss
+from mdk.engine.reports import EvalReporter
 from mdk.errors import ConfigError
 from mdk.eval.config import METRICS
 from mdk.eval.distributed import evaluate
 from mdk.quant.chip_model import load_chip_model
 from mdk.quant.export import ONNX_FILE
 from mdk.quant.integer_ref import integer_forward
+from mdk.sinks.base import NullSink
 from mdk.stage import stage_spec
 from mdk.stage_checkpoint import load_model_for, spec_of
 from mdk.world import World, single_process
@@ -62,6 +67,7 @@ class Loaded:
     device: torch.device
     description: str
     kind: str                # "checkpoint" | "chip_model"
+    name: str = "model"      # what report files are named after: the stage, or chip_model
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -104,7 +110,7 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
     device = single_process(cfg.trainer.device).device
     return Loaded(model.to(device).eval(), cfg, device,
                   f"checkpoint {path} (stage {spec.name}, evaluated as {_mode_name(spec)})",
-                  "checkpoint")
+                  "checkpoint", spec.name)
 
 
 def _mode_name(spec: Any) -> str:
@@ -174,7 +180,7 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
     net.grid = int(meta.get("grid", 0)) or None
     return Loaded(net.eval(), cfg, torch.device("cpu"),
                   f"chip model {directory} ({net.cm.chip}, {len(net.cm.layers)} layers, "
-                  f"{runtime} runtime)", "chip_model")
+                  f"{runtime} runtime)", "chip_model", "chip_model")
 
 
 def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer") -> Loaded:
@@ -212,17 +218,25 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
 
 
 def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer",
-                  split: Optional[str] = None) -> dict[str, Any]:
-    """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process)."""
+                  split: Optional[str] = None, reports: Optional[str | Path] = None
+                  ) -> dict[str, Any]:
+    """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process);
+    ``reports``: a folder for its PR curves and detection grid (``res["reports"]``: the files)."""
     loaded = load_any(path, overrides, runtime)
     cfg = loaded.cfg
     ds = build_split(cfg, loaded.model, split)
     loss_fn = build_loss(cfg)
+    reporter = EvalReporter(Path(reports), loaded.name, ds, NullSink(),
+                            int(cfg.eval.grid_images)) if reports else None
     res = evaluate(loaded.model, ds, int(cfg.trainer.batch_size), loaded.device,
                    cfg.trainer.conf_thresh, cfg.trainer.nms_iou, cfg.trainer.limit_val_batches,
-                   loss_fn=loss_fn, progress=bool(cfg.trainer.progress),
-                   metric=str(cfg.eval.metric), box_rule=str(cfg.eval.box_rule))
+                   loss_fn=loss_fn, progress=cfg.trainer.progress,
+                   metric=str(cfg.eval.metric), box_rule=str(cfg.eval.box_rule),
+                   keep=reporter.keep if reporter else None)
     res.update(description=loaded.description, split=ds.split, dataset=str(cfg.dataset.name))
+    if reporter is not None:
+        reporter.after_eval(0, best=True)
+        res["reports"] = reporter.write_best(0)
     return res
 
 
@@ -241,12 +255,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--split", default=None, help="dataset split (default: dataset.val_split)")
     ap.add_argument("--metric", choices=METRICS, default=None,
                     help="eval.metric: VOC07 11-point (default), VOC12 area, or COCO rules")
+    ap.add_argument("--reports", default=None, metavar="DIR",
+                    help="also write the PR curves and a grid of detections as PNGs into DIR")
     args = ap.parse_intermixed_args(argv)
     if args.metric:
         args.overrides = [*args.overrides, f"eval.metric={args.metric}"]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        res = evaluate_path(args.path, args.overrides, args.runtime, args.split)
+        res = evaluate_path(args.path, args.overrides, args.runtime, args.split, args.reports)
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -255,6 +271,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"mAP@0.5 {res['map50']:.4f}  loss {res['loss']:.4f}  ({res['metric']})")
     if "map_coco" in res:
         print(f"COCO mAP@[.5:.95] {res['map_coco']:.4f}")
+    for p in res.get("reports", []):
+        print(f"wrote {p}")
     return 0
 
 
