@@ -1,4 +1,4 @@
-"""The user-error classes: a bad config, dataset, checkpoint or a run that cannot go on.
+"""The user-error classes: a bad config, dataset, checkpoint, disk, or a run that cannot go on.
 
 Each carries its ``label``, the words the user sees before its message (``config error: ...``):
 a user error is one line on stderr, not a traceback, from whichever process raised it (the
@@ -8,8 +8,9 @@ list of kinds (the one-line printer, the loader's unwrap, fault injection) is ``
 """
 from __future__ import annotations
 
+import errno
 import importlib
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 
 class UserError(Exception):
@@ -54,6 +55,31 @@ class NonFiniteLossError(UserError, FloatingPointError):
     label = "training stopped"
 
 
+class DiskError(UserError, OSError):
+    """A file the run must write cannot be written: the disk is full, read-only or not ours.
+    The message names the path and what to do (free space, or another folder)."""
+
+    label = "disk error"
+
+
+# The OSErrors that are the machine's or the user's (a full or read-only disk, a folder without
+# permission), not a bug: what each means in the one line.
+DISK_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+                errno.EPERM: "permission denied"}
+
+
+def disk_reason(exc: BaseException) -> Optional[str]:
+    """What a full/read-only/forbidden disk error means in words, else None (another error)."""
+    return DISK_REASONS.get(exc.errno) if isinstance(exc, OSError) else None
+
+
+def disk_error(exc: OSError, path: Any, advice: str) -> DiskError:
+    """``DiskError("<path>: <reason> (<strerror>); <advice>")`` for an OSError while writing."""
+    reason = disk_reason(exc) or "it cannot be written"
+    return DiskError(f"{path}: {reason} ({exc.strerror or exc}); {advice}")
+
+
 def user_errors() -> list[type[UserError]]:
     """Every user-error class defined so far (subclasses elsewhere, e.g. the launchers'
     rendezvous error, included once their module is imported), most derived first."""
@@ -67,8 +93,19 @@ def user_errors() -> list[type[UserError]]:
 
 
 def error_line(exc: BaseException) -> str | None:
-    """``"<label>: <message>"`` for a user error, else None (a bug keeps its traceback)."""
-    return f"{exc.label}: {exc}" if isinstance(exc, UserError) else None
+    """``"<label>: <message>"`` for a user error, else None (a bug keeps its traceback). An
+    OSError of a full, read-only or forbidden disk that no caller named (e.g. from a library) is
+    a user error too: the line names its file."""
+    if isinstance(exc, UserError):
+        return f"{exc.label}: {exc}"
+    if disk_reason(exc) is None:
+        return None
+    path = exc.filename if exc.filename is not None else "a file of this run"  # type: ignore[union-attr]
+    return (f"{DiskError.label}: {disk_error(exc, path, ADVICE)}")
+
+
+ADVICE = ("free space there or choose another folder (paths.checkpoints, paths.data, "
+          "hydra.run.dir), then run the same command again")
 
 
 def import_target(target: str, key: str, hint: str, error: type[Exception] = ConfigError) -> Any:
