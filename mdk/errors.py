@@ -63,21 +63,26 @@ class DiskError(UserError, OSError):
 
 
 # The OSErrors that are the machine's or the user's (a full or read-only disk, a folder without
-# permission), not a bug: what each means in the one line.
-DISK_REASONS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                errno.EPERM: "permission denied"}
+# permission), not a bug: what each means in the one line, and whether freeing space cures it.
+DISK_REASONS = {errno.ENOSPC: ("the disk is full", True),
+                errno.EDQUOT: ("the disk quota is used up", True),
+                errno.EROFS: ("the file system is read-only", False),
+                errno.EACCES: ("permission denied", False), errno.EPERM: ("permission denied", False)}
+KEYS = "paths.checkpoints, paths.data or hydra.run.dir"  # the folders a run writes
 
 
-def disk_reason(exc: BaseException) -> Optional[str]:
+def disk_reason(exc: Optional[BaseException]) -> Optional[str]:
     """What a full/read-only/forbidden disk error means in words, else None (another error)."""
-    return DISK_REASONS.get(exc.errno) if isinstance(exc, OSError) else None
+    return DISK_REASONS.get(exc.errno, (None,))[0] if isinstance(exc, OSError) else None
 
 
-def disk_error(exc: OSError, path: Any, advice: str) -> DiskError:
-    """``DiskError("<path>: <reason> (<strerror>); <advice>")`` for an OSError while writing."""
-    reason = disk_reason(exc) or "it cannot be written"
-    return DiskError(f"{path}: {reason} ({exc.strerror or exc}); {advice}")
+def disk_error(exc: OSError, path: Any, what: str = "", keys: str = KEYS) -> DiskError:
+    """The DiskError of an OSError while writing ``path``: ``"<path>: <reason>; [<what>: ]<what
+    to do>"``; ``keys`` names the settings that move the folder."""
+    reason, full = DISK_REASONS.get(exc.errno, (exc.strerror or str(exc), False))
+    cure = (f"free space there, or set {keys} to a folder on another disk, then run the same "
+            "command again" if full else f"set {keys} to a folder you can write to")
+    return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure}")
 
 
 def user_errors() -> list[type[UserError]]:
@@ -94,18 +99,15 @@ def user_errors() -> list[type[UserError]]:
 
 def error_line(exc: BaseException) -> str | None:
     """``"<label>: <message>"`` for a user error, else None (a bug keeps its traceback). An
-    OSError of a full, read-only or forbidden disk that no caller named (e.g. from a library) is
-    a user error too: the line names its file."""
+    OSError of a full, read-only or forbidden disk that no caller named (from a library, or
+    Hydra making the run dir) is a user error too: the line names its file when it is known."""
     if isinstance(exc, UserError):
         return f"{exc.label}: {exc}"
     if disk_reason(exc) is None:
         return None
-    path = exc.filename if exc.filename is not None else "a file of this run"  # type: ignore[union-attr]
-    return (f"{DiskError.label}: {disk_error(exc, path, ADVICE)}")
-
-
-ADVICE = ("free space there or choose another folder (paths.checkpoints, paths.data, "
-          "hydra.run.dir), then run the same command again")
+    path = getattr(exc, "filename", None) or "a file of this run (unnamed; HYDRA_FULL_ERROR=1 " \
+        "shows the traceback)"
+    return f"{DiskError.label}: {disk_error(exc, path)}"  # type: ignore[arg-type]
 
 
 def import_target(target: str, key: str, hint: str, error: type[Exception] = ConfigError) -> Any:

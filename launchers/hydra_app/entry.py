@@ -75,7 +75,7 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
-    preflight(configs[0])  # machine and files, before any process starts
+    preflight(configs[0], run_dir)  # machine and files, before any process starts
     faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
     results: list[StageResult] = []
     offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
