@@ -80,12 +80,6 @@ def probe(path: Path, key: str, value: Any = None) -> Path:
     return q
 
 
-def check_writable(cfg: DictConfig, root: str | Path) -> None:
-    """paths.checkpoints must be (or be creatable as) a writable folder: fail now, not after the
-    first epoch when the first checkpoint is written."""
-    probe(resolve_path(cfg.paths.checkpoints, root), "paths.checkpoints")
-
-
 def checkpoint_bytes(cfg: DictConfig) -> int:
     """About how large one checkpoint of this model is (an estimate for the free-space check)."""
     weights = sum(v.numel() * v.element_size() for v in build_model(cfg).state_dict().values())
@@ -122,7 +116,7 @@ def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[P
             key, value = ("paths.data", cfg.paths.data) if root.is_relative_to(data) else \
                 ("dataset.root", d["root"])
             out.append((probe(root.parent, key, value), need,
-                        f"{key}: {need / MB:.0f} MB of generated images and annotations"))
+                        f"{key}: {need / MB:.1f} MB of generated images and annotations"))
             n = int(params.get("num_train", 0)) + int(params.get("num_val", 0))
             key, value = ("dataset.meta_dir", d["meta_dir"]) if d.get("meta_dir") else \
                 ("paths.data", cfg.paths.data)

@@ -16,10 +16,10 @@ boxes without opening the image) and the ``difficult`` flag (evaluation ignores 
 What the cache is keyed by (:func:`content_key`): the names, sizes and bytes of every source file
 of the split (a VOC split list and its annotation XMLs, a COCO JSON), hashed, not their
 modification times: an annotation edited, or a split list restored from a backup with its old
-time stamp, is seen all the same. Reading the bytes is cheap next to parsing them: 0.1-0.2 s for
-a 16k-image VOC folder (16k XMLs of ~1 KB) whose files are in the page cache, on a busy 2-core
-machine (``benchmarks/bench_data.py``); the images are not part of the key (the image check keys
-its own cache, :mod:`mdk.data.image_check`).
+time stamp, is seen all the same. Reading the bytes is cheap next to parsing them: 0.2-0.4 s for
+a 16k-image VOC folder (16k XMLs of ~1 KB, in the page cache) on a busy 2-core machine, against
+~2 s to parse them (``benchmarks/bench_data.py``). The images are not part of the key (the image
+check keys its own cache by size, mtime and ctime: :mod:`mdk.data.image_check`).
 """
 from __future__ import annotations
 
@@ -49,14 +49,21 @@ def content_key(root: str | Path, sources: Sequence[Path]) -> str:
     """The key of the cache: a hash of each source's name (relative to ``root``), size and bytes,
     in the reader's order; a missing file counts as its own state (the rebuild then names it)."""
     h = hashlib.sha1()
+    prefix = str(root).rstrip(os.sep) + os.sep
     for p in sources:
-        h.update(os.path.relpath(p, root).encode() + b"\0")
+        name = str(p)  # relative to the root; relpath() for every file costs 0.1 s per 16k
+        h.update((name[len(prefix):] if name.startswith(prefix) else
+                  os.path.relpath(p, root)).encode() + b"\0")
         try:
-            with open(p, "rb") as f:
+            with open(p, "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 h.update(f"{size}\0".encode())
-                for chunk in iter(lambda: f.read(CHUNK), b""):
+                while size > 0:  # an annotation: one read; a large JSON: in pieces
+                    chunk = f.read(min(size, CHUNK))
+                    if not chunk:
+                        break
                     h.update(chunk)
+                    size -= len(chunk)
         except OSError as e:
             h.update(f"unreadable {e.errno}\0".encode())
     return "sha1:" + h.hexdigest()
