@@ -335,3 +335,25 @@ def test_a_killed_generation_is_removed_and_a_live_one_kept(tmp_path, caplog):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-x", "shapes"]
     assert "writing the shapes dataset was interrupted there" in caplog.text
     assert not (root / ".writing").exists()  # the lock file is no part of the data
+
+
+def test_a_full_disk_while_generating_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    from mdk.data import shapes
+    from mdk.errors import DiskError, error_line
+
+    real = shapes._generate
+
+    def fill_up(out, params):
+        real(out, {**params, "num_train": 1, "num_val": 1})  # some files written, then:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shapes, "_generate", fill_up)
+    with pytest.raises(DiskError) as e:
+        shapes.ensure_shapes_dataset(tmp_path / "shapes", num_train=8, num_val=4, image_size=64)
+    assert error_line(e.value) == (
+        f"disk error: {tmp_path}: the disk is full; the shapes dataset is generated there (about "
+        "0.1 MB): free space there, or set paths.data to a folder on another disk, then run the "
+        "same command again")
+    assert list(tmp_path.iterdir()) == []  # no half dataset, no temp folder
