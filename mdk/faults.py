@@ -12,8 +12,8 @@ comma-separated list of ``<action>:<point>:<n>[:<rank>]``
 * ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
 * ``raise:iter:N`` after optimizer step N, raise InjectedError (a bug-like crash of one rank);
   ``raise:<point>:N:<rank>:<Class>`` raises that user-error class instead (ConfigError,
-  DataError, CheckpointError, MissingStageInput, NonFiniteLossError): each place a user error
-  can start, for the one-line-error tests; the points are ``iter`` (a rank), ``item`` (a
+  DataError, CheckpointError, DiskError, MissingStageInput, NonFiniteLossError): each place a
+  user error can start, for the one-line-error tests; the points are ``iter`` (a rank), ``item`` (a
   DataLoader worker fetching its N-th training sample) and ``start`` (the launching process,
   before any rank starts);
 * ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
