@@ -8,9 +8,12 @@ root (as in CI's container); elsewhere those tests are skipped with the reason.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cmd_env
+from conftest import REPO, TINY, compose, run_cmd_env
+from launchers.hydra_app.user_error_line import user_error_line
+from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler
+from launchers.processes.spawn import RankFailedError
+from mdk import preflight
+from mdk.data import shapes
+from mdk.data.staging import remove_leftovers, staged
+from mdk.errors import DiskError, error_line
 from test_catalogue_cli import SHAPES, TINY_CLI, one_error_line
 
 FULL = "the disk is full"
@@ -226,10 +236,6 @@ def test_real_command_sees_an_annotation_edited_with_an_old_time_stamp(tmp_path)
 # ---- the pieces, without a run ---------------------------------------------------------------
 
 def test_console_handler_on_a_closed_pipe_is_silent_and_stdout_goes_nowhere(capfd):
-    import logging
-
-    from launchers.processes.log_handlers import ConsoleHandler
-
     read, write = os.pipe()
     os.close(read)  # the reader (`head`) is gone
     stream = os.fdopen(write, "w")
@@ -245,11 +251,6 @@ def test_console_handler_on_a_closed_pipe_is_silent_and_stdout_goes_nowhere(capf
 
 
 def test_log_file_on_a_full_disk_says_so_once(tmp_path, capfd, monkeypatch):
-    import errno
-    import logging
-
-    from launchers.processes.log_handlers import RunLogFileHandler
-
     h = RunLogFileHandler(tmp_path / "run.log")
     rec = logging.LogRecord("x", logging.INFO, __file__, 1, "a line", None, None)
     h.emit(rec)
@@ -267,12 +268,6 @@ def test_log_file_on_a_full_disk_says_so_once(tmp_path, capfd, monkeypatch):
 
 
 def test_an_os_error_of_a_full_or_read_only_disk_is_one_line():
-    import errno
-
-    from launchers.hydra_app.user_error_line import user_error_line
-    from launchers.processes.spawn import RankFailedError
-    from mdk.errors import error_line
-
     full = OSError(errno.ENOSPC, "No space left on device", "/x/run/.tag.result.json")
     assert error_line(full) == (
         "disk error: /x/run/.tag.result.json: the disk is full; free space there, or set "
@@ -289,12 +284,6 @@ def test_an_os_error_of_a_full_or_read_only_disk_is_one_line():
 
 
 def test_preflight_adds_up_what_the_run_writes_per_disk(tmp_path, monkeypatch):
-    import shutil as sh
-
-    from conftest import TINY, compose
-    from mdk import preflight
-    from mdk.errors import DiskError
-
     cfg = compose(TINY + [f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={tmp_path / 'ck'}",
                           "pipeline=[step1,step2]"])
     one = preflight.checkpoint_bytes(cfg)
@@ -306,20 +295,17 @@ def test_preflight_adds_up_what_the_run_writes_per_disk(tmp_path, monkeypatch):
     assert [n for _, n, _ in needs[:2]] == [(2 + 3) * one, 2 * preflight.RUN_DIR_PER_STAGE]
     assert sum(n for _, n, _ in needs) > 5 * one  # + 64 generated images and their index
     free = sum(n for _, n, _ in needs) - 1
-    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10**12, 0, free))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 0, free))
     with pytest.raises(DiskError, match=r"not enough free space: .* MB free, this run writes "
                        r"about .* MB on that disk \(paths.checkpoints: 5 checkpoint files of "
                        r"~1.\d MB; the run dir: 8 MB of logs and report pictures; paths.data: "
                        r"0.5 MB of generated images and annotations; the index of 64 images\)"):
         preflight.check_paths(cfg, tmp_path, tmp_path / "run")
-    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10**12, 0, free + 1))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 0, free + 1))
     preflight.check_paths(cfg, tmp_path, tmp_path / "run")
 
 
 def test_a_killed_generation_is_removed_and_a_live_one_kept(tmp_path, caplog):
-    from mdk.data.shapes import ensure_shapes_dataset
-    from mdk.data.staging import remove_leftovers, staged
-
     root = tmp_path / "shapes"
     code = ("import os, signal, sys; from pathlib import Path; from mdk.data.staging import staged\n"
             f"with staged(Path({str(root)!r})) as tmp:\n"
@@ -331,18 +317,13 @@ def test_a_killed_generation_is_removed_and_a_live_one_kept(tmp_path, caplog):
         assert remove_leftovers(root, "the shapes dataset") == [left]
         assert live.is_dir() and not left.exists()
     (tmp_path / ".other.tmp-x").mkdir()  # not a folder of this target: kept
-    ensure_shapes_dataset(root, num_train=2, num_val=1, image_size=32)
+    shapes.ensure_shapes_dataset(root, num_train=2, num_val=1, image_size=32)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-x", "shapes"]
     assert "writing the shapes dataset was interrupted there" in caplog.text
     assert not (root / ".writing").exists()  # the lock file is no part of the data
 
 
 def test_a_full_disk_while_generating_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
-    import errno
-
-    from mdk.data import shapes
-    from mdk.errors import DiskError, error_line
-
     real = shapes._generate
 
     def fill_up(out, params):
