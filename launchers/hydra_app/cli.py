@@ -5,9 +5,9 @@ lines and exits. Here Hydra is asked to re-raise them (``HYDRA_FULL_ERROR=1`` wh
 and they become ``config error: <one line naming the key and value>`` with exit status 1, like
 every other config error; an override its grammar cannot parse names the override, the
 character it stopped at and the quoted form to type (``mdk.compose.one_line``). A run dir that
-Hydra cannot make or write (a full or read-only disk) is one ``disk error`` line naming it. The user's own
-HYDRA_FULL_ERROR setting is put back before the task runs (``restore_full_error``, first thing in
-run.py's main) and after the command; with it set, tracebacks are shown as usual.
+Hydra cannot make or write (a full or read-only disk) is one ``disk error`` line naming it. The
+user's own HYDRA_FULL_ERROR setting is put back before the task runs (``restore_full_error``,
+first thing in run.py's main) and after the command; with it set, tracebacks are shown as usual.
 """
 from __future__ import annotations
 

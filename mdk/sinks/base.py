@@ -24,6 +24,11 @@ def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: "NullSink", *args: Any, **kwargs: Any) -> Any:
         if self.broken:
+            if method.__name__ == "close":  # still release what it holds (files, threads)
+                try:
+                    method(self, *args, **kwargs)
+                except OSError:
+                    pass
             return None
         try:
             return method(self, *args, **kwargs)
