@@ -24,7 +24,7 @@ import pytest
 
 from conftest import REPO, TINY, compose, run_cmd_env
 from launchers.hydra_app.user_error_line import user_error_line
-from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler
+from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler, harden_log_handlers
 from launchers.processes.spawn import RankFailedError
 from mdk import preflight
 from mdk.data import shapes
@@ -338,3 +338,21 @@ def test_a_full_disk_while_generating_is_one_line_and_leaves_nothing(tmp_path, m
         "0.1 MB): free space there, or set paths.data to a folder on another disk, then run the "
         "same command again")
     assert list(tmp_path.iterdir()) == []  # no half dataset, no temp folder
+
+
+def test_hydra_job_logging_handlers_get_the_hardened_behaviour():
+    """Whatever hydra/job_logging made them, the plain console and file handlers of the root
+    logger become the robust classes (run.py does this first in the task)."""
+    root = logging.getLogger("mdk-test-harden")
+    stream, file = logging.StreamHandler(sys.stdout), logging.FileHandler(os.devnull)
+    other = logging.NullHandler()
+    for h in (stream, file, other):
+        root.addHandler(h)
+    try:
+        harden_log_handlers(root)
+        assert (type(stream), type(file), type(other)) == (ConsoleHandler, RunLogFileHandler,
+                                                           logging.NullHandler)
+    finally:
+        for h in (stream, file, other):
+            root.removeHandler(h)
+        file.close()

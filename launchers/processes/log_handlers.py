@@ -11,8 +11,9 @@ the run's output (or stop it):
   :class:`RunLogFileHandler` says so once on stderr and writes no more to that file; the
   console keeps every line.
 
-Both are named by the Hydra job logging of conf/config.yaml and used by
-launchers/processes/rank_logs.py for the ranks; anything else still reports as usual.
+The ranks' handlers are these classes (launchers/processes/rank_logs.py); Hydra's job logging,
+whichever ``hydra/job_logging`` made it, gets their behaviour from :func:`harden_log_handlers`
+at the start of the task (run.py). Anything else still reports as usual.
 """
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ class RunLogFileHandler(logging.FileHandler):
             sys.stderr.flush()
         except (OSError, ValueError):
             pass
+
+
+def harden_log_handlers(logger: logging.Logger | None = None) -> None:
+    """Give the plain stream and file handlers of ``logger`` (default: the root, where Hydra's
+    job logging puts its console and run.log handlers) the behaviour of the classes above: the
+    same objects, their class swapped (neither subclass adds state)."""
+    for h in (logger or logging.getLogger()).handlers:
+        if type(h) is logging.StreamHandler:
+            h.__class__ = ConsoleHandler
+        elif type(h) is logging.FileHandler:
+            h.__class__ = RunLogFileHandler
