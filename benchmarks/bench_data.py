@@ -93,7 +93,8 @@ def index_check(n: int) -> None:
             objects = []
             for _ in range(int(rng.integers(1, 4))):
                 x, y = sorted(rng.integers(1, 500, 2)), sorted(rng.integers(1, 375, 2))
-                objects.append((SHAPE_CLASSES[int(rng.integers(5))], [x[0], y[0], x[1] + 1, y[1] + 1]))
+                name = SHAPE_CLASSES[int(rng.integers(5))]
+                objects.append((name, [x[0], y[0], x[1] + 1, y[1] + 1]))
             xml = voc_xml(f"{i}.jpg", 500, objects).replace(b"<annotation>\n",
                                                             b"<annotation>\n" + source, 1)
             (root / "Annotations" / f"{i}.xml").write_bytes(xml)

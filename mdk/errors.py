@@ -62,12 +62,16 @@ class DiskError(UserError, OSError):
     label = "disk error"
 
 
-# The OSErrors that are the machine's or the user's (a full or read-only disk, a folder without
-# permission), not a bug: what each means in the one line, and whether freeing space cures it.
-DISK_REASONS = {errno.ENOSPC: ("the disk is full", True),
-                errno.EDQUOT: ("the disk quota is used up", True),
-                errno.EROFS: ("the file system is read-only", False),
-                errno.EACCES: ("permission denied", False), errno.EPERM: ("permission denied", False)}
+# The OSErrors that are the machine's or the user's (a full or read-only disk, a file or folder
+# without permission), not a bug: what each means in the one line, and what cures it.
+FREE = ("free space there, or set {keys} to a folder on another disk, then run the same command "
+        "again")
+WRITABLE = "set {keys} to a folder you can write to"
+DISK_REASONS = {errno.ENOSPC: ("the disk is full", FREE),
+                errno.EDQUOT: ("the disk quota is used up", FREE),
+                errno.EROFS: ("the file system is read-only", WRITABLE),
+                errno.EACCES: ("permission denied", "give this user access to it, or " + WRITABLE),
+                errno.EPERM: ("permission denied", "give this user access to it, or " + WRITABLE)}
 KEYS = "paths.checkpoints, paths.data or hydra.run.dir"  # the folders a run writes
 
 
@@ -79,10 +83,8 @@ def disk_reason(exc: Optional[BaseException]) -> Optional[str]:
 def disk_error(exc: OSError, path: Any, what: str = "", keys: str = KEYS) -> DiskError:
     """The DiskError of an OSError while writing ``path``: ``"<path>: <reason>; [<what>: ]<what
     to do>"``; ``keys`` names the settings that move the folder."""
-    reason, full = DISK_REASONS.get(exc.errno, (exc.strerror or str(exc), False))
-    cure = (f"free space there, or set {keys} to a folder on another disk, then run the same "
-            "command again" if full else f"set {keys} to a folder you can write to")
-    return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure}")
+    reason, cure = DISK_REASONS.get(exc.errno, (exc.strerror or str(exc), WRITABLE))
+    return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure.format(keys=keys)}")
 
 
 def user_errors() -> list[type[UserError]]:

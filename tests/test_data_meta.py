@@ -125,7 +125,8 @@ def test_an_unwritable_cache_costs_a_warning_not_the_run(root, tmp_path, caplog,
 
     monkeypatch.setattr(index.tempfile, "mkstemp", full)
     got = cached_records(voc(root), "train", tmp_path / "full")
-    assert [(r.image, r.boxes.tolist()) for r in got] == [(r.image, r.boxes.tolist()) for r in cached]
+    served = [(r.image, r.boxes.tolist()) for r in got]
+    assert served == [(r.image, r.boxes.tolist()) for r in cached]
     assert "could not write the dataset index" in caplog.text and "No space left" in caplog.text
     assert not (tmp_path / "full" / "train.txt").exists()
 

@@ -40,8 +40,8 @@ def _mount_reason() -> str:
     """Why mounts cannot be made here ('' when they can)."""
     if os.geteuid() != 0:
         return "needs root for a private tmpfs / read-only bind mount (unshare --mount)"
-    probe = subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(["unshare", "--mount", "sh", "-c",
+                            "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, text=True)
     return "" if probe.returncode == 0 else f"cannot mount here: {probe.stderr.strip()[:200]}"
 
 
@@ -274,8 +274,8 @@ def test_an_os_error_of_a_full_or_read_only_disk_is_one_line():
         "paths.checkpoints, paths.data or hydra.run.dir to a folder on another disk, then run "
         "the same command again")
     assert error_line(PermissionError(errno.EACCES, "Permission denied", "/x")) == (
-        "disk error: /x: permission denied; set paths.checkpoints, paths.data or hydra.run.dir "
-        "to a folder you can write to")
+        "disk error: /x: permission denied; give this user access to it, or set "
+        "paths.checkpoints, paths.data or hydra.run.dir to a folder you can write to")
     assert error_line(OSError(errno.EIO, "Input/output error")) is None  # not the user's: a trace
     rank = RankFailedError("rank 1 failed (log: /x/rank1.log):\nTraceback (most recent call "
                            "last):\n  File \"spawn.py\", line 1\nOSError: [Errno 28] No space "
@@ -301,13 +301,15 @@ def test_preflight_adds_up_what_the_run_writes_per_disk(tmp_path, monkeypatch):
                        r"~1.\d MB; the run dir: 8 MB of logs and report pictures; paths.data: "
                        r"0.5 MB of generated images and annotations; the index of 64 images\)"):
         preflight.check_paths(cfg, tmp_path, tmp_path / "run")
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 0, free + 1))
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(10**12, 0, free + 1))
     preflight.check_paths(cfg, tmp_path, tmp_path / "run")
 
 
 def test_a_killed_generation_is_removed_and_a_live_one_kept(tmp_path, caplog):
     root = tmp_path / "shapes"
-    code = ("import os, signal, sys; from pathlib import Path; from mdk.data.staging import staged\n"
+    code = ("import os, signal, sys; from pathlib import Path\n"
+            "from mdk.data.staging import staged\n"
             f"with staged(Path({str(root)!r})) as tmp:\n"
             "    (tmp / 'Annotations').mkdir(); os.kill(os.getpid(), signal.SIGKILL)")
     killed = subprocess.run([sys.executable, "-c", code], env=run_cmd_env())

@@ -27,8 +27,8 @@ YOUNG_S = 60.0  # a temp folder without its lock file yet (its first microsecond
 
 def temp_names(target: Path) -> list[Path]:
     """The temp and trash folders of ``target`` that exist beside it."""
-    parent = target.parent
-    return sorted(parent.glob(f".{target.name}.tmp-*")) + sorted(parent.glob(f".{target.name}.old-*"))
+    found = (sorted(target.parent.glob(f".{target.name}.{kind}-*")) for kind in ("tmp", "old"))
+    return [p for kind in found for p in kind]
 
 
 def _alive(d: Path) -> bool:
