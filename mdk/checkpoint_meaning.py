@@ -16,7 +16,8 @@ The rules (docs/pipeline.md, "Where a stage's weights come from"):
 * a run that resumes a stage, or starts from its input stage's best.pth, with another meaning is
   refused, naming the first key that differs and both values;
 * a resumed stage with changed hyper-parameters goes on with the new values from the resume point
-  (the engine logs each change: ``resume_changes``);
+  (the engine logs each change: ``log_changes``); an optimizer or loss of another class starts
+  with fresh state there (``unfit_parts``);
 * a stage whose checkpoint has nothing left to do in this run (trained to the end of
   ``trainer.epochs``, or a one-pass stage done) is refused when a hyper-parameter changed, instead
   of reporting the old result as this run's;
@@ -47,6 +48,9 @@ _WHY = {"dataset.class_names": "its class channels would mean other classes",
         "chip": "its weights are quantized for the other chip",
         "step.quant": "it was trained with its chip layers in the other mode",
         "step.name": "it was written by another stage"}
+
+# A run-state part and the key naming its class: another class cannot take the saved state.
+_PART_CLASS = {"optimizer": "optim._target_", "loss": "loss._target_"}
 
 Change = tuple[str, Any, Any]  # (key, the checkpoint's value, this run's value)
 
@@ -171,12 +175,23 @@ def check_input(ck: Mapping[str, Any], path: Path, cfg: DictConfig, spec: StageS
             "paths.checkpoints at a matching run")
 
 
+def unfit_parts(ck: Mapping[str, Any], cfg: DictConfig) -> list[str]:
+    """The run-state parts whose class this run changes (``optim=sgd`` on an AdamW checkpoint):
+    their saved state does not fit the new class, so they start fresh at the resume point."""
+    saved = ck.get("hparams") or {}
+    return [part for part, key in _PART_CLASS.items()
+            if key in saved and saved[key] != _now(cfg, key)]
+
+
 def log_changes(stage: str, path: Path, iteration: int, changes: Optional[list[Change]]) -> None:
     """Say what a resumed stage goes on with (``check_resume``'s result)."""
     if changes is None:
         log.info("%s was written before checkpoints recorded what they mean and were trained "
                  "with: this run's config is not compared with it", path)
     elif changes:
+        fresh = [p for p, key in _PART_CLASS.items() if any(k == key for k, _, _ in changes)]
         log.warning("%s resumes at iteration %d with changed hyper-parameters; the new values "
-                    "apply from there on (the iterations before keep the old ones): %s", stage,
-                    iteration, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changes))
+                    "apply from there on (the iterations before keep the old ones): %s%s", stage,
+                    iteration, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changes),
+                    f"; another class: the {' and '.join(fresh)} state starts fresh" if fresh
+                    else "")

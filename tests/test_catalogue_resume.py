@@ -158,3 +158,16 @@ def test_a_checkpoint_without_a_meaning_still_resumes(run_dir, capsys):
     assert "last.pth was written before checkpoints recorded what they mean and were trained " \
            "with: this run's config is not compared with it" in out
     assert _ck(run_dir)["trainer"]["iter"] == 4 and "meaning" in _ck(run_dir)
+
+
+def test_another_optimizer_class_on_resume_starts_its_state_fresh(tmp_path, capsys):
+    """SGD's momentum cannot continue as AdamW's moments (torch raised KeyError: 'step')."""
+    status, _, err = cli(tmp_path, STEP, "optim=sgd", capsys=capsys)
+    assert status == 0, err[-2000:]
+    status, out, err = cli(tmp_path, STEP, "optim=adamw", "trainer.epochs=2", capsys=capsys)
+    assert status == 0, err[-2000:]
+    assert "optim._target_ 'torch.optim.SGD' -> 'torch.optim.AdamW'" in out
+    assert "; another class: the optimizer state starts fresh" in out
+    ck = _ck(tmp_path)
+    assert ck["trainer"]["iter"] == 4
+    assert all(s["step"] == 2 for s in ck["optimizer"]["state"].values())  # AdamW's 2 steps

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import TINY, compose
 from mdk.checkpoint_meaning import (check_input, check_resume, hparams_of, meaning_of,
-                                    nothing_left, resume_changes)
+                                    nothing_left, resume_changes, unfit_parts)
 from mdk.errors import CheckpointError
 from mdk.stage import StageSpec, stage_config
 
@@ -97,3 +97,13 @@ def test_a_done_one_pass_stage_refuses_changed_parameters_of_its_work():
     with pytest.raises(CheckpointError, match=r"^cal is already done in /ck/stage .*"
                        r"step.calibration.percentile=99.9 differs from the checkpoint's 99.0"):
         check_resume(done, PATH, other, _spec(other))
+
+
+def test_an_optimizer_or_loss_of_another_class_starts_fresh():
+    """Their saved state would not load into another class (SGD's momentum into AdamW: a
+    KeyError; the YOLO loss's empty state into the GTI loss's running mean)."""
+    ck = _ck(_cfg("step1"))  # AdamW, the YOLO loss
+    assert unfit_parts(ck, _cfg("step1", "optim.lr=0.5")) == []
+    assert unfit_parts(ck, _cfg("step1", "optim=sgd")) == ["optimizer"]
+    assert unfit_parts(ck, _cfg("step1", "optim=sgd", "loss=gti")) == ["optimizer", "loss"]
+    assert unfit_parts({"model": {}}, _cfg("step1", "optim=sgd")) == []  # an older file: as before

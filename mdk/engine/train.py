@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mdk import dist, faults
+from mdk.checkpoint_meaning import unfit_parts
 from mdk.data.augment import BatchAugment
 from mdk.engine import build, precision
 from mdk.engine.context import StageContext
@@ -148,7 +149,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                                         epoch_done=epoch_done)
 
     if resume is not None:
-        state.load_state_dict(resume)
+        fresh = unfit_parts(resume, cfg)  # an optimizer/loss of another class: its own fresh state
+        state.load_state_dict({k: v for k, v in resume.items() if k not in fresh})
     elif world.is_main:
         _plot_lr(ctx, sampler.num_batches)
     try:
