@@ -56,7 +56,8 @@ def _holder(text: str) -> tuple[str, str]:
     """The run a lock file's text names, in words, and where it logs ("" if unknown)."""
     try:
         h = json.loads(text)
-        return f"the run of pid {h['pid']} on host {h['host']} since {h['since']}", h.get("run_dir", "")
+        who = f"the run of pid {h['pid']} on host {h['host']} since {h['since']}"
+        return who, h.get("run_dir", "")
     except (ValueError, KeyError, TypeError):
         return "another run", ""
 
@@ -90,6 +91,7 @@ def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
     except OSError as e:
         raise CheckpointError(f"cannot open the run lock {path} ({e.strerror}); remove what is "
                               "there, or give this run another paths.checkpoints") from None
+    owner = os.getpid()  # a forked child that leaves the block must not touch the parent's lock
     try:
         if not _lock(fd, path, folder):
             yield path
@@ -104,11 +106,13 @@ def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
         try:
             yield path
         finally:
-            _held.discard(fd)
-            os.ftruncate(fd, 0)  # released cleanly: nothing to take over
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if os.getpid() == owner:
+                _held.discard(fd)
+                os.ftruncate(fd, 0)  # released cleanly: nothing to take over
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
+        if os.getpid() == owner:
+            os.close(fd)
 
 
 def _lock(fd: int, path: Path, folder: Path) -> bool:

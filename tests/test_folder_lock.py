@@ -88,3 +88,22 @@ def test_a_lock_that_cannot_be_opened_is_one_line(tmp_path):
                        r"paths.checkpoints"):
         with one_run(Path(tmp_path / "ck")):
             pass
+
+
+def test_a_forked_child_leaving_the_block_leaves_the_parents_lock_alone(tmp_path):
+    ck = tmp_path / "ck"
+    child = 0
+    with one_run(ck, "parent") as lock:
+        child = os.fork()
+        if child == 0:
+            pass  # the child runs on, out of the block (as a forked process returning would)
+        else:
+            _, status = os.waitpid(child, 0)
+            assert status == 0
+            assert json.loads(lock.read_text())["run_dir"] == "parent"  # not emptied
+            with pytest.raises(CheckpointError, match="is in use by the run of pid"):
+                with one_run(ck):  # still locked
+                    pass
+    if child == 0:
+        os._exit(0)
+    assert lock.read_text() == ""
