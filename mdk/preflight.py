@@ -4,7 +4,7 @@ Everything a user can get wrong that is cheap to detect up front beyond the conf
 (``mdk.config.validate`` checked that, once, before this): the machine (``check_environment``),
 dataset files that are missing or too few, a folder the run must write that takes no file or
 has too little free space (``check_paths``), a stage whose input checkpoint is missing,
-unreadable or from another model.
+unreadable, from another model or of another meaning.
 Each raises the same error type the engine would raise later, so the message is the same; only
 it comes seconds after the command instead of after spawning N processes.
 
@@ -27,6 +27,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint_meaning import check_input, check_resume
 from mdk.data.build import check_dataset_files, meta_dir_for
 from mdk.data.config import plain
 from mdk.data.shapes import bytes_to_generate, ensure_shapes_dataset
@@ -180,6 +181,33 @@ def _check_input(cfg: DictConfig) -> None:
                 strict=ck.get("stage") is not None)
 
 
+def _check_meaning(cfg: DictConfig) -> None:
+    """The first stage's starting point means what this config means (class names in their
+    order, input size, model, stage, chip), and a done stage is not rerun with changed
+    hyper-parameters (mdk/checkpoint_meaning.py). Runs before ``_check_input``, so a changed class
+    list is named as such rather than as the shape mismatch it may also cause; a missing or
+    unreadable file is ``_check_input``'s to report."""
+    spec = StageSpec.from_node(cfg.step)
+    checkpoints = StageCheckpointer(cfg, spec)
+    own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
+    if cfg.trainer.resume and own:
+        ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
+        if ck is not None:
+            check_resume(ck, path, cfg, spec)
+        return
+    init = checkpoints.input_path() if spec.init_from is not None else None
+    ck = _readable(init) if init is not None else None
+    if ck is not None:
+        check_input(ck, init, cfg, spec)
+
+
+def _readable(path: Path) -> Optional[dict]:
+    try:
+        return load_checkpoint(path)
+    except CheckpointError:
+        return None
+
+
 def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None:
     try:
         load(model, ck, path, strict=strict)
@@ -197,4 +225,5 @@ def preflight(cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
     check_environment(cfg)
     check_paths(cfg, os.getcwd(), run_dir)
     _check_dataset(cfg)
+    _check_meaning(cfg)
     _check_input(cfg)

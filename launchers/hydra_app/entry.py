@@ -12,8 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_app.job import is_multirun, run_guarded
 from launchers.hydra_app.objective import with_objective
+from launchers.hydra_app.one_run import folder_lock
 from launchers.hydra_app.user_error_line import user_error_line
-from launchers.processes.env import detect
+from launchers.processes.env import ProcessEnv, detect
 from launchers.processes.malloc import tune_malloc
 from launchers.processes.spawn import RankFailedError, run_ranks
 from launchers.reports.run_summary import print_summary
@@ -76,6 +77,12 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
     preflight(configs[0], run_dir)  # machine and files, before any process starts
+    with folder_lock(configs[0], env, run_dir):  # one run per paths.checkpoints
+        return _run_stages(cfg, env, run_dir, stages, configs)
+
+
+def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[str],
+                configs: list[DictConfig]) -> list[StageResult]:
     faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
     results: list[StageResult] = []
     offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
