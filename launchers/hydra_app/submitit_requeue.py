@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -32,6 +33,8 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.hydra_app.job_ends import (forget_stopped_job, jobs_end_lines,
+                                          record_stopped_job)
 from launchers.hydra_app.plugin_path import add_plugin_path
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
@@ -142,7 +145,23 @@ class RequeueMixin:
         sweep_dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         with read_write(self.config.hydra.sweep), open_dict(self.config.hydra.sweep):
             self.config.hydra.sweep.dir = sweep_dir
-        return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+        import submitit  # here, as the plugin does: Hydra loads this module at every start
+
+        try:
+            return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+        except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as e:
+            # A job without a result (stopped by a signal, killed): one line each, not
+            # submitit's message with the job's whole stderr (launchers/hydra_app/job_ends.py).
+            lines, status = jobs_end_lines(sweep_dir, e)
+            for line in lines:
+                log.error("%s", line)
+            print("\n".join(lines), file=sys.stderr, flush=True)
+            raise SystemExit(status) from None
+        except StopRequested as e:  # a stop signal to this process, which only waits
+            e.line = (f"stopped by {e.reason} while the sweep's jobs run: they go on (stop them "
+                      f"with scancel, or kill their processes); their results will be in "
+                      f"{sweep_dir}")
+            raise
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
                  singleton_state: dict) -> JobReturn:
@@ -162,6 +181,9 @@ class RequeueMixin:
                               record=env.global_rank == 0)
         log.info("job %d (%s) runs in %s", job_num, env.job_id, job_dir)
         clear_stop()
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        if env.global_rank == 0:
+            forget_stopped_job(sweep_dir, job_num)  # a requeued job runs again
         usr = env._usr_sig()
         with stop_on_signals([usr, signal.SIGTERM]) as prev:
             try:
@@ -170,6 +192,8 @@ class RequeueMixin:
                                job_subdir_key="hydra.sweep.subdir")
             except StopRequested as e:
                 log.warning("%s", e)
+                if env.global_rank == 0:  # for the launching process, if no rerun comes
+                    record_stopped_job(sweep_dir, job_num, env.job_id, e)
                 got = prev.get("received")
                 if got == usr and callable(prev.get(usr)):
                     # submitit's handler: checkpoint() -> same call pickled again, scontrol
