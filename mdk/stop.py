@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Optional
 
 # reason: why a stop was asked (None: not asked); listeners: running loops with the hook;
-# armed: a launcher installed signal handlers in every rank, so the per-step agreement collective
-# is needed (unarmed distributed runs, e.g. under torchrun, pay nothing).
+# armed: a launcher installed stop-signal handlers in every rank, so the ranks must agree on the
+# step to stop at (a collective per step; distributed runs without handlers, e.g. a test's own
+# process group, pay nothing).
 _state: dict = {"reason": None, "listeners": 0, "armed": False}
 
 

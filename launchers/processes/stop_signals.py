@@ -102,7 +102,7 @@ def stop_signals(kind: str) -> Iterator[None]:
         arm(False)
         for s in STOP_SIGNALS:
             signal.signal(s, prev[s])
-        _state.update(kind=None, ranks=[])
+        _state.update(kind=None, first=None, ranks=[])
 
 
 def hold_stop_signals() -> None:

@@ -43,21 +43,25 @@ class StopOnRequestHook(HookBase):
 
     def after_train(self) -> None:
         stop_listening()
-        self._pending = None  # every rank started it, so it completes unread
+        self._pending = None  # (left by an error: every rank started it, it completes unread)
 
     def _asked(self) -> bool:
         return stop_requested() is not None
 
-    def _agreed_late(self, start_next: bool) -> bool:
-        """Whether any rank was asked by the previous step (this process alone: by now); starts
-        this step's agreement when ``start_next``."""
+    def _agreed_late(self) -> bool:
+        """Whether any rank was asked by the previous step (this process alone: by now)."""
         if dist.world_size() <= 1:
             return self._asked()
         if not is_armed():
             return False
         before = self._pending is not None and self._pending() > 0
-        self._pending = dist.max_flag_started(float(self._asked())) if start_next else None
+        self._pending = None
         return before
+
+    def _start_agreement(self) -> None:
+        """Start this step's agreement, read after the next step (no host sync now)."""
+        if dist.world_size() > 1 and is_armed():
+            self._pending = dist.max_flag_started(float(self._asked()))
 
     def _agreed_now(self) -> bool:
         if dist.world_size() <= 1:
@@ -81,10 +85,12 @@ class StopOnRequestHook(HookBase):
         # The last step of an epoch is followed by evaluation and the epoch-end checkpoint; stop
         # after those (after_epoch), so best.pth and the epoch's metrics are not lost.
         mid_epoch = t.batch_in_epoch < t.iters_per_epoch
-        if self._agreed_late(start_next=mid_epoch):
+        if self._agreed_late():
             if mid_epoch:
                 self._stop(saved_by_epoch_end=False)
             self._at_epoch_end = True
+        elif mid_epoch:
+            self._start_agreement()
 
     def after_epoch(self) -> None:
         t = self.trainer
