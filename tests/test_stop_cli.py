@@ -63,7 +63,7 @@ def signalled(tmp: Path, name: str, data: Path, fault: str, sig: int, target: st
     try:
         log = run_dir / f"{target}.log" if target.startswith("rank") else out
         end = time.monotonic() + 240
-        while "holding at iter" not in (log.read_text() if log.exists() else ""):
+        while "MDK_FAULT: holding at " not in (log.read_text() if log.exists() else ""):
             assert proc.poll() is None and time.monotonic() < end, err.read_text()[-2000:]
             time.sleep(0.1)
         if target == "parent":
@@ -185,3 +185,12 @@ def test_sigterm_to_a_submitit_local_job_is_one_line_from_the_launcher(refs):
         f"same command with hydra.sweep.dir={sweep} hydra.callbacks.sweep.resume=true to resume"]
     last = sweep / "0" / "checkpoints" / "step1" / "last.pth"
     assert torch.load(last, weights_only=False)["trainer"]["iter"] == 2
+
+
+def test_a_signal_before_any_stage_ends_the_command_at_once_with_its_line(tmp_path):
+    """No training loop listens yet (MDK_FAULT holds the launching process before the first
+    stage): nothing to save, so the command ends at once, saying so."""
+    code, lines, _ = signalled(tmp_path, "early", tmp_path / "data", "hold:start:1",
+                               signal.SIGTERM, "parent", "dist.gpus=2")
+    assert code == 143 and lines == [
+        "stopped by SIGTERM before any stage started; rerun the same command to resume"]
