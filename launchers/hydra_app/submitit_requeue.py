@@ -14,6 +14,8 @@ scratch and its checkpoints (``<job dir>/checkpoints``, see ``mdk_ckpt``) are or
   ``scancel``) ask the training loop to write last.pth at the next step and stop
   (``mdk.stop``); after that, USR2 goes on to submitit's own handler, which resubmits this
   same call (``checkpoint``) and requeues the job; SIGTERM just exits (SLURM requeues or cancels).
+  The stop is recorded for the launching process, which reports a job that never came back in
+  one line (``launchers/hydra_app/job_ends.py``).
   When no training loop is running (calibration, evaluation, data generation) the signal goes to
   submitit's handler at once, as without this class.
 
@@ -36,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from launchers.hydra_app.job_ends import (forget_stopped_job, jobs_end_lines,
                                           record_stopped_job)
 from launchers.hydra_app.plugin_path import add_plugin_path
+from launchers.reports.stop_line import sweep_rerun
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)
@@ -158,9 +161,9 @@ class RequeueMixin:
             print("\n".join(lines), file=sys.stderr, flush=True)
             raise SystemExit(status) from None
         except StopRequested as e:  # a stop signal to this process, which only waits
-            e.line = (f"stopped by {e.reason} while the sweep's jobs run: they go on (stop them "
-                      f"with scancel, or kill their processes); their results will be in "
-                      f"{sweep_dir}")
+            e.line = (f"stopped by {e.reason} while waiting for the sweep's jobs; jobs that did not "
+                      f"get the signal go on (on SLURM: squeue, scancel); "
+                      f"{sweep_rerun(sweep_dir, 'collect or resume them')}")
             raise
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,

@@ -15,10 +15,10 @@ from mdk.stop import StopRequested
 RERUN = "rerun the same command to resume"
 
 
-def sweep_rerun(sweep_dir: str) -> str:
+def sweep_rerun(sweep_dir: str, to: str = "resume") -> str:
     """What to type to continue a sweep a stop ended."""
     return (f"rerun the same command with hydra.sweep.dir={sweep_dir} "
-            "hydra.callbacks.sweep.resume=true to resume")
+            f"hydra.callbacks.sweep.resume=true to {to}")
 
 
 def stop_line(e: StopRequested, rerun: Optional[str] = None) -> str:
