@@ -33,12 +33,20 @@ from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None))
+                     if s is not None)
 DUPLICATE_S = 1.0  # a repeat sooner than this is the same request delivered twice
 
 # kind: "launcher" | "rank"; first: the first stop signal's number; at: when it came;
 # ranks: pids of the spawned ranks it is forwarded to.
 _state: dict[str, Any] = {"kind": None, "first": None, "at": 0.0, "ranks": []}
+
+
+def _mask(how: int) -> Optional[set]:
+    """Block or unblock the stop signals in this thread (POSIX); the previous mask."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(how, STOP_SIGNALS)
 
 
 def received() -> Optional[int]:
@@ -95,7 +103,7 @@ def stop_signals(kind: str) -> Iterator[None]:
     for s in STOP_SIGNALS:
         signal.signal(s, _handle)
     arm(True)  # every rank listens: the loop's per-step agreement is needed
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    _mask(signal.SIG_UNBLOCK)
     try:
         yield
     finally:
@@ -108,7 +116,7 @@ def stop_signals(kind: str) -> Iterator[None]:
 def hold_stop_signals() -> None:
     """From now on the stop signals wait (blocked) in this process: its work is over, and no
     handler may raise into its last steps."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    _mask(signal.SIG_BLOCK)
 
 
 @contextlib.contextmanager
@@ -116,11 +124,12 @@ def signals_held() -> Iterator[None]:
     """Block the stop signals while ranks are started: processes started meanwhile inherit the
     blocked set and unblock it once their handlers are in (``stop_signals``), and a signal to
     this process waits until ``forwarding_to`` knows the ranks' pids."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    old = _mask(signal.SIG_BLOCK)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
