@@ -10,10 +10,11 @@ scratch and its checkpoints (``<job dir>/checkpoints``, see ``mdk_ckpt``) are or
 * ``launch`` resolves the sweep dir once, to an absolute path, before the jobs are pickled;
 * the first run of job N records its resolved sub dir (and overrides) in
   ``<sweep dir>/.submitit/jobdirs/N.json``; a rerun of job N with the same overrides reuses it;
-* SIGUSR2 (submitit's time-out / preemption signal) and SIGTERM (preemption, ``scontrol requeue``,
-  ``scancel``) ask the training loop to write last.pth at the next step and stop
-  (``mdk.stop``); after that, USR2 goes on to submitit's own handler, which resubmits this
-  same call (``checkpoint``) and requeues the job; SIGTERM just exits (SLURM requeues or cancels).
+* SIGUSR2 (submitit's time-out / preemption signal), SIGTERM (preemption, ``scontrol requeue``,
+  ``scancel``) and SIGINT (Ctrl-C reaching a local job) ask the training loop to write last.pth
+  at the next step and stop (``mdk.stop``); after that, USR2 goes on to submitit's own handler,
+  which resubmits this same call (``checkpoint``) and requeues the job; SIGTERM and SIGINT just
+  exit (SLURM requeues or cancels).
   The stop is recorded for the launching process, which reports a job that never came back in
   one line (``launchers/hydra_app/job_ends.py``).
   When no training loop is running (calibration, evaluation, data generation) the signal goes to
@@ -188,7 +189,7 @@ class RequeueMixin:
         if env.global_rank == 0:
             forget_stopped_job(sweep_dir, job_num)  # a requeued job runs again
         usr = env._usr_sig()
-        with stop_on_signals([usr, signal.SIGTERM]) as prev:
+        with stop_on_signals([usr, signal.SIGTERM, signal.SIGINT]) as prev:
             try:
                 return run_job(hydra_context=self.hydra_context, task_function=self.task_function,
                                config=cfg, job_dir_key=job_dir_key,
