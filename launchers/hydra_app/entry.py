@@ -16,8 +16,10 @@ from launchers.hydra_app.one_run import folder_lock
 from launchers.hydra_app.user_error_line import user_error_line
 from launchers.processes.env import ProcessEnv, detect
 from launchers.processes.malloc import tune_malloc
-from launchers.processes.spawn import RankFailedError, run_ranks
+from launchers.processes.rank_ends import RankFailedError
+from launchers.processes.spawn import run_ranks
 from launchers.reports.run_summary import print_summary
+from launchers.reports.stop_line import stop_line, sweep_rerun
 from mdk import faults
 from mdk.config import validate
 from mdk.engine.result import StageResult
@@ -26,6 +28,7 @@ from mdk.paths import register_resolvers
 from mdk.preflight import preflight
 from mdk.stage import StageSpec, stage_config
 from mdk.stage_config import running_stages
+from mdk.stop import StopRequested, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,11 @@ def run(cfg: DictConfig) -> Any:
         # With an `objective` (searches): float() of the result is the metric
         # (launchers/hydra_app/objective.py).
         return with_objective(cfg, run_guarded(_run, cfg))
+    except StopRequested as e:  # a stop signal: the command ends with this line (cli.py)
+        multirun = is_multirun()
+        e.line = stop_line(e, sweep_rerun(str(HydraConfig.get().sweep.dir)) if multirun else None)
+        log.warning("%s", e.line)
+        raise
     except Exception as e:
         line = user_error_line(e)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -92,10 +100,16 @@ def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[st
             log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
         else:
             log.info("=== %s ===  one pass, no training", s)
-        res = StageResult.from_dict(
-            run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
+        try:
+            res = StageResult.from_dict(
+                run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
+        except StopRequested as e:
+            e.stage = e.stage or s
+            raise
         offset += res.iterations
         results.append(res)
+        if stop_requested() is not None and s != stages[-1]:  # asked in the stage's last epoch
+            raise StopRequested(str(stop_requested()), stage=s)
     if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
         print_summary(results, cfg, run_dir)
     return results
