@@ -25,7 +25,7 @@ import pytest
 from conftest import REPO, TINY, compose, run_cmd_env
 from launchers.hydra_app.user_error_line import user_error_line
 from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler, harden_log_handlers
-from launchers.processes.spawn import RankFailedError
+from launchers.processes.rank_ends import RankFailedError
 from mdk import preflight
 from mdk.data import shapes
 from mdk.data.staging import remove_leftovers, staged
