@@ -208,13 +208,19 @@ def test_resume_in_the_middle_of_warmup_is_exact(kind, scheduler_first, tmp_path
         assert torch.equal(a, b)
 
 
-def test_load_with_changed_config_warns_and_keeps_current(caplog) -> None:
-    caplog.set_level(logging.INFO, logger="mdk.sched.base")
+def _stepped_25() -> WarmupStepLR:
+    """A step schedule (10 warm-up iterations, step_size 2) after 25 iterations."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    a = WarmupStepLR(opt, 10, None, step_size=2)
+    sched = WarmupStepLR(opt, 10, None, step_size=2)
     for _ in range(25):
         opt.step()
-        a.step()
+        sched.step()
+    return sched
+
+
+def test_load_with_changed_config_warns_and_keeps_current(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="mdk.sched.base")
+    a = _stepped_25()
     b = WarmupStepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 10, None,
                      step_size=1)
     b.load_state_dict(a.state_dict())
@@ -226,11 +232,7 @@ def test_load_keeps_the_current_base_lr(caplog) -> None:
     """A resumed run with another optim.lr goes on with it from the saved iteration (the closed
     form at that iteration with the new base), not with the checkpoint's lr."""
     caplog.set_level(logging.INFO, logger="mdk.sched.base")
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    a = WarmupStepLR(opt, 10, None, step_size=2)
-    for _ in range(25):
-        opt.step()
-        a.step()
+    a = _stepped_25()
     opt_b = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3.0)
     b = WarmupStepLR(opt_b, 10, None, step_size=2)
     b.load_state_dict(a.state_dict())
