@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_app.job import is_multirun, run_guarded
 from launchers.hydra_app.objective import with_objective
+from launchers.hydra_app.optuna_trial import HOOK, trial_hook
 from launchers.hydra_app.user_error_line import user_error_line
 from launchers.processes.env import detect
 from launchers.processes.malloc import tune_malloc
@@ -75,6 +76,9 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
+    trial = trial_hook(cfg, stages)  # a search's trial reports from its objective stage
+    if trial is not None and trial[0] in stages:
+        configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]
     preflight(configs[0])  # machine and files, before any process starts
     faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
     results: list[StageResult] = []
@@ -89,6 +93,11 @@ def _run(cfg: DictConfig) -> list[StageResult]:
             run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
         offset += res.iterations
         results.append(res)
+        if res.extra.get("stop_reason"):  # a trainer.hooks hook (a search's pruner) ended it
+            log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run", s,
+                        res.extra.get("stopped_epoch"), scfg.trainer.epochs,
+                        res.extra["stop_reason"])
+            break
     if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
         print_summary(results, cfg, run_dir)
     return results
