@@ -4,7 +4,7 @@ grammar, as Optuna distributions, and a trial's parameters back as overrides.
 * ``choice(a, b, ...)`` and ``a,b,...``: categorical (group options too: ``scheduler:
   choice(cosine, step)``; a list or dict choice is carried as its override text);
 * ``range(a, b, step)``: integers (or floats) ``a, a+step, ...`` below ``b``;
-* ``interval(a, b)``: a float in [a, b], or an integer when both ends are integers;
+* ``interval(a, b)``: a float in [a, b]; ``tag(int, interval(a, b))``: an integer;
 * ``tag(log, ...)`` on an interval or an integer range: sampled on a log scale;
 * anything else (``trainer.epochs=3``): the same value in every trial.
 
@@ -94,6 +94,8 @@ def _distribution(o: Override, where: str) -> tuple[Any, dict[Any, str]]:
     if isinstance(v, ChoiceSweep):
         if log:
             raise ConfigError(f"{where}: tag(log, ...) needs an interval or an integer range")
+        if "int" in v.tags:
+            raise ConfigError(f"{where}: tag(int, ...) needs an interval")
         values, texts = [], {}
         for item in v.list:
             if isinstance(item, QuotedString):
@@ -122,8 +124,8 @@ def _distribution(o: Override, where: str) -> tuple[Any, dict[Any, str]]:
             raise ConfigError(f"{where}: interval({lo}, {hi}) needs a low end below the high end")
         if log and lo <= 0:
             raise ConfigError(f"{where}: tag(log, interval({lo}, {hi})) needs a low end > 0")
-        if isinstance(lo, int) and isinstance(hi, int):
-            return od.IntDistribution(lo, hi, log=log), {}
+        if "int" in v.tags:
+            return od.IntDistribution(int(lo), int(hi), log=log), {}
         return od.FloatDistribution(float(lo), float(hi), log=log), {}
     raise ConfigError(f"{where}: {o.get_value_string()} is no search range; use choice(), "
                       "range(), interval() or tag(log, interval())")
