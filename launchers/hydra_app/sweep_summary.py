@@ -125,7 +125,8 @@ class SweepSummary(Callback):
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None
         prev = json.loads(path.read_text()) if path.is_file() else {}
         rec = job_record(ret, _overrides(config), self._started)
-        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1)})
+        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1),
+                      "started": prev.get("started", self._started)})
 
 
 def _overrides(config: DictConfig) -> list[str]:
