@@ -11,6 +11,11 @@
    processes are invisible to this process's CPU clock). Goal <= 5 % with the defaults.
    With 0 workers the same share is also given in process CPU time, which other jobs on a shared
    machine disturb far less.
+3. Index check: a VOC-layout folder of ``--index-images`` annotations (default 16000, the size of
+   VOC07+12 trainval: XMLs of ~1 KB with VOC's source/owner fields, one split list; the images
+   are empty files, which the index does not read) is indexed once, then the staleness check of
+   the unchanged folder (``mdk.data.index.is_stale``: the content key of the split list and every
+   XML) is timed, median of 3, with the files in the page cache. Goal < 1 s.
 """
 from __future__ import annotations
 
@@ -65,17 +70,62 @@ def wait_share(cfg, train_ds, model, world, iters: int, workers: int) -> dict:
             "step_wall": total_w / iters, "batch_wall": wait_w / iters, "batch_cpu": wait_c / iters}
 
 
+def index_check(n: int) -> None:
+    import statistics
+    import tempfile
+
+    import numpy as np
+
+    from mdk.data.index import ensure_meta, is_stale
+    from mdk.data.shapes import SHAPE_CLASSES, voc_xml
+    from mdk.data.voc import VOCReader
+
+    source = (b"\t<source>\n\t\t<database>The VOC2007 Database</database>\n\t\t<annotation>PASCAL "
+              b"VOC2007</annotation>\n\t\t<image>flickr</image>\n\t</source>\n\t<owner>\n\t\t"
+              b"<flickrid>someone</flickrid>\n\t\t<name>?</name>\n\t</owner>\n")
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="mdk-bench-index-") as tmp:
+        root = Path(tmp) / "VOC"
+        for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
+            (root / sub).mkdir(parents=True)
+        ids = [f"{i:06d}" for i in range(n)]
+        for i in ids:
+            objects = []
+            for _ in range(int(rng.integers(1, 4))):
+                x, y = sorted(rng.integers(1, 500, 2)), sorted(rng.integers(1, 375, 2))
+                name = SHAPE_CLASSES[int(rng.integers(5))]
+                objects.append((name, [x[0], y[0], x[1] + 1, y[1] + 1]))
+            xml = voc_xml(f"{i}.jpg", 500, objects).replace(b"<annotation>\n",
+                                                            b"<annotation>\n" + source, 1)
+            (root / "Annotations" / f"{i}.xml").write_bytes(xml)
+            (root / "JPEGImages" / f"{i}.jpg").touch()
+        (root / "ImageSets/Main/trainval.txt").write_text("".join(f"{i}\n" for i in ids))
+        reader, meta = VOCReader(root, SHAPE_CLASSES), Path(tmp) / "meta" / "trainval.txt"
+        _, build_s, _ = _timed(lambda: ensure_meta(reader, "trainval", meta))
+        times = []
+        for _ in range(3):
+            stale, wall, _ = _timed(lambda: is_stale(reader, "trainval", meta))
+            assert not stale
+            times.append(wall)
+        kb = sum(p.stat().st_size for p in (root / "Annotations").iterdir()) / n / 1024
+        print(f"index check of an unchanged {n}-image VOC folder: {statistics.median(times):.2f} s "
+              f"(median of 3, max {max(times):.2f} s; goal < 1 s; XMLs of {kb:.1f} KB; first "
+              f"build {build_s:.1f} s)  {common.load()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--workers", type=int, nargs="*", default=None,
                     help="num_workers settings to compare (default: the config's only)")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
+    ap.add_argument("--index-images", type=int, default=16000,
+                    help="annotations of the index-check folder (VOC07+12 trainval: ~16.5k)")
     common.add_smoke_flag(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides")
     a = ap.parse_args()
     if a.smoke:
-        a.iters, a.threads = 2, common.SMOKE_THREADS
+        a.iters, a.threads, a.index_images = 2, common.SMOKE_THREADS, 200
         a.overrides = [*common.smoke_overrides(), *a.overrides]
 
     from mdk.data.build import build_datasets  # noqa: F401  (imported before timing)
@@ -110,6 +160,7 @@ def main() -> None:
               f"{100 * r['wait_wall']:.1f} % of step time (wall{extra}; goal <= 5 %)  "
               f"step {1e3 * r['step_wall']:.0f} ms, wait {1e3 * r['batch_wall']:.1f} ms/batch  "
               f"{common.load()}")
+    index_check(a.index_images)
 
 
 if __name__ == "__main__":

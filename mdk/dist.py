@@ -9,6 +9,7 @@ gloo: the CPU) when they are not already there.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 import torch.distributed as tdist
@@ -62,6 +63,25 @@ def _all_reduce(t: torch.Tensor, op: tdist.ReduceOp) -> torch.Tensor:
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     """In-place MAX all-reduce (calibration caps, stop flags); a no-op in a single process."""
     return _all_reduce(t, tdist.ReduceOp.MAX)
+
+
+def max_flag_started(value: float) -> Callable[[], float]:
+    """Start a MAX all-reduce of one number and return how to read the result later: the call
+    waits for it then. Issued every step and read one step later, it costs no host sync per step
+    (the stop flag's agreement: mdk/engine/stop_hook.py). In a single process: ``value``."""
+    if not is_initialized():
+        return lambda: value
+    dev = comm_device()
+    buf = torch.full((1,), value, dtype=torch.float32, device=dev)  # a kernel, not a copy
+    work = tdist.all_reduce(buf, op=tdist.ReduceOp.MAX, async_op=True)
+    if dev.type != "cuda":
+        return lambda: (work.wait(), float(buf.item()))[1]
+    work.wait()  # NCCL: the current stream waits for it; the host does not
+    host = torch.empty(1, dtype=torch.float32, pin_memory=True)
+    host.copy_(buf, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return lambda: (done.synchronize(), float(host.item()))[1]
 
 
 def all_reduce_min(t: torch.Tensor) -> torch.Tensor:

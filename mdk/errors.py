@@ -1,4 +1,4 @@
-"""The user-error classes: a bad config, dataset, checkpoint or a run that cannot go on.
+"""The user-error classes: a bad config, dataset, checkpoint, disk, or a run that cannot go on.
 
 Each carries its ``label``, the words the user sees before its message (``config error: ...``):
 a user error is one line on stderr, not a traceback, from whichever process raised it (the
@@ -8,8 +8,9 @@ list of kinds (the one-line printer, the loader's unwrap, fault injection) is ``
 """
 from __future__ import annotations
 
+import errno
 import importlib
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 
 class UserError(Exception):
@@ -54,6 +55,38 @@ class NonFiniteLossError(UserError, FloatingPointError):
     label = "training stopped"
 
 
+class DiskError(UserError, OSError):
+    """A file the run must write cannot be written: the disk is full, read-only or not ours.
+    The message names the path and what to do (free space, or another folder)."""
+
+    label = "disk error"
+
+
+# The OSErrors that are the machine's or the user's (a full or read-only disk, a file or folder
+# without permission), not a bug: what each means in the one line, and what cures it.
+FREE = ("free space there, or set {keys} to a folder on another disk, then run the same command "
+        "again")
+WRITABLE = "set {keys} to a folder you can write to"
+DISK_REASONS = {errno.ENOSPC: ("the disk is full", FREE),
+                errno.EDQUOT: ("the disk quota is used up", FREE),
+                errno.EROFS: ("the file system is read-only", WRITABLE),
+                errno.EACCES: ("permission denied", "give this user access to it, or " + WRITABLE),
+                errno.EPERM: ("permission denied", "give this user access to it, or " + WRITABLE)}
+KEYS = "paths.checkpoints, paths.data or hydra.run.dir"  # the folders a run writes
+
+
+def disk_reason(exc: Optional[BaseException]) -> Optional[str]:
+    """What a full/read-only/forbidden disk error means in words, else None (another error)."""
+    return DISK_REASONS.get(exc.errno, (None,))[0] if isinstance(exc, OSError) else None
+
+
+def disk_error(exc: OSError, path: Any, what: str = "", keys: str = KEYS) -> DiskError:
+    """The DiskError of an OSError while writing ``path``: ``"<path>: <reason>; [<what>: ]<what
+    to do>"``; ``keys`` names the settings that move the folder."""
+    reason, cure = DISK_REASONS.get(exc.errno, (exc.strerror or str(exc), WRITABLE))
+    return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure.format(keys=keys)}")
+
+
 def user_errors() -> list[type[UserError]]:
     """Every user-error class defined so far (subclasses elsewhere, e.g. the launchers'
     rendezvous error, included once their module is imported), most derived first."""
@@ -67,8 +100,16 @@ def user_errors() -> list[type[UserError]]:
 
 
 def error_line(exc: BaseException) -> str | None:
-    """``"<label>: <message>"`` for a user error, else None (a bug keeps its traceback)."""
-    return f"{exc.label}: {exc}" if isinstance(exc, UserError) else None
+    """``"<label>: <message>"`` for a user error, else None (a bug keeps its traceback). An
+    OSError of a full, read-only or forbidden disk that no caller named (from a library, or
+    Hydra making the run dir) is a user error too: the line names its file when it is known."""
+    if isinstance(exc, UserError):
+        return f"{exc.label}: {exc}"
+    if disk_reason(exc) is None:
+        return None
+    path = getattr(exc, "filename", None) or "a file of this run (unnamed; HYDRA_FULL_ERROR=1 " \
+        "shows the traceback)"
+    return f"{DiskError.label}: {disk_error(exc, path)}"  # type: ignore[arg-type]
 
 
 def import_target(target: str, key: str, hint: str, error: type[Exception] = ConfigError) -> Any:

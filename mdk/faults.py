@@ -12,10 +12,12 @@ comma-separated list of ``<action>:<point>:<n>[:<rank>]``
 * ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
 * ``raise:iter:N`` after optimizer step N, raise InjectedError (a bug-like crash of one rank);
   ``raise:<point>:N:<rank>:<Class>`` raises that user-error class instead (ConfigError,
-  DataError, CheckpointError, MissingStageInput, NonFiniteLossError): each place a user error
-  can start, for the one-line-error tests; the points are ``iter`` (a rank), ``item`` (a
+  DataError, CheckpointError, DiskError, MissingStageInput, NonFiniteLossError): each place a
+  user error can start, for the one-line-error tests; the points are ``iter`` (a rank), ``item`` (a
   DataLoader worker fetching its N-th training sample) and ``start`` (the launching process,
   before any rank starts);
+* ``exit:iter:N:<rank>:<code>`` after optimizer step N, end the process with that exit code
+  at once (``os._exit``: no traceback, no record; a rank that dies in a C library);
 * ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
   mdk.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
   iteration however fast the job runs (the hold changes no numbers).
@@ -49,7 +51,7 @@ class InjectedError(RuntimeError):
 
 
 POINTS = ("iter", "eval", "save", "item", "start")
-_CLASSES: dict[str, str] = {}  # per item: the exception class a raise fault raises
+_CLASSES: dict[str, str] = {}  # per item: its 5th field (a raise fault's class, an exit code)
 
 
 def _specs() -> list[tuple[str, str, int, int]]:
@@ -57,10 +59,10 @@ def _specs() -> list[tuple[str, str, int, int]]:
     out = []
     for item in filter(None, (s.strip() for s in raw.split(","))):
         parts = item.split(":")
-        if len(parts) not in (3, 4, 5) or parts[0] not in ("kill", "nan", "hold", "raise") or \
+        if len(parts) not in (3, 4, 5) or parts[0] not in ("kill", "nan", "hold", "raise", "exit") or \
                 parts[1] not in POINTS:
             raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use "
-                             f"<kill|nan|hold|raise>:<{'|'.join(POINTS)}>:<n>[:rank[:Class]]")
+                             f"<kill|nan|hold|raise|exit>:<{'|'.join(POINTS)}>:<n>[:rank[:Class|code]]")
         spec = (parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) >= 4 else 0)
         if len(parts) == 5:
             _CLASSES[str(spec)] = parts[4]
@@ -113,6 +115,12 @@ def at(point: str, n: int | None = None) -> None:
             _kill(f"at {point} {n}")
         if action == "hold" and p == point and k == n and rank == _rank():
             _hold(f"at {point} {n}")
+        if action == "exit" and p == point and k == n and rank == _rank():
+            code = int(_CLASSES.get(str((action, p, k, rank)), "1"))
+            log.warning("%s: injected exit with code %d at %s %d", ENV, code, point, n)
+            for h in logging.getLogger().handlers:
+                h.flush()
+            os._exit(code)
         if action == "raise" and p == point and k == n and rank == _rank():
             if str((action, p, k, rank)) not in _CLASSES:
                 raise InjectedError(f"{ENV}: injected error at {point} {n} on rank {rank}")

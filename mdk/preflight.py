@@ -2,32 +2,50 @@
 
 Everything a user can get wrong that is cheap to detect up front beyond the config itself
 (``mdk.config.validate`` checked that, once, before this): the machine (``check_environment``),
-dataset files that are missing or too few, a checkpoint folder that cannot be written, a stage
-whose input checkpoint is missing, unreadable or from another model.
+dataset files that are missing or too few, a folder the run must write that takes no file or
+has too little free space (``check_paths``), a stage whose input checkpoint is missing,
+unreadable, from another model or of another meaning.
 Each raises the same error type the engine would raise later, so the message is the same; only
 it comes seconds after the command instead of after spawning N processes.
+
+The free-space check adds up, per disk, an estimate of what the run writes there: the
+checkpoint files of each stage (a new file is written beside the old one, so a stage that has
+none yet needs three: best.pth, last.pth and the temp file of a save), the run dir's logs,
+TensorBoard events and report pictures, and a dataset to generate with its index cache. Only
+paths.data is allowed to be read-only when nothing has to be written there (a generated dataset
+and its caches already in place: a cache that cannot be written later only warns).
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
 from mdk.checkpoint import load_checkpoint
-from mdk.data.build import check_dataset_files
-from mdk.errors import CheckpointError, ConfigError, DataError
+from mdk.checkpoint_meaning import check_input, check_resume
+from mdk.data.build import check_dataset_files, meta_dir_for
+from mdk.data.config import plain
+from mdk.data.shapes import bytes_to_generate, ensure_shapes_dataset
+from mdk.errors import CheckpointError, ConfigError, DataError, DiskError, import_target
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
 from mdk.stage import StageSpec
 from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
-from mdk.stage_config import KINDS
+from mdk.stage_config import KINDS, running_stages
 from mdk.world import backend_for, check_local_size
 
 log = logging.getLogger(__name__)
+
+MB = 1 << 20
+RUN_DIR_PER_STAGE = 4 * MB  # a stage's log lines, TensorBoard events and report PNGs (0.3-3 MB)
+CACHE_PER_IMAGE = 256       # an image's line in the index and its entry in the image check
+# A checkpoint: the weights, two optimizer moments, an EMA copy, then RNG states and the config.
+CHECKPOINT_COPIES, CHECKPOINT_EXTRA = 4, 1 * MB
 
 
 def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
@@ -38,23 +56,90 @@ def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
     check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
 
 
-def check_writable(cfg: DictConfig, root: str | Path) -> None:
-    """paths.checkpoints must be (or be creatable as) a writable folder: fail now, not after the
-    first epoch when the first checkpoint is written."""
-    p = resolve_path(cfg.paths.checkpoints, root)
-    q = p
-    while not q.exists() and q != q.parent:
-        q = q.parent
+def _existing(p: Path) -> Path:
+    """``p`` or its nearest existing ancestor: the folder a write under ``p`` starts in."""
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def probe(path: Path, key: str, value: Any = None) -> Path:
+    """The folder ``path`` is or will be made in, after a real write there (as root,
+    ``os.access`` says yes on read-only mounts and /proc): ConfigError naming ``key`` (set to
+    ``value``, default ``path``) when it is a file or takes no file."""
+    q = _existing(path)
+    path = str(path if value is None else value)
     if not q.is_dir():
-        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is a file, not a folder; choose "
-                          "another paths.checkpoints")
-    # A real write, not os.access: root passes access() on read-only mounts and /proc.
+        raise ConfigError(f"{key}={path!r}: {q} is a file, not a folder; choose "
+                          f"another {key}")
     try:
         with tempfile.TemporaryFile(dir=q, prefix=".mdk-write-probe-"):
             pass
     except OSError as e:
-        raise ConfigError(f"paths.checkpoints={str(p)!r}: {q} is not writable (creating a file there failed: {e.strerror}); "
-                          "choose a folder you can write to") from None
+        raise ConfigError(f"{key}={path!r}: {q} is not writable (creating a file there "
+                          f"failed: {e.strerror}); choose a folder you can write to") from None
+    return q
+
+
+def checkpoint_bytes(cfg: DictConfig) -> int:
+    """About how large one checkpoint of this model is (an estimate for the free-space check)."""
+    weights = sum(v.numel() * v.element_size() for v in build_model(cfg).state_dict().values())
+    return CHECKPOINT_COPIES * weights + CHECKPOINT_EXTRA
+
+
+def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[Path, int, str]]:
+    """(folder, bytes, what) the run writes: each probed, then added up per disk."""
+    out = []
+    ck_root = resolve_path(cfg.paths.checkpoints, base)
+    one = checkpoint_bytes(cfg)
+    files = sum(1 + sum(not (ck_root / s / n).is_file() for n in RESUME_NAMES)
+                for s in running_stages(cfg))
+    out.append((probe(ck_root, "paths.checkpoints"), files * one,
+                f"paths.checkpoints: {files} checkpoint files of ~{one / MB:.1f} MB"))
+    if run_dir is not None:
+        stages = len(running_stages(cfg))
+        out.append((probe(Path(run_dir), "hydra.run.dir"), stages * RUN_DIR_PER_STAGE,
+                    f"the run dir: {stages * RUN_DIR_PER_STAGE / MB:.0f} MB of logs and report "
+                    "pictures"))
+    d = plain(cfg.dataset)
+    gen = d.get("generate")
+    if gen:
+        root = resolve_path(d["root"], base)
+        params = {k: v for k, v in gen.items() if not k.startswith("_")}
+        params.setdefault("image_size", int(cfg.model.image_size))
+        fn = import_target(gen["_target_"], "dataset.generate._target_",
+                           "name a function as package.module.function", DataError)
+        # Another generator's size is unknown: its folder must only take files.
+        need = bytes_to_generate(root, class_names=d["class_names"], **params) \
+            if fn is ensure_shapes_dataset else 1
+        if need:
+            data = resolve_path(cfg.paths.data, base)
+            key, value = ("paths.data", cfg.paths.data) if root.is_relative_to(data) else \
+                ("dataset.root", d["root"])
+            out.append((probe(root.parent, key, value), need,
+                        f"{key}: {need / MB:.1f} MB of generated images and annotations"))
+            n = int(params.get("num_train", 0)) + int(params.get("num_val", 0))
+            key, value = ("dataset.meta_dir", d["meta_dir"]) if d.get("meta_dir") else \
+                ("paths.data", cfg.paths.data)
+            out.append((probe(meta_dir_for({**d, "root": str(root)}, data), key, value),
+                        n * CACHE_PER_IMAGE, f"the index of {n} images"))
+    return out
+
+
+def check_paths(cfg: DictConfig, base: str | Path, run_dir: Optional[Path] = None) -> None:
+    """Every folder the run writes takes files (ConfigError naming its key), and each disk has
+    the free space its folders need (DiskError with the estimate, see the module docstring)."""
+    by_disk: dict[int, list[tuple[Path, int, str]]] = {}
+    for folder, need, what in _needs(cfg, Path(base), run_dir):
+        by_disk.setdefault(os.stat(folder).st_dev, []).append((folder, need, what))
+    for parts in by_disk.values():
+        need = sum(n for _, n, _ in parts)
+        free = shutil.disk_usage(parts[0][0]).free
+        if free < need:
+            raise DiskError(f"{parts[0][0]}: not enough free space: {free / MB:.1f} MB free, "
+                            f"this run writes about {need / MB:.1f} MB on that disk ("
+                            + "; ".join(w for _, _, w in parts) + "); free space there or "
+                            "point these paths at another disk")
 
 
 def _check_dataset(cfg: DictConfig) -> None:
@@ -96,6 +181,33 @@ def _check_input(cfg: DictConfig) -> None:
                 strict=ck.get("stage") is not None)
 
 
+def _check_meaning(cfg: DictConfig) -> None:
+    """The first stage's starting point means what this config means (class names in their
+    order, input size, model, stage, chip), and a done stage is not rerun with changed
+    hyper-parameters (mdk/checkpoint_meaning.py). Runs before ``_check_input``, so a changed class
+    list is named as such rather than as the shape mismatch it may also cause; a missing or
+    unreadable file is ``_check_input``'s to report."""
+    spec = StageSpec.from_node(cfg.step)
+    checkpoints = StageCheckpointer(cfg, spec)
+    own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
+    if cfg.trainer.resume and own:
+        ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
+        if ck is not None:
+            check_resume(ck, path, cfg, spec)
+        return
+    init = checkpoints.input_path() if spec.init_from is not None else None
+    ck = _readable(init) if init is not None else None
+    if ck is not None:
+        check_input(ck, init, cfg, spec)
+
+
+def _readable(path: Path) -> Optional[dict]:
+    try:
+        return load_checkpoint(path)
+    except CheckpointError:
+        return None
+
+
 def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None:
     try:
         load(model, ck, path, strict=strict)
@@ -103,12 +215,15 @@ def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None
         raise CheckpointError(f"{e} ({advice})") from None
 
 
-def preflight(cfg: DictConfig) -> None:
-    """Raise ConfigError / DataError / CheckpointError / MissingStageInput before any work.
+def preflight(cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
+    """Raise ConfigError / DataError / CheckpointError / MissingStageInput / DiskError before
+    any work.
 
     ``cfg`` is the resolved config of the first stage to run (later stages of a pipeline get
-    their input from it), already validated (mdk.config.validate, once per run)."""
+    their input from it), already validated (mdk.config.validate, once per run); ``run_dir``
+    the run's output folder (Hydra's), probed with the other folders the run writes."""
     check_environment(cfg)
-    check_writable(cfg, os.getcwd())
+    check_paths(cfg, os.getcwd(), run_dir)
     _check_dataset(cfg)
+    _check_meaning(cfg)
     _check_input(cfg)

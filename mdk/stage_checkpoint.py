@@ -3,16 +3,19 @@ starts, and loading any checkpoint into a model in a chosen mode.
 
 Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth`` (``last``: the newest full training
 state; ``best``: the state of the best evaluation), pretrained weights in the folder a record
-names as ``pretrained`` (``<paths.checkpoints>/step0/`` for step1). A stage starts from, in
+names as ``pretrained`` (``<paths.checkpoints>/step0/`` for step1), the run's lock in the root
+(mdk/folder_lock.py). A stage starts from, in
 order: its own ``last.pth`` (or ``best.pth`` if newer or the only readable one) when
 ``trainer.resume`` is on, else its input stage's ``best.pth`` (``init_from`` in the stage
 record) or its pretrained weights, else random weights where the record allows it. A finished checkpoint of a stage that does not train (``cal``) means "done": a rerun
 reports it and does not redo the work.
 
 A checkpoint holds the model's state_dict and the stage's name and record (so a loader knows
-its structure and evaluation mode without looking the stage up), the resolved config, and, for
-training stages, the run state resuming restores: one entry per stateful part
-(mdk/engine/run_state.py). File writes are atomic (mdk.checkpoint).
+its structure and evaluation mode without looking the stage up), the resolved config, what its
+weights mean and what it was trained with (``meaning``, ``hparams``: a run that resumes it or
+starts from it is compared with them, mdk/checkpoint_meaning.py), and, for training stages, the
+run state resuming restores: one entry per stateful part (mdk/engine/run_state.py). File writes
+are atomic (mdk.checkpoint).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from mdk import dist
 from mdk.checkpoint import (CheckpointError, atomic_save, load_checkpoint, load_model_weights,
                             remove_stale_temps, save_checkpoint)
+from mdk.checkpoint_meaning import check_input, check_resume, hparams_of, log_changes, meaning_of
 from mdk.errors import MissingStageInput
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
@@ -196,17 +200,22 @@ class StageCheckpointer:
         if self.cfg.trainer.resume:
             ck, path = self.resumable()
             if ck is not None:
+                changes = check_resume(ck, path, self.cfg, self.spec)  # refuses another meaning
                 load_into(model, ck, path, prefer_ema=False)
                 if ck.get("finished"):
                     log.info("%s already done (%s); delete it to run it again", self.spec.name, path)
                 else:
                     log.info("resuming %s from %s (iteration %d)", self.spec.name, path,
                              iteration(ck))
+                if self.world.is_main:
+                    log_changes(self.spec.name, path, iteration(ck), changes)
                 return Start(ck, path)
         init = self.input_path()
         if init is None:
             return Start()
         ck = load_checkpoint(init, advice=input_advice(self.spec))
+        if self.spec.init_from is not None:  # (pretrained weights may come from anywhere)
+            check_input(ck, init, self.cfg, self.spec)
         # pretrained files may lack buffers the model has (caps, fused flags)
         load_into(model, ck, init, strict=ck.get("stage") is not None)
         log.info("%s starts from %s", self.spec.name, init)
@@ -218,6 +227,7 @@ class StageCheckpointer:
         (the run state's parts, metrics, caps...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
                 "stage_spec": _spec_dict(self.cfg.step), "config": _plain(self.cfg),
+                "meaning": meaning_of(self.cfg, self.spec), "hparams": hparams_of(self.cfg),
                 "world_size": self.world.size, **extra}
 
     def save(self, state: dict[str, Any], *names: str) -> None:

@@ -9,21 +9,31 @@ from __future__ import annotations
 from typing import Optional
 
 # reason: why a stop was asked (None: not asked); listeners: running loops with the hook;
-# armed: a launcher installed signal handlers in every rank, so the per-step agreement collective
-# is needed (unarmed distributed runs, e.g. under torchrun, pay nothing).
+# armed: a launcher installed stop-signal handlers in every rank, so the ranks must agree on the
+# step to stop at (a collective per step; distributed runs without handlers, e.g. a test's own
+# process group, pay nothing).
 _state: dict = {"reason": None, "listeners": 0, "armed": False}
 
 
 class StopRequested(BaseException):
-    """Raised out of the training loop after last.pth was written.
+    """Raised out of the training loop after last.pth was written (``saved``), or out of a stop
+    signal's handler where no training loop could save (``saved`` False: the stage's last
+    checkpoint is what a rerun resumes from).
 
     A BaseException on purpose: it must pass through ``except Exception`` blocks (Hydra's job
-    runner, the sweep's failure guard) so the job ends as "interrupted", not as failed or done."""
+    runner, the sweep's failure guard) so the job ends as "interrupted", not as failed or done.
+    ``reason``: the signal's name (``"SIGTERM"``), or why else; ``epoch`` (1-based) and
+    ``iteration`` (optimizer steps done): where last.pth stands; ``stage`` and ``rank``
+    (the rank the signal reached, when not the launching process) are filled in on the way out."""
 
-    def __init__(self, reason: str, iteration: int) -> None:
-        super().__init__(f"stopped on request ({reason}) after iteration {iteration}; "
-                         "last.pth holds this state")
-        self.reason, self.iteration = reason, iteration
+    def __init__(self, reason: str, iteration: Optional[int] = None, epoch: Optional[int] = None,
+                 saved: bool = True, stage: Optional[str] = None,
+                 rank: Optional[int] = None) -> None:
+        where = f"after iteration {iteration}; last.pth holds this state" if saved and \
+            iteration is not None else "outside a training loop; nothing new was saved"
+        super().__init__(f"stopped on request ({reason}) {where}")
+        self.reason, self.iteration, self.epoch, self.saved = reason, iteration, epoch, saved
+        self.stage, self.rank = stage, rank
 
 
 def request_stop(reason: str) -> bool:

@@ -1,6 +1,7 @@
 """Shared test helpers: compose the real conf/ with a tiny CPU override, outputs in tmp dirs."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -66,6 +67,21 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)  # tests run beside each other's subprocesses; keep them predictable
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers() -> Iterator[None]:
+    """Undo the root-logger handlers a test's in-process run added (a rank's console handler
+    holds that test's captured stdout, closed once the test ends; a later test's log line would
+    then print a logging traceback). pytest's own capture handlers are left to pytest."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in before and not type(h).__module__.startswith("_pytest"):
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

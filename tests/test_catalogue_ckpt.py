@@ -82,7 +82,24 @@ def test_foreign_pretrained_file_in_step0(run_dir, capsys):
     assert_intact(before)
 
 
+def _forget_meaning(d: Path) -> None:
+    """Make the checkpoints in ``d`` look written before checkpoints recorded their meaning."""
+    for p in d.glob("*.pth"):
+        ck = torch.load(p, weights_only=False)
+        del ck["meaning"], ck["hparams"]
+        torch.save(ck, p)
+
+
 def test_input_from_an_incompatible_model(run_dir, capsys):
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "step=step2", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,16]",
+                         capsys=capsys)
+    one_error_line(status, err, "checkpoint error: model.net.channels=[8, 'M', 8, 'M', 8, 'M', 8, "
+                   "'M', 8, 'M', 16] differs from the checkpoint's [8, 'M', 8, 'M', 8, 'M', 8, 'M', "
+                   "8, 'M', 8]", "step1/best.pth, the input of step2): its weights belong to the "
+                   "other model; run step=step1 again with this value")
+    assert_intact(before)
+    _forget_meaning(run_dir / "ck" / "step1")  # an older file: its tensors tell
     before = snapshot(run_dir / "ck")
     status, _, err = cli(run_dir, "step=step2", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,16]",
                          capsys=capsys)
@@ -93,6 +110,15 @@ def test_input_from_an_incompatible_model(run_dir, capsys):
 
 
 def test_own_checkpoint_from_another_model(run_dir, capsys):
+    before = snapshot(run_dir / "ck")
+    status, _, err = cli(run_dir, "dataset.class_names=[a,b,c]", "dataset.num_classes=3",
+                         capsys=capsys)
+    one_error_line(status, err, "checkpoint error: dataset.class_names=['a', 'b', 'c'] differs "
+                   "from the checkpoint's ['circle', 'square', 'triangle', 'star', 'cross']",
+                   "use the checkpoint's value, give this run another paths.checkpoints, or "
+                   "trainer.resume=false to start step1 over")
+    assert_intact(before)
+    _forget_meaning(run_dir / "ck" / "step1")  # an older file: its tensors tell
     before = snapshot(run_dir / "ck")
     status, _, err = cli(run_dir, "dataset.class_names=[a,b,c]", "dataset.num_classes=3",
                          capsys=capsys)

@@ -7,6 +7,7 @@ hand-made VOC tree with the VOC loader defaults (4 workers).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,18 +159,24 @@ def _loader_is_safe() -> bool:
 @pytest.mark.skipif(not _loader_is_safe(), reason="mdk.engine.build does not build its loader "
                     "with mdk.data.loader.SafeLoader yet (without it this run hangs)")
 def test_real_command_image_broken_during_the_run_ends_in_seconds(tmp_path):
-    """An image that breaks after the start-up check (same size and mtime, so the check's cache
-    cannot see it) fails inside a loader worker: one line, status 1, exit within seconds."""
-    from mdk.data.build import build_datasets
+    """An image that breaks after the start-up check fails inside a loader worker: one line,
+    status 1, exit within seconds. (Broken before the run, the check would find it from its new
+    ctime; the cache is told the broken file's stamp, as if it broke after the check read it.)"""
+    from mdk.data.build import build_datasets, meta_dir_for
 
     root, args = _hand_made_voc(tmp_path)
-    build_datasets({"name": "voc", "root": str(root), "class_names": ["cat", "dog"],
-                    "num_classes": 2, "train_split": "train", "val_split": "val"},
-                   64, 2, 2, 0, tmp_path / "data")  # the check passes and is cached
+    d = {"name": "voc", "root": str(root), "class_names": ["cat", "dog"], "num_classes": 2,
+         "train_split": "train", "val_split": "val"}
+    build_datasets(d, 64, 2, 2, 0, tmp_path / "data")  # the check passes and is cached
     bad = root / "JPEGImages" / "000005.jpg"
     st, data = bad.stat(), bad.read_bytes()
     bad.write_bytes(b"\0\0" + data[2:])  # no JPEG start marker any more
     os.utime(bad, ns=(st.st_atime_ns, st.st_mtime_ns))
+    cache = meta_dir_for(d, tmp_path / "data") / "train.images.json"
+    doc = json.loads(cache.read_text())
+    now = bad.stat()
+    doc["files"]["JPEGImages/000005.jpg"][:3] = [now.st_size, now.st_mtime_ns, now.st_ctime_ns]
+    cache.write_text(json.dumps(doc))
     argv = [sys.executable, str(REPO / "run.py"), *_argv(tmp_path, tuple(args))]
     proc = subprocess.Popen(argv, cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

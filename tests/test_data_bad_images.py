@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ def test_check_is_cached_and_redone_only_for_changed_files(tmp_path, monkeypatch
     monkeypatch.setattr(image_check, "decode_error", lambda p: decoded.append(Path(p).name) or real(p))
 
     assert check_images(root, images, cache) == {}
-    assert len(decoded) == 12 and json.loads(cache.read_text())["version"] == 1
+    assert len(decoded) == 12 and json.loads(cache.read_text())["version"] == 2
     decoded.clear()
     assert check_images(root, images, cache) == {} and decoded == []   # all from the cache
 
@@ -113,6 +114,17 @@ def test_check_is_cached_and_redone_only_for_changed_files(tmp_path, monkeypatch
     decoded.clear()
     extra = images + ["JPEGImages/000012.jpg"]                           # the index grew
     assert check_images(root, extra, cache) == {} and decoded == ["000012.jpg"]
+    decoded.clear()
+
+    # Replaced in place by a broken file of the same size, its old mtime put back (a restore
+    # from a backup): the ctime, which nobody can set, still tells.
+    path = root / images[5]
+    before = path.stat()
+    time.sleep(0.05)  # file times are coarse (a kernel tick): let the ctime move on
+    path.write_bytes(b"x" * before.st_size)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert list(check_images(root, extra, cache)) == [images[5]] and decoded == ["000005.jpg"]
 
 
 def test_unwritable_cache_only_costs_a_recheck(tmp_path, caplog):

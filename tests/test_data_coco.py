@@ -157,5 +157,7 @@ def test_preflight_counts_from_a_fresh_cache_without_parsing_the_json(voc_root, 
     monkeypatch.setattr(coco_module.json, "load", lambda f: loads.append(f.name) or real(f))
     assert check_dataset_files(d, tmp_path, tmp_path / "cache") == 10 and loads == []
     path = tmp_path / "coco/annotations/instances_val.json"
-    path.write_text(path.read_text())                                  # edited: checked again
+    path.write_text(path.read_text())                       # rewritten, same bytes: still fresh
+    assert check_dataset_files(d, tmp_path, tmp_path / "cache") == 10 and loads == []
+    path.write_text(path.read_text() + "\n")                           # edited: checked again
     assert check_dataset_files(d, tmp_path, tmp_path / "cache") == 10 and loads == [str(path)]

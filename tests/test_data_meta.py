@@ -1,11 +1,15 @@
 """The dataset index (mdk.data.index), a cache of any reader's records, and its xml2txt CLI:
 meta file content, staleness rules."""
+import errno
 import os
+import shutil
 
 import numpy as np
 import pytest
 
-from mdk.data.index import build_meta, cached_records, ensure_meta, is_stale, read_header, read_meta
+from mdk.data import index
+from mdk.data.index import (build_meta, cached_records, content_key, ensure_meta, is_stale,
+                            read_header, read_meta)
 from mdk.data.records import SplitRecords, make_record
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
 from mdk.data.voc import VOCReader, parse_voc_xml, read_split
@@ -60,15 +64,9 @@ def test_staleness(root, tmp_path):
     assert not is_stale(voc(root), "train", out)
     assert is_stale(voc(root, CLASSES[::-1]), "train", out)                 # class order matters
     assert is_stale(voc(root), "val", out)                         # other split
-    # Age the meta file instead of dating inputs into the future (a rebuild must clear it).
-    age = lambda: os.utime(out, (out.stat().st_mtime - 100,) * 2)
-    age()
     xml = root / "Annotations" / "000002.xml"
-    xml.write_text(xml.read_text())                                    # annotation edited
-    assert is_stale(voc(root), "train", out)
-    ensure_meta(voc(root), "train", out)
+    xml.write_text(xml.read_text())                    # rewritten as it was: new time, same bytes
     assert not is_stale(voc(root), "train", out)
-    age()
     split = root / "ImageSets/Main/train.txt"
     split.write_text("000000\n000001\n")                               # split edited
     _, entries = read_meta(ensure_meta(voc(root), "train", out))
@@ -77,6 +75,60 @@ def test_staleness(root, tmp_path):
     assert is_stale(voc(root), "train", out)
     with pytest.raises(DataError, match="not an mdk meta file"):
         read_meta(out)
+
+
+def _edit_keeping_the_time(path, old, new):
+    """Change ``path``'s bytes and put its old modification time back (a restore, ``cp -p``)."""
+    st = path.stat()
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_an_edit_with_an_old_time_stamp_is_seen(root, tmp_path):
+    """The cache is keyed by the sources' bytes, not their times: an annotation edited and a split
+    list restored from a backup, both older than the cache, rebuild it."""
+    out = tmp_path / "meta" / "train.txt"
+    xml = root / "Annotations" / "000002.xml"
+    first_xmin = xml.read_text().split("<xmin>")[1].split("<")[0]
+    _, before = read_meta(ensure_meta(voc(root), "train", out))
+    os.utime(out, (4e9, 4e9))  # the cache far newer than any source
+    _edit_keeping_the_time(xml, f"<xmin>{first_xmin}<", f"<xmin>{int(first_xmin) + 1}<")
+    assert is_stale(voc(root), "train", out)
+    _, after = read_meta(ensure_meta(voc(root), "train", out))
+    assert after[2].boxes[0, 0] == before[2].boxes[0, 0] + 1           # the edit is served
+    assert not is_stale(voc(root), "train", out)
+
+    split = root / "ImageSets/Main/train.txt"
+    backup = tmp_path / "train.txt.bak"
+    shutil.copy2(split, backup)                                        # keeps the time stamp
+    split.write_text("000000\n")
+    assert [e.image for e in read_meta(ensure_meta(voc(root), "train", out))[1]] == \
+        ["JPEGImages/000000.jpg"]
+    os.utime(out, (4e9, 4e9))
+    shutil.copy2(backup, split)                                        # restored, old time
+    assert is_stale(voc(root), "train", out)
+    assert len(read_meta(ensure_meta(voc(root), "train", out))[1]) == 5
+    header = read_header(out)
+    assert header["content"] == content_key(root, voc(root).sources("train"))
+    assert header["content"].startswith("sha1:")
+
+
+def test_an_unwritable_cache_costs_a_warning_not_the_run(root, tmp_path, caplog, monkeypatch):
+    """A full or read-only meta folder: the records are served all the same (as the cache would
+    have served them: parsed from the text that was to be written) and the log says why."""
+    cached = cached_records(voc(root), "train", tmp_path / "ok")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(index.tempfile, "mkstemp", full)
+    got = cached_records(voc(root), "train", tmp_path / "full")
+    served = [(r.image, r.boxes.tolist()) for r in got]
+    assert served == [(r.image, r.boxes.tolist()) for r in cached]
+    assert "could not write the dataset index" in caplog.text and "No space left" in caplog.text
+    assert not (tmp_path / "full" / "train.txt").exists()
 
 
 def test_missing_image_is_an_error(root, tmp_path):
@@ -144,7 +196,6 @@ def test_the_cache_holds_any_readers_records_and_keys_on_reader_and_sources(tmp_
     os.utime(old, (1, 1))
     assert is_stale(ListReader(tmp_path, ["p", "q"], recs, old), "train", meta)
     assert is_stale(OtherListReader(tmp_path, ["p", "q"], recs, src), "train", meta)  # other format
-    os.utime(meta, (meta.stat().st_mtime - 100,) * 2)
     src.write_text("z")                                                # its source edited
     assert is_stale(reader, "train", meta)
     src.unlink()                                                       # or gone

@@ -159,7 +159,8 @@ def test_real_command_crashing_rank_shows_its_traceback_not_the_parents(tmp_path
 
 
 def test_crashing_rank_stops_the_others_and_its_traceback_is_reported(tmp_path):
-    from launchers.processes.spawn import RankFailedError, run_ranks
+    from launchers.processes.rank_ends import RankFailedError
+    from launchers.processes.spawn import run_ranks
 
     cfg = tiny_cfg(tmp_path, "dist.gpus=2", "dist.timeout_s=120")
     run = tmp_path / "run"

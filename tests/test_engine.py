@@ -19,9 +19,12 @@ def test_run_writes_best_and_last_with_full_state(tiny_cfg, tmp_path):
     assert last["trainer"]["iter"] == 6 and last["trainer"]["epoch"] == 1 and last["stage"] == "step1"
     # the run state's parts, one entry each, beside the weights and what they mean
     assert set(last) == {"format", "model", "stage", "stage_spec", "config", "world_size",
-                         "optimizer", "scheduler", "loss", "trainer", "hooks", "rng", "metric",
-                         "epoch_done"}
+                         "meaning", "hparams", "optimizer", "scheduler", "loss", "trainer",
+                         "hooks", "rng", "metric", "epoch_done"}
     assert set(last["hooks"]) == {"CheckpointHook"}
+    assert last["meaning"]["dataset.class_names"] == ["circle", "square", "triangle", "star", "cross"]
+    assert last["meaning"]["step.name"] == "step1" and "chip" not in last["meaning"]  # float
+    assert last["hparams"]["optim.lr"] == cfg.optim.lr and last["hparams"]["trainer.epochs"] == 2
     assert last["config"]["trainer"]["batch_size"] == 8
     best_metric = best["hooks"]["CheckpointHook"]["best_metric"]
     assert 0.0 <= best_metric <= 1.0 and out.iterations == 6

@@ -7,10 +7,15 @@ process and under two ranks). The classes: every class docs/errors.md names a ki
 case runs the real ``python run.py`` with ``MDK_FAULT=raise:<point>:N:<rank>:<Class>`` and
 asserts: exactly one stderr line ``<kind>[ (rank R)]: <message>``, status 1, the whole process
 tree gone within a time bound, and a checkpoint folder that existed before is unchanged.
+
+Issue 26 adds a rank that ends without a word (killed, or an exit code straight from a C
+library): one line naming the rank, its pid, how it ended and its log, never its peer's
+"connection reset" traceback. Stop signals have their own tests (test_stop_cli.py).
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,3 +131,23 @@ def test_error_in_a_spawned_rank(tmp_path, data, cls):
 @pytest.mark.parametrize("cls", ["DataError", "NonFiniteLossError"])
 def test_error_in_a_loader_worker_of_rank_1(tmp_path, data, cls):
     _case(tmp_path, data, "worker_of_rank", cls)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, how", [
+    ("kill:iter:2:1", r"was killed by SIGKILL \(out of memory\? see `dmesg` or the job's memory "
+                      r"limit\)"),
+    ("exit:iter:2:1:3", "exited with code 3")], ids=["killed", "exit_code"])
+def test_a_rank_that_dies_without_a_word_is_one_line_naming_it(tmp_path, data, fault, how):
+    run = tmp_path / "run"
+    argv = [sys.executable, str(REPO / "run.py"), *SMALL, "dataset.num_workers=0", "dist.gpus=2",
+            f"paths.data={data}", f"paths.checkpoints={tmp_path / 'ck'}", f"hydra.run.dir={run}"]
+    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT=fault)
+    status, err, after, total = _run(argv, env)
+    assert status == 1, err[-2000:]
+    lines = err.strip().splitlines()
+    m = re.fullmatch(rf"rank 1 \(pid (\d+)\) {how}; its log: {re.escape(str(run))}/rank1\.log",
+                     lines[0])
+    assert len(lines) == 1 and m, err[-2000:]
+    assert f"rank 1 runs as pid {m.group(1)}" in (run / "rank1.log").read_text()
+    assert after < AFTER_ERROR_S and total < TOTAL_S

@@ -33,10 +33,11 @@ FLOORS = [
      "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
-     "mdk.checkpoint", "mdk.progress"],
+     "mdk.checkpoint", "mdk.folder_lock", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
-    ["mdk.stage_checkpoint", "mdk.config", "mdk.preflight"],  # checks and checkpoints of a run
+    # checks and checkpoints of a run
+    ["mdk.stage_checkpoint", "mdk.checkpoint_meaning", "mdk.config", "mdk.preflight"],
     ["mdk.engine"],                                       # one stage in one process
     ["mdk.tools"],                                        # command-line tools on the library
     ["launchers", "launchers.processes", "launchers.bootstrap"],  # how ranks start and meet

@@ -10,7 +10,7 @@ import torch
 from mdk.checkpoint import atomic_save, load_checkpoint
 from mdk.engine.hooks import CheckpointHook
 from mdk.engine.loop import HookBase, Trainer
-from mdk.engine.run_state import HookStates, RankRNG, RunState
+from mdk.engine.run_state import ConfiguredOptimizer, HookStates, RankRNG, RunState
 from mdk.engine.runner import run_stage
 from mdk.world import World
 
@@ -49,6 +49,26 @@ def test_save_and_load_walk_the_same_names():
         parts["optimizer"].state_dict()["param_groups"][0]["lr"]
     assert fresh["hooks"].hooks["CheckpointHook"].best == 0.5
     assert torch.equal(torch.rand(3), expected_draw)  # RNG restored
+
+
+def test_the_optimizer_part_keeps_this_runs_hyper_parameters():
+    """Resuming restores the optimizer's per-parameter state but not the checkpoint's lr,
+    momentum or weight decay: a resumed stage goes on with the values it is run with."""
+    net = torch.nn.Linear(3, 2)
+    old = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    net(torch.ones(4, 3)).sum().backward()
+    old.step()
+    new = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.5, weight_decay=0.0)
+    ConfiguredOptimizer(new).load_state_dict(ConfiguredOptimizer(old).state_dict())
+    g = new.param_groups[0]
+    assert (g["lr"], g["momentum"], g["weight_decay"]) == (0.5, 0.5, 0.0)
+    for p in net.parameters():
+        assert torch.equal(new.state[p]["momentum_buffer"], old.state[p]["momentum_buffer"])
+    same = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    plain = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    ConfiguredOptimizer(same).load_state_dict(old.state_dict())
+    plain.load_state_dict(old.state_dict())  # unchanged values: the same as torch's own load
+    assert same.state_dict()["param_groups"] == plain.state_dict()["param_groups"]
 
 
 def test_a_flat_format_1_last_pth_resumes_bit_identically(tiny_cfg, tmp_path):

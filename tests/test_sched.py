@@ -16,6 +16,7 @@ Reference (written here independently of mdk.sched), for optimizer step ``it`` (
 """
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -208,6 +209,7 @@ def test_resume_in_the_middle_of_warmup_is_exact(kind, scheduler_first, tmp_path
 
 
 def test_load_with_changed_config_warns_and_keeps_current(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="mdk.sched.base")
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     a = WarmupStepLR(opt, 10, None, step_size=2)
     for _ in range(25):
@@ -218,6 +220,23 @@ def test_load_with_changed_config_warns_and_keeps_current(caplog) -> None:
     b.load_state_dict(a.state_dict())
     assert "differs from the checkpoint" in caplog.text
     assert b.get_last_lr() == [pytest.approx(0.01)]  # it 25 -> epoch 2 with step_size 1
+
+
+def test_load_keeps_the_current_base_lr(caplog) -> None:
+    """A resumed run with another optim.lr goes on with it from the saved iteration (the closed
+    form at that iteration with the new base), not with the checkpoint's lr."""
+    caplog.set_level(logging.INFO, logger="mdk.sched.base")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    a = WarmupStepLR(opt, 10, None, step_size=2)
+    for _ in range(25):
+        opt.step()
+        a.step()
+    opt_b = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3.0)
+    b = WarmupStepLR(opt_b, 10, None, step_size=2)
+    b.load_state_dict(a.state_dict())
+    assert "base lr [3.0] differs from the checkpoint's [1.0]" in caplog.text
+    assert b.last_epoch == 25 and b.get_last_lr() == [pytest.approx(0.3)]  # epoch 2: 3.0 * 0.1
+    assert opt_b.param_groups[0]["lr"] == pytest.approx(0.3)
 
 
 GOOD_WARM = {"iters": 10, "start_factor": 0.5, "method": "linear"}

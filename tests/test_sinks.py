@@ -148,3 +148,50 @@ def test_log_image_wants_uint8_chw(tmp_path):
     with pytest.raises(ValueError, match="uint8 \\[3, H, W\\]"):
         sink.log_image("g", torch.zeros(4, 4, 3, dtype=torch.uint8), 1)
     sink.close()
+
+
+# The writer thread's own exception is not printed either (pytest reports one as this warning).
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_sink_that_cannot_write_warns_once_and_the_run_goes_on(tmp_path, monkeypatch, caplog,
+                                                                 capfd):
+    """TensorBoard's writer thread meets a full disk: the next call in the training thread gets
+    its OSError; the sink warns once, naming itself, its folder and why, then writes nothing
+    more and closes quietly (before: the error stopped the run with an ~80-line traceback)."""
+    import errno
+
+    sink = build_sinks(tb_logger(), tmp_path, CONFIG, True, stage="step1")
+    sink.log({"loss/total": 1.0}, 1)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def fail(*a, **k):
+        raise full
+
+    # The event file's own writer: the failure starts in TensorBoard's thread, as on a full disk.
+    for writer in sink.w.all_writers.values():
+        monkeypatch.setattr(writer.event_writer._general_file_writer, "write", fail)
+    for step in range(2, 6):
+        sink.log({"loss/total": float(step)}, step)
+        sink.log_text("val/ap", "x", step)
+    sink.close()
+    warned = [r.getMessage() for r in caplog.records if "stopped writing" in r.getMessage()]
+    assert warned == [f"TensorBoardSink stopped writing to {tmp_path / 'tensorboard' / 'step1'}: "
+                      "the disk is full ([Errno 28] No space left on device); the run goes on "
+                      "without it"]
+    assert sink.broken
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err  # the thread's too
+
+
+def test_a_sink_that_cannot_start_is_left_out_with_a_warning(tmp_path, caplog):
+    (tmp_path / "tensorboard").write_text("a file where the sink's folder goes")
+    sink = build_sinks(tb_logger(), tmp_path, CONFIG, True, stage="step1")
+    assert type(sink) is NullSink
+    assert "logger.sinks.tensorboard could not start" in caplog.text
+    assert "the run goes on without it" in caplog.text
+
+
+def test_a_bug_in_a_sink_is_not_hidden(tmp_path):
+    sink = build_sinks(tb_logger(), tmp_path, CONFIG, True, stage="step1")
+    with pytest.raises(ValueError, match="expected a uint8"):
+        sink.log_image("val/x", torch.zeros(3, 4, 4), 1)  # float: the caller's bug
+    sink.close()

@@ -1,12 +1,18 @@
-"""The command line around Hydra's main: composition errors as one line.
+"""The command line around Hydra's main: composition errors as one line; stop signals.
 
 Hydra prints its own composition errors (a wrong type, an unknown key or option) over several
 lines and exits. Here Hydra is asked to re-raise them (``HYDRA_FULL_ERROR=1`` while it composes)
 and they become ``config error: <one line naming the key and value>`` with exit status 1, like
 every other config error; an override its grammar cannot parse names the override, the
-character it stopped at and the quoted form to type (``mdk.compose.one_line``). The user's own
-HYDRA_FULL_ERROR setting is put back before the task runs (``restore_full_error``, first thing in
-run.py's main) and after the command; with it set, tracebacks are shown as usual.
+character it stopped at and the quoted form to type (``mdk.compose.one_line``). A run dir that
+Hydra cannot make or write (a full or read-only disk) is one ``disk error`` line naming it. The
+user's own HYDRA_FULL_ERROR setting is put back before the task runs (``restore_full_error``,
+first thing in run.py's main) and after the command; with it set, tracebacks are shown as usual.
+
+For the whole command SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop
+(launchers/processes/stop_signals.py); the stop ends the command with one line
+(``stopped by SIGTERM in step1 at epoch 3 iteration 57; rerun the same command to resume``)
+and exit status 128 + the signal's number.
 """
 from __future__ import annotations
 
@@ -17,7 +23,12 @@ from typing import Callable
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from launchers.processes.env import detect
+from launchers.processes.stop_signals import stop_signals
+from launchers.reports.stop_line import stop_line, stop_status
 from mdk.compose import one_line
+from mdk.errors import error_line
+from mdk.stop import StopRequested
 
 _USER = "MDK_USER_HYDRA_FULL_ERROR"  # the user's HYDRA_FULL_ERROR, carried into sweep jobs
 
@@ -38,12 +49,23 @@ def run_cli(main: Callable[[], object]) -> None:
     user = os.environ.get("HYDRA_FULL_ERROR", "")
     os.environ[_USER] = user
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    # A torchrun rank: its agent passes signals on and decides when to kill (repeats ignored).
+    kind = "rank" if detect().source == "torchrun" else "launcher"
     try:
-        main()
+        with stop_signals(kind):
+            main()
     except (HydraException, OmegaConfBaseException) as e:
         if user == "1":
             raise
         sys.exit(f"config error: {one_line(e)}")
+    except StopRequested as e:
+        print(getattr(e, "line", None) or stop_line(e), file=sys.stderr, flush=True)
+        sys.exit(stop_status(e))
+    except OSError as e:  # Hydra making the run dir or its files there: a full/read-only disk
+        line = error_line(e)
+        if user == "1" or line is None:
+            raise
+        sys.exit(line)
     finally:
         os.environ.pop(_USER, None)
         if user:

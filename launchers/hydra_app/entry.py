@@ -12,12 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_app.job import is_multirun, run_guarded
 from launchers.hydra_app.objective import with_objective
+from launchers.hydra_app.one_run import folder_lock
 from launchers.hydra_app.optuna_trial import HOOK, trial_hook
 from launchers.hydra_app.user_error_line import user_error_line
-from launchers.processes.env import detect
+from launchers.processes.env import ProcessEnv, detect
 from launchers.processes.malloc import tune_malloc
-from launchers.processes.spawn import RankFailedError, run_ranks
+from launchers.processes.rank_ends import RankFailedError
+from launchers.processes.spawn import run_ranks
 from launchers.reports.run_summary import print_summary
+from launchers.reports.stop_line import stop_line, sweep_rerun
 from mdk import faults
 from mdk.config import validate
 from mdk.engine.result import StageResult
@@ -26,6 +29,7 @@ from mdk.paths import register_resolvers
 from mdk.preflight import preflight
 from mdk.stage import StageSpec, stage_config
 from mdk.stage_config import running_stages
+from mdk.stop import StopRequested, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,11 @@ def run(cfg: DictConfig) -> Any:
         # With an `objective` (searches): float() of the result is the metric
         # (launchers/hydra_app/objective.py).
         return with_objective(cfg, run_guarded(_run, cfg))
+    except StopRequested as e:  # a stop signal: the command ends with this line (cli.py)
+        multirun = is_multirun()
+        e.line = stop_line(e, sweep_rerun(str(HydraConfig.get().sweep.dir)) if multirun else None)
+        log.warning("%s", e.line)
+        raise
     except Exception as e:
         line = user_error_line(e)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -79,7 +88,13 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     trial = trial_hook(cfg, stages)  # a search's trial reports from its objective stage
     if trial is not None and trial[0] in stages:
         configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]
-    preflight(configs[0])  # machine and files, before any process starts
+    preflight(configs[0], run_dir)  # machine and files, before any process starts
+    with folder_lock(configs[0], env, run_dir):  # one run per paths.checkpoints
+        return _run_stages(cfg, env, run_dir, stages, configs)
+
+
+def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[str],
+                configs: list[DictConfig]) -> list[StageResult]:
     faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
     results: list[StageResult] = []
     offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
@@ -89,10 +104,16 @@ def _run(cfg: DictConfig) -> list[StageResult]:
             log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
         else:
             log.info("=== %s ===  one pass, no training", s)
-        res = StageResult.from_dict(
-            run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
+        try:
+            res = StageResult.from_dict(
+                run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
+        except StopRequested as e:
+            e.stage = e.stage or s
+            raise
         offset += res.iterations
         results.append(res)
+        if stop_requested() is not None and s != stages[-1]:  # asked in the stage's last epoch
+            raise StopRequested(str(stop_requested()), stage=s)
         if res.extra.get("stop_reason"):  # a trainer.hooks hook (a search's pruner) ended it
             log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run", s,
                         res.extra.get("stopped_epoch"), scfg.trainer.epochs,

@@ -10,10 +10,13 @@ scratch and its checkpoints (``<job dir>/checkpoints``, see ``mdk_ckpt``) are or
 * ``launch`` resolves the sweep dir once, to an absolute path, before the jobs are pickled;
 * the first run of job N records its resolved sub dir (and overrides) in
   ``<sweep dir>/.submitit/jobdirs/N.json``; a rerun of job N with the same overrides reuses it;
-* SIGUSR2 (submitit's time-out / preemption signal) and SIGTERM (preemption, ``scontrol requeue``,
-  ``scancel``) ask the training loop to write last.pth at the next step and stop
-  (``mdk.stop``); after that, USR2 goes on to submitit's own handler, which resubmits this
-  same call (``checkpoint``) and requeues the job; SIGTERM just exits (SLURM requeues or cancels).
+* SIGUSR2 (submitit's time-out / preemption signal), SIGTERM (preemption, ``scontrol requeue``,
+  ``scancel``) and SIGINT (Ctrl-C reaching a local job) ask the training loop to write last.pth
+  at the next step and stop (``mdk.stop``); after that, USR2 goes on to submitit's own handler,
+  which resubmits this same call (``checkpoint``) and requeues the job; SIGTERM and SIGINT just
+  exit (SLURM requeues or cancels).
+  The stop is recorded for the launching process, which reports a job that never came back in
+  one line (``launchers/hydra_app/job_ends.py``).
   When no training loop is running (calibration, evaluation, data generation) the signal goes to
   submitit's handler at once, as without this class.
 
@@ -25,6 +28,7 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -32,7 +36,10 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.hydra_app.job_ends import (forget_stopped_job, jobs_end_lines,
+                                          record_stopped_job)
 from launchers.hydra_app.plugin_path import add_plugin_path
+from launchers.reports.stop_line import sweep_rerun
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)
@@ -142,7 +149,23 @@ class RequeueMixin:
         sweep_dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         with read_write(self.config.hydra.sweep), open_dict(self.config.hydra.sweep):
             self.config.hydra.sweep.dir = sweep_dir
-        return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+        import submitit  # here, as the plugin does: Hydra loads this module at every start
+
+        try:
+            return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+        except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as e:
+            # A job without a result (stopped by a signal, killed): one line each, not
+            # submitit's message with the job's whole stderr (launchers/hydra_app/job_ends.py).
+            lines, status = jobs_end_lines(sweep_dir, e)
+            for line in lines:
+                log.error("%s", line)
+            print("\n".join(lines), file=sys.stderr, flush=True)
+            raise SystemExit(status) from None
+        except StopRequested as e:  # a stop signal to this process, which only waits
+            e.line = (f"stopped by {e.reason} while waiting for the sweep's jobs; jobs that did not "
+                      f"get the signal go on (on SLURM: squeue, scancel); "
+                      f"{sweep_rerun(sweep_dir, 'collect or resume them')}")
+            raise
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
                  singleton_state: dict) -> JobReturn:
@@ -162,14 +185,19 @@ class RequeueMixin:
                               record=env.global_rank == 0)
         log.info("job %d (%s) runs in %s", job_num, env.job_id, job_dir)
         clear_stop()
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        if env.global_rank == 0:
+            forget_stopped_job(sweep_dir, job_num)  # a requeued job runs again
         usr = env._usr_sig()
-        with stop_on_signals([usr, signal.SIGTERM]) as prev:
+        with stop_on_signals([usr, signal.SIGTERM, signal.SIGINT]) as prev:
             try:
                 return run_job(hydra_context=self.hydra_context, task_function=self.task_function,
                                config=cfg, job_dir_key=job_dir_key,
                                job_subdir_key="hydra.sweep.subdir")
             except StopRequested as e:
                 log.warning("%s", e)
+                if env.global_rank == 0:  # for the launching process, if no rerun comes
+                    record_stopped_job(sweep_dir, job_num, env.job_id, e)
                 got = prev.get("received")
                 if got == usr and callable(prev.get(usr)):
                     # submitit's handler: checkpoint() -> same call pickled again, scontrol

@@ -9,6 +9,8 @@ import logging
 import sys
 from pathlib import Path
 
+from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler
+
 # Hydra's default job-logging format, so worker lines look like the parent's.
 FMT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
@@ -23,11 +25,11 @@ def setup_worker_logging(run_dir: Path, rank: int, keep_existing: bool = False) 
         root.handlers.clear()
     root.setLevel(logging.INFO)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    fh = logging.FileHandler(Path(run_dir) / f"rank{rank}.log")
+    fh = RunLogFileHandler(Path(run_dir) / f"rank{rank}.log")  # a full disk: one line
     fh.setFormatter(logging.Formatter(FMT))
     root.addHandler(fh)
     if rank == 0 and not keep_existing:
-        sh = logging.StreamHandler(sys.stdout)
+        sh = ConsoleHandler(sys.stdout)  # `| head`: no logging tracebacks
         sh.setFormatter(logging.Formatter(FMT))
         root.addHandler(sh)
 

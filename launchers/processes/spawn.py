@@ -6,21 +6,22 @@ makes its ``mdk.world.World`` once, from the rank this module gave it (or, under
 from their environment: launchers/processes/join.py), and the stage gets it as an argument. Every
 rank logs to ``<run_dir>/rank<r>.log``; rank-0-only side effects are decided in ``mdk.dist``.
 Failures: a rank that raises writes its traceback to ``<run_dir>/.errors/``; the parent kills the
-other local ranks at once (SIGTERM, not the gloo/NCCL timeout) and raises RankFailedError with
-the traceback of the rank that failed *first* (the others usually only report "connection closed
-by peer" afterwards).
+other local ranks at once (SIGTERM, not the gloo/NCCL timeout) and reports the rank that failed
+*first*, or how a rank that could not report ended (launchers/processes/rank_ends.py). Stop
+signals to the parent are passed on to the ranks, which save and stop
+(launchers/processes/stop_signals.py); the ranks die with the parent (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import signal
 import time
-import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as tdist
@@ -28,18 +29,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.processes.env import ProcessEnv, detect, leave_process
 from launchers.processes.join import StageFn, join_external
+from launchers.processes.rank_ends import lost_peer, ranks_outcome, record_failure, record_stop
 from launchers.processes.rank_logs import remove_rank_file_handler, setup_worker_logging
 from launchers.processes.rendezvous import connect, host_store, init_group, parse_url
-from mdk.world import backend_for, check_local_size, make_world, single_process
+from launchers.processes.stop_signals import (forwarding_to, hold_stop_signals, received,
+                                              signals_held, stop_signals)
+from mdk.engine.build import die_with_parent
+from mdk.stop import StopRequested
+from mdk.world import World, backend_for, check_local_size, make_world, single_process
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 3.0
+STOP_WAIT_S = 120.0  # after a stop signal: time for the ranks to save last.pth and end
 SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
-
-
-class RankFailedError(RuntimeError):
-    """A rank raised; the message carries that rank's traceback."""
 
 
 def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
@@ -58,69 +61,63 @@ def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
     return False
 
 
-def _record_failure(run_dir: Path, tag: str, rank: int) -> None:
-    d = Path(run_dir) / ".errors"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"{tag}_rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
-
-
-def _killed_by_signal(procs: list, first_rank: int) -> list[tuple[int, str]]:
-    """(global rank, signal name) of local workers that died by a signal other than the SIGTERM
-    torch's join() sends to the survivors of a failure."""
-    out = []
-    for i, p in enumerate(procs):
-        code = p.exitcode
-        if code is not None and code < 0 and -code != signal.SIGTERM:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            out.append((first_rank + i, name))
-    return out
-
-
-def _first_failure(run_dir: Path, tag: str) -> dict[str, Any] | None:
-    recs = [json.loads(p.read_text()) for p in (Path(run_dir) / ".errors").glob(f"{tag}_rank*.json")]
-    return min(recs, key=lambda r: r["time"]) if recs else None
-
-
-def _lost_peer(text: str) -> bool:
-    """True for the error a healthy rank gets when a peer died (gloo/NCCL connection lost)."""
-    return any(k in text for k in ("closed by peer", "Connection reset", "remote worker crashing",
-                                   "remote process exited"))
-
-
 def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, port: int,
-            prefix: str, tag: str) -> None:
+            prefix: str, tag: str, parent: int) -> None:
+    die_with_parent(parent)  # no orphans: the kernel kills this rank when the launcher dies
     cfg = OmegaConf.create(plain)
     gpus = int(cfg.dist.gpus)
     rank = cfg.dist.rank * gpus + local_rank
     setup_worker_logging(Path(run_dir), rank)
     set_cpu_threads(cfg)
-    try:
-        world = make_world(rank, local_rank, gpus * cfg.dist.nodes, gpus, cfg.trainer.device,
-                           cfg.dist.backend)
-        init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s), prefix)
-        out = fn(cfg, Path(run_dir), world)
-        if rank == 0:
-            (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out))
-        tdist.barrier()  # leave together: no rank tears gloo down under a peer still using it
-    except BaseException as e:
-        # Only a consequence of a peer's failure: the rank that failed first logs the cause.
-        if isinstance(e, RuntimeError) and _lost_peer(str(e)):
-            logging.getLogger(__name__).warning("rank %d stopped: %s", rank,
-                                                str(e).splitlines()[0][:300])
-        else:
-            logging.getLogger(__name__).exception("rank %d failed", rank)
-        _record_failure(Path(run_dir), tag, rank)
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
-        raise
-    # Finished: exit without interpreter teardown. Destroying a gloo group (or its C++ statics at
-    # exit) can abort a rank that did all its work ("terminate called without an active
-    # exception", SIGABRT; ~1 in 12 two-rank runs here), and the parent would report a failure.
+    log.info("rank %d runs as pid %d", rank, os.getpid())
+    with stop_signals("rank"):
+        try:
+            try:
+                out = fn(cfg, Path(run_dir), _join(cfg, rank, local_rank, addr, port, prefix))
+                hold_stop_signals()  # done: a stop now is for the launcher, between stages
+                if rank == 0:
+                    (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out))
+                tdist.barrier()  # leave together: no rank tears gloo down under a peer using it
+            except BaseException as e:
+                _ended(e, Path(run_dir), tag, rank)
+        except StopRequested as e:  # a stop signal raised while the exception above was handled
+            _ended(e, Path(run_dir), tag, rank)
+    # Finished or stopped: exit without interpreter teardown. Destroying a gloo group (or its C++
+    # statics at exit) can abort a rank that did all its work ("terminate called without an
+    # active exception", SIGABRT; ~1 in 12 two-rank runs here), and the parent would report a
+    # failure.
     leave_process()
+
+
+def _join(cfg: DictConfig, rank: int, local_rank: int, addr: str, port: int,
+          prefix: str) -> World:
+    gpus = int(cfg.dist.gpus)
+    world = make_world(rank, local_rank, gpus * cfg.dist.nodes, gpus, cfg.trainer.device,
+                       cfg.dist.backend)
+    init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s), prefix)
+    return world
+
+
+def _ended(e: BaseException, run_dir: Path, tag: str, rank: int) -> None:
+    """A rank's work ended early: a stop is recorded (the rank then exits with status 0), an exit
+    code is kept, anything else is recorded and raised again (torch reports it to the parent)."""
+    hold_stop_signals()
+    if isinstance(e, StopRequested):
+        record_stop(run_dir, tag, rank, e)
+        return
+    if isinstance(e, SystemExit) and isinstance(e.code, int):
+        log.error("rank %d exited with code %d", rank, e.code)
+        logging.shutdown()
+        os._exit(e.code)
+    # Only a consequence of a peer's failure: the rank that failed first logs the cause.
+    if isinstance(e, RuntimeError) and lost_peer(str(e)):
+        log.warning("rank %d stopped: %s", rank, str(e).splitlines()[0][:300])
+    else:
+        log.exception("rank %d failed", rank)
+    record_failure(run_dir, tag, rank)
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    raise e
 
 
 def set_cpu_threads(cfg: DictConfig) -> int:
@@ -180,42 +177,47 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     # prefix: the same on every machine (the store is per run and stage); tag: files of this parent.
     prefix, tag = f"mdk/{cfg.step.name}", f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"
     plain = OmegaConf.to_container(cfg, resolve=True)
-    ctx = torch.multiprocessing.start_processes(
-        _worker, args=(fn, plain, str(run_dir), addr, port, prefix, tag), nprocs=cfg.dist.gpus,
-        join=False, start_method="spawn")
-    try:
-        # On the first failure join() gives the other local ranks STOP_GRACE_S to fail on their
-        # own (a peer's error reaches them as "connection reset", which makes a better report),
-        # then SIGTERMs them, and SIGKILLs after as long again: a rank stuck in a collective
-        # (its SIGTERM only asks the training loop to stop) is gone within seconds, not 30 s.
-        while not ctx.join(grace_period=STOP_GRACE_S):
-            pass
-    except (torch.multiprocessing.ProcessRaisedException,
-            torch.multiprocessing.ProcessExitedException) as e:
-        first = _first_failure(run_dir, tag)
-        shutil.rmtree(run_dir / ".errors", ignore_errors=True)
-        lost = first is not None and _lost_peer(first["traceback"])
-        killed = _killed_by_signal(ctx.processes, int(cfg.dist.rank) * int(cfg.dist.gpus))
-        if killed and (first is None or lost):
-            # The real cause: a local rank died without a word (OOM killer, kill -9); a peer's
-            # "connection reset" is only its consequence.
-            r, sig = killed[0]
-            after = (f"; rank {first['rank']} then lost its connection:\n{first['traceback']}"
-                     if first else "")
-            raise RankFailedError(f"rank {r} was killed by {sig} before it could report (out of "
-                                  f"memory? see `dmesg` or the job's memory limit; log: "
-                                  f"{run_dir}/rank{r}.log){after}") from None
-        if first is None:
-            raise RankFailedError(f"a worker process died: {e}. See {run_dir}/rank*.log") from None
-        hint = ("\n(this rank lost its connection: a rank on another machine probably failed "
-                "first; see that machine's rank*.log)") if lost else ""
-        raise RankFailedError(f"rank {first['rank']} failed (log: {run_dir}/rank{first['rank']}"
-                              f".log):\n{first['traceback']}{hint}") from None
-    finally:
-        del store
+    with contextlib.ExitStack() as forwarding:
+        with signals_held():  # until the ranks' pids are known to the stop-signal handler
+            ctx = torch.multiprocessing.start_processes(
+                _worker, args=(fn, plain, str(run_dir), addr, port, prefix, tag, os.getpid()),
+                nprocs=cfg.dist.gpus, join=False, start_method="spawn")
+            forwarding.enter_context(forwarding_to(ctx.pids()))
+        first_failed = _wait(ctx)
+    del store
+    err = ranks_outcome(run_dir, tag, ctx.processes, int(cfg.dist.rank) * int(cfg.dist.gpus),
+                        first_failed, received(), int(cfg.dist.nodes) > 1)
+    if err is not None:
+        raise err from None
     result_file = run_dir / f".{tag}.result.json"
     if cfg.dist.rank != 0:
         return {"stage": cfg.step.name, "rank": cfg.dist.rank}
     out = json.loads(result_file.read_text())
     result_file.unlink(missing_ok=True)
     return out
+
+
+def _wait(ctx: Any) -> Optional[int]:
+    """Wait for the ranks; the index of the one torch saw fail first (None: all exited with 0).
+
+    On the first failure join() gives the other local ranks STOP_GRACE_S to fail on their own (a
+    peer's error reaches them as "connection reset", which makes a better report), then SIGTERMs
+    them, and SIGKILLs after as long again: a rank stuck in a collective (its SIGTERM only asks
+    the training loop to stop) is gone within seconds, not 30 s. After a stop signal the ranks get
+    STOP_WAIT_S to save and stop, then they are killed."""
+    deadline = None
+    try:
+        while not ctx.join(timeout=1.0, grace_period=STOP_GRACE_S):
+            if received() is None:
+                continue
+            deadline = deadline or time.monotonic() + STOP_WAIT_S
+            if time.monotonic() > deadline:
+                log.error("the ranks did not stop within %.0f s of the signal: killing them",
+                          STOP_WAIT_S)
+                for p in ctx.processes:
+                    if p.is_alive():
+                        os.kill(p.pid, signal.SIGKILL)
+    except (torch.multiprocessing.ProcessRaisedException,
+            torch.multiprocessing.ProcessExitedException) as e:
+        return e.error_index
+    return None

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mdk.engine.result import StageResult
+from mdk.errors import disk_reason
 
 log = logging.getLogger(__name__)
 
@@ -53,4 +54,8 @@ def print_summary(results: list[StageResult], cfg: DictConfig, run_dir: Path) ->
     lines.append(f"run dir: {run_dir}")
     text = "\n".join(lines)
     log.info("summary\n%s", text)
-    (run_dir / "summary.txt").write_text(text + "\n")
+    try:
+        (run_dir / "summary.txt").write_text(text + "\n")
+    except OSError as e:  # a copy of what was just printed: the run's work is done and kept
+        log.warning("could not write %s: %s (%s)", run_dir / "summary.txt",
+                    disk_reason(e) or "a write failed", e)

@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mdk.data.config import VOC_READER, check, plain
@@ -56,6 +55,17 @@ def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
     return cls(**args)
 
 
+def generate(d: Mapping[str, Any], root: Path, image_size: int) -> None:
+    """Run ``dataset.generate``: its ``_target_`` called with ``root=``, ``class_names=``,
+    ``image_size=`` (the model's, unless the node sets it) and the node's other keys. Called
+    directly, like the reader, so that its DataError or DiskError reaches the user as itself."""
+    node = d["generate"]
+    fn = import_target(node["_target_"], "dataset.generate._target_",
+                       "name a function as package.module.function", DataError)
+    fn(root=root, class_names=list(d["class_names"]),
+       **{"image_size": image_size, **{k: v for k, v in node.items() if not k.startswith("_")}})
+
+
 def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
                         cache_root: Optional[str | Path] = None) -> int:
     """Pre-flight, in the launching process, of a ``dataset`` node the config checks passed:
@@ -93,8 +103,7 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
     if d.get("generate"):
-        gen = {"image_size": image_size, **d["generate"]}
-        instantiate(gen, root=root, class_names=d["class_names"])
+        generate(d, root, image_size)
     reader = build_reader(d, root)   # its records() and sources() raise what check() would
     meta_dir = meta_dir_for(d, cache_root)
     common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,

@@ -57,26 +57,31 @@ def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None) -> tup
 def init_loader_worker(worker_id: int) -> None:
     """DataLoader worker init: leave stop signals to the trainer, and die with it.
 
-    SLURM signals every process of a job step on preemption or time-out (SIGTERM, and submitit's
-    SIGUSR2, whose default action is to terminate). A worker killed that way makes the next batch
-    fetch raise "DataLoader worker ... killed by signal" before the trainer, which got the same
-    signal, can write last.pth at the step boundary. So both are ignored here.
+    SLURM signals every process of a job step on preemption or time-out (SIGTERM, SIGUSR1 with
+    ``--signal``, and submitit's SIGUSR2, whose default action is to terminate), and Ctrl-C sends
+    SIGINT to every process of the terminal's foreground group. A worker ended that way makes the
+    next batch fetch raise "DataLoader worker ... exited unexpectedly" before the trainer, which
+    got the same signal, can write last.pth at the step boundary. So all of them are ignored here.
 
     Workers are forked, so they also hold copies of the rank's gloo sockets. If the rank is killed
     (OOM killer, kill -9), a surviving worker keeps those connections open: the peer ranks see no
     "connection reset" and wait for the collective timeout instead of failing at once, and an
     orphaned worker can linger (holding the job's stdout). PR_SET_PDEATHSIG makes the kernel kill
     the worker when the rank dies, however it dies."""
-    for s in (signal.SIGTERM, getattr(signal, "SIGUSR2", None)):
+    for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None),
+              getattr(signal, "SIGUSR2", None)):
         if s is not None:
             signal.signal(s, signal.SIG_IGN)
     die_with_parent()
 
 
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies (no-op elsewhere)."""
+def die_with_parent(parent: Optional[int] = None) -> None:
+    """Linux: SIGKILL this process when its parent dies (no-op elsewhere). ``parent``: the pid
+    the parent had when it started this process; if it is already gone, exit now."""
     if not sys.platform.startswith("linux"):
         return
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG

@@ -1,7 +1,8 @@
 """What a training stage's last.pth holds: one mapping of named stateful parts, walked the same
 way to save and to load (after torchtitan's ``states={name: Stateful}``), so the two cannot drift.
 
-The parts of a training stage (mdk/engine/train.py builds the mapping): ``optimizer``,
+The parts of a training stage (mdk/engine/train.py builds the mapping): ``optimizer`` (its
+state; its hyper-parameters stay the config's: ``ConfiguredOptimizer``),
 ``scheduler``, ``scaler`` (fp16 only), ``ema`` (``trainer.ema.enabled``), ``loss`` (a loss with
 state, e.g. the GTI loss's running mean), ``rng`` (every rank's generators), ``trainer`` (the
 loop's position: epoch and iteration; the training sampler's position in its epoch follows from
@@ -45,6 +46,26 @@ class RunState:
         for name, part in self.parts.items():
             if state.get(name) is not None:
                 part.load_state_dict(state[name])
+
+
+class ConfiguredOptimizer:
+    """The optimizer as a part whose hyper-parameters stay this run's: loading restores its
+    per-parameter state (momentum, Adam's moments) but keeps this config's lr, weight decay,
+    betas... where torch's ``load_state_dict`` would put the checkpoint's back. A resumed stage
+    goes on with the values it is run with (docs/pipeline.md); equal values load as before.
+    The lr itself is the scheduler's, loaded after this part."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state)
+        for group, keep in zip(self.optimizer.param_groups, mine, strict=True):
+            group.update(keep)
 
 
 def rng_state() -> dict[str, Any]:

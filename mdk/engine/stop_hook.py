@@ -1,18 +1,22 @@
 """Graceful stop on request: write last.pth at the next step boundary, then leave the loop.
 
 Who asks is not this module's business (``mdk`` knows nothing about SLURM): the launcher turns a
-preemption / time-limit signal into ``request_stop(reason)``; a signal handler must not save a
-checkpoint itself, because it can run in the middle of an optimizer step. The hook checks the
-flag after every step, so the saved state is always a consistent "N steps done" state, the same
-kind of last.pth the periodic checkpoints write, and a resumed run continues bit-identically.
+stop signal (SIGTERM, SIGINT, SIGUSR1, submitit's time-out signal) into ``request_stop(reason)``;
+a signal handler must not save a checkpoint itself, because it can run in the middle of an
+optimizer step. The hook checks the flag after every step, so the saved state is always a
+consistent "N steps done" state, the same kind of last.pth the periodic checkpoints write, and a
+resumed run continues bit-identically.
 
-Under DDP the ranks may see the signal at different steps; the flag is MAX-all-reduced every step
-so all ranks stop after the same step (one tiny collective per step, only when world > 1).
+Under DDP the ranks may see the signal at different steps (or only one rank may get it): the
+flag is MAX-all-reduced so all ranks stop after the same step. The all-reduce of step N is
+started after step N and read after step N+1, so it costs no host sync per step (on CUDA the
+host only waits for step N to finish); all ranks then stop after step N+1. At an epoch's end,
+after its evaluation and checkpoint, the ranks agree at once (one sync per epoch).
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -30,20 +34,41 @@ class StopOnRequestHook(HookBase):
 
     def __init__(self, save_last: Callable[[], None]) -> None:
         self.save_last = save_last
+        self._pending: Optional[Callable[[], float]] = None  # the last step's agreement
+        self._at_epoch_end = False  # agreed on the epoch's last step: stop after its checkpoint
 
     def before_train(self) -> None:
         start_listening()
+        self._pending, self._at_epoch_end = None, False
 
     def after_train(self) -> None:
         stop_listening()
+        self._pending = None  # (left by an error: every rank started it, it completes unread)
 
-    def _agreed(self) -> bool:
-        flag = stop_requested() is not None
+    def _asked(self) -> bool:
+        return stop_requested() is not None
+
+    def _agreed_late(self) -> bool:
+        """Whether any rank was asked by the previous step (this process alone: by now)."""
         if dist.world_size() <= 1:
-            return flag
+            return self._asked()
         if not is_armed():
             return False
-        t = torch.tensor([1.0 if flag else 0.0], device=self.trainer.device)
+        before = self._pending is not None and self._pending() > 0
+        self._pending = None
+        return before
+
+    def _start_agreement(self) -> None:
+        """Start this step's agreement, read after the next step (no host sync now)."""
+        if dist.world_size() > 1 and is_armed():
+            self._pending = dist.max_flag_started(float(self._asked()))
+
+    def _agreed_now(self) -> bool:
+        if dist.world_size() <= 1:
+            return self._asked()
+        if not is_armed():
+            return False
+        t = torch.tensor([1.0 if self._asked() else 0.0], device=self.trainer.device)
         return bool(dist.all_reduce_max(t).item())
 
     def _stop(self, saved_by_epoch_end: bool) -> None:
@@ -53,16 +78,23 @@ class StopOnRequestHook(HookBase):
             self.save_last()
         log.warning("stop requested (%s): saved last.pth after iteration %d; stopping", reason,
                     t.iter)
-        raise StopRequested(reason, t.iter)
+        raise StopRequested(reason, t.iter, t.epoch + 1)
 
     def after_step(self) -> None:
         t = self.trainer
         # The last step of an epoch is followed by evaluation and the epoch-end checkpoint; stop
         # after those (after_epoch), so best.pth and the epoch's metrics are not lost.
-        if t.batch_in_epoch < t.iters_per_epoch and self._agreed():
-            self._stop(saved_by_epoch_end=False)
+        mid_epoch = t.batch_in_epoch < t.iters_per_epoch
+        if self._agreed_late():
+            if mid_epoch:
+                self._stop(saved_by_epoch_end=False)
+            self._at_epoch_end = True
+        elif mid_epoch:
+            self._start_agreement()
 
     def after_epoch(self) -> None:
         t = self.trainer
-        if t.epoch + 1 < t.epochs and self._agreed():
+        asked = self._at_epoch_end or self._agreed_now()  # the same on every rank
+        self._at_epoch_end = False
+        if t.epoch + 1 < t.epochs and asked:
             self._stop(saved_by_epoch_end=True)

@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mdk import dist, faults
+from mdk.checkpoint_meaning import unfit_parts
 from mdk.data.augment import BatchAugment
 from mdk.engine import build, precision
 from mdk.engine.context import StageContext
@@ -27,7 +28,7 @@ from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHo
 from mdk.engine.nan_guard import NanGuardHook
 from mdk.engine.loop import Trainer
 from mdk.engine.reports import ReportHook, maybe_reporter
-from mdk.engine.run_state import HookStates, RankRNG, RunState
+from mdk.engine.run_state import ConfiguredOptimizer, HookStates, RankRNG, RunState
 from mdk.engine.stop_hook import StopOnRequestHook
 from mdk.sched.curve import plot_lr_curve
 from mdk.sinks.build import build_sinks
@@ -141,8 +142,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             StopOnRequestHook(ckpt.save_last)])
     # What last.pth holds, saved and resumed by walking the same names (RNG last: restored
     # right before the loop starts drawing).
-    state = RunState({"optimizer": optimizer, "scheduler": scheduler, "scaler": trainer.scaler,
-                      "ema": ema, "loss": ctx.loss_fn, "trainer": trainer,
+    state = RunState({"optimizer": ConfiguredOptimizer(optimizer), "scheduler": scheduler,
+                      "scaler": trainer.scaler, "ema": ema, "loss": ctx.loss_fn, "trainer": trainer,
                       "hooks": HookStates(trainer.hooks), "rng": RankRNG(world)})
 
     def checkpoint(epoch_done: bool) -> dict[str, Any]:
@@ -152,7 +153,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                                         epoch_done=epoch_done)
 
     if resume is not None:
-        state.load_state_dict(resume)
+        fresh = unfit_parts(resume, cfg)  # an optimizer/loss of another class: its own fresh state
+        state.load_state_dict({k: v for k, v in resume.items() if k not in fresh})
     elif world.is_main:
         _plot_lr(ctx, sampler.num_batches)
     try:

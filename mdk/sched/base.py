@@ -193,18 +193,24 @@ class WarmupScheduler(LRScheduler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the iteration counter and re-apply the closed-form lr to the optimizer.
 
-        The schedule parameters of the *current* config win; a mismatch with the checkpoint is
-        logged (a resumed run with a changed schedule is allowed but is then not a replay).
+        The *current* config wins: its schedule parameters and its base lrs (the optimizer's lr
+        when this scheduler was built); a mismatch with the checkpoint is logged (a resumed run
+        with a changed schedule or lr is allowed, the new one applying from the saved iteration
+        on, but it is then not a replay). Logged at info: the engine names the changed config keys
+        in one warning (mdk/checkpoint_meaning.py).
         """
         saved = state_dict.get("schedule")
         if saved is not None and saved != self._schedule_params():
-            log.warning(
+            log.info(
                 "scheduler config differs from the checkpoint's (%s vs %s); using the current one",
                 self._schedule_params(), saved,
             )
+        saved_lrs = [float(b) for b in state_dict["base_lrs"]]
+        if saved_lrs != [float(b) for b in self.base_lrs]:
+            log.info("base lr %s differs from the checkpoint's %s; using the current one",
+                        self.base_lrs, saved_lrs)
         self.last_epoch = int(state_dict["last_epoch"])
         self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
-        self.base_lrs = list(state_dict["base_lrs"])
         # Writing the lr here makes resume independent of whether the optimizer state is loaded
         # before or after the scheduler state.
         lrs = self.lr_at(self.last_epoch)

@@ -1,17 +1,60 @@
-"""The sink interface, its null object and the fan-out to several sinks."""
+"""The sink interface, its null object and the fan-out to several sinks.
+
+A sink that cannot write (its disk full, read-only or not ours: an OSError from any of its
+methods) warns once, naming the sink and why, and writes nothing more; the run goes on. Every
+subclass of :class:`NullSink` gets this for the methods it defines (``__init_subclass__``), so a
+new sink needs no code for it.
+"""
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
+from mdk.errors import disk_reason
+
 log = logging.getLogger(__name__)
+
+METHODS = ("log", "log_image", "log_text", "close")
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: "NullSink", *args: Any, **kwargs: Any) -> Any:
+        if self.broken:
+            if method.__name__ == "close":  # still release what it holds (files, threads)
+                try:
+                    method(self, *args, **kwargs)
+                except OSError:
+                    pass
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            self.broken = True
+            where = getattr(self, "logdir", None) or getattr(e, "filename", None)
+            log.warning("%s stopped writing%s: %s (%s); the run goes on without it",
+                        type(self).__name__, f" to {where}" if where else "",
+                        disk_reason(e) or "a write failed", e)
+            return None
+    return call
 
 
 class NullSink:
     """Logs nothing. Every sink has these methods; ``step`` is the pipeline's global step (it
     continues across the stages of one pipeline, so stages never overlap on the x axis)."""
+
+    broken = False  # set when a write failed: the sink said so once and is silent from then on
+    guard_writes: ClassVar[bool] = True  # the fan-out leaves that to each of its sinks
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.guard_writes:
+            for name in METHODS:
+                if name in cls.__dict__:
+                    setattr(cls, name, _guarded(cls.__dict__[name]))
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         """Scalars ``{tag: value}``, e.g. ``loss/total``; the sink separates the stages."""
@@ -35,6 +78,8 @@ def check_image(tag: str, image: torch.Tensor) -> torch.Tensor:
 
 class MultiSink(NullSink):
     """Every call goes to each sink in order; ``close`` closes them all even if one fails."""
+
+    guard_writes = False
 
     def __init__(self, sinks: list[NullSink]) -> None:
         self.sinks = sinks

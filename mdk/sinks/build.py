@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from mdk.errors import ConfigError
+from mdk.errors import ConfigError, disk_reason
 from mdk.sinks.base import MultiSink, NullSink
 from mdk.sinks.config import sink_nodes
 
@@ -51,6 +51,9 @@ def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any],
             except TypeError as e:
                 raise ConfigError(f"{where}: {e}; check the options of this sink in "
                                   "conf/logger/") from None
+            except OSError as e:  # its folder takes no file: a warning, the run goes on
+                log.warning("%s could not start: %s (%s); the run goes on without it", where,
+                            disk_reason(e) or "a write failed", e)
     except BaseException:
         for s in sinks:  # release the sinks already made (wandb runs, open event files)
             try:

@@ -13,6 +13,7 @@ are redone); without it the redone steps are drawn twice.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -23,6 +24,24 @@ from mdk.sinks.base import NullSink, check_image
 log = logging.getLogger(__name__)
 
 
+def _quiet_writer_thread() -> None:
+    """TensorBoard writes in a thread; an OSError there (a full disk) would print the thread's
+    traceback, then come back from the next call in this thread, where the sink warns once
+    (mdk/sinks/base.py). Only that thread's OSErrors are kept quiet; the rest as before."""
+    prev = threading.excepthook
+    if getattr(prev, "mdk_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and \
+                isinstance(args.exc_value, OSError):
+            return
+        prev(args)
+
+    hook.mdk_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class TensorBoardSink(NullSink):
     def __init__(self, *, run_dir: Path, stage: str, group: Optional[str] = None,
                  resume_step: Optional[int] = None, config: Optional[Mapping[str, Any]] = None,
@@ -31,6 +50,7 @@ class TensorBoardSink(NullSink):
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(run_dir) / subdir / stage
+        _quiet_writer_thread()
         purge = None if resume_step is None else int(resume_step) + 1
         self.w = SummaryWriter(str(self.logdir), purge_step=purge, flush_secs=flush_secs)
         log.info("TensorBoard events of %s in %s%s", stage, self.logdir,

@@ -1,0 +1,59 @@
+"""How a submitit job that returned no result ended, as one line in the launching process.
+
+A job stopped by a signal (SIGTERM from ``scancel``, a preemption that is not requeued, a
+``kill`` of a local job) saves last.pth and exits without a result; submitit's launcher then
+raises an error holding the job's whole stderr ("Error stream produced: ..."). Instead, the job
+records its stop line in ``<sweep dir>/.submitit/stops/<job num>.json`` and the launching process
+prints ``sweep job 0 (<job id>): stopped by SIGTERM in <stage> at epoch 1 iteration 3; rerun the
+same command with hydra.sweep.dir=... hydra.callbacks.sweep.resume=true to resume`` and exits
+with 128 + the signal. A job that ended without a word (killed, or a crash outside Python) gets
+one line with its state and where its log is.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from launchers.reports.stop_line import stop_line, stop_status
+from mdk.stop import StopRequested
+
+STOPS = Path(".submitit") / "stops"
+
+
+def _record(sweep_dir: str, job_num: int) -> Path:
+    return Path(sweep_dir) / STOPS / f"{job_num}.json"
+
+
+def record_stopped_job(sweep_dir: str, job_num: int, job_id: str, e: StopRequested) -> None:
+    """In the job: its stop, for the launching process (a requeued rerun forgets it)."""
+    path = _record(sweep_dir, job_num)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"job": job_num, "id": job_id, "status": stop_status(e),
+                                "line": getattr(e, "line", None) or stop_line(e)}))
+
+
+def forget_stopped_job(sweep_dir: str, job_num: int) -> None:
+    _record(sweep_dir, job_num).unlink(missing_ok=True)
+
+
+def jobs_end_lines(sweep_dir: str, error: BaseException) -> tuple[list[str], int]:
+    """The lines for jobs that returned no result, and the command's exit status: the recorded
+    stops (128 + the first one's signal), else one line from submitit's error (status 1)."""
+    recs = sorted((json.loads(p.read_text()) for p in (Path(sweep_dir) / STOPS).glob("*.json")),
+                  key=lambda r: r["job"])
+    if recs:
+        return [f"sweep job {r['job']} ({r['id']}): {r['line']}" for r in recs], recs[0]["status"]
+    text = str(error)
+    job = re.search(r"Job (\S+) \(task: (\d+)\) with path (\S+)_result\.pkl", text)
+    state = re.search(r"has not produced any output \(state: ([^)]*)\)", text)
+    log = re.search(r"^\s*- (\S+_log\.err)$", text, re.M)
+    if job:
+        where = f"{job.group(3)}_log.err"
+        return [f"sweep job {job.group(1)} (task {job.group(2)}) ended without a result "
+                f"(state: {state.group(1) if state else 'unknown'}; killed, or it crashed "
+                f"outside Python); its log: {where}"], 1
+    last = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(("-", " "))]
+    cause = next((ln for ln in reversed(last) if not ln.startswith(("You can check", "or at"))),
+                 text.strip().splitlines()[0] if text.strip() else type(error).__name__)
+    return [f"sweep job failed: {cause}" + (f"; its log: {log.group(1)}" if log else "")], 1

@@ -1,0 +1,81 @@
+"""Log handlers that survive their destination: a stdout closed early, a log file's disk full.
+
+Python's handlers print ``--- Logging error ---`` and a traceback on stderr for every record
+they fail to write. Two failures are the user's or the machine's, not bugs, and must not bury
+the run's output (or stop it):
+
+* ``python run.py | head``: stdout is a pipe whose reader is gone (EPIPE). :class:`ConsoleHandler`
+  then points the stdout file descriptor at ``/dev/null``, the standard cure, so neither later
+  records nor the exit's final flush fail on it; the run goes on and ends as it would.
+* the disk of a log file (``run.log``, ``rank<r>.log``) fills up or turns read-only:
+  :class:`RunLogFileHandler` says so once on stderr and writes no more to that file; the
+  console keeps every line.
+
+The ranks' handlers are these classes (launchers/processes/rank_logs.py); Hydra's job logging,
+whichever ``hydra/job_logging`` made it, gets their behaviour from :func:`harden_log_handlers`
+at the start of the task (run.py). Anything else still reports as usual.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sys
+from typing import IO
+
+from mdk.errors import disk_reason
+
+
+def _quiet(stream: IO[str]) -> None:
+    """Send the rest of ``stream``'s writes (and its buffer at exit) to /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a test's capture): nothing to redirect
+        pass
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """A StreamHandler (stdout by default) for which a reader that went away ends nothing."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+            _quiet(self.stream)
+            return
+        super().handleError(record)
+
+
+class RunLogFileHandler(logging.FileHandler):
+    """A FileHandler whose full, read-only or forbidden disk costs one line on stderr, once."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        reason = disk_reason(sys.exc_info()[1])
+        if reason is None:
+            super().handleError(record)
+            return
+        self.failed = True
+        try:
+            sys.stderr.write(f"warning: could not write the log file {self.baseFilename}: "
+                             f"{reason}; the run goes on, its log lines only on the console\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def harden_log_handlers(logger: logging.Logger | None = None) -> None:
+    """Give the plain stream and file handlers of ``logger`` (default: the root, where Hydra's
+    job logging puts its console and run.log handlers) the behaviour of the classes above: the
+    same objects, their class swapped (neither subclass adds state)."""
+    for h in (logger or logging.getLogger()).handlers:
+        if type(h) is logging.StreamHandler:
+            h.__class__ = ConsoleHandler
+        elif type(h) is logging.FileHandler:
+            h.__class__ = RunLogFileHandler

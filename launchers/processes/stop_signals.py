@@ -1,0 +1,142 @@
+"""Stop signals: SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop.
+
+SLURM and Kubernetes send SIGTERM before they kill a job, SLURM's ``--signal`` sends SIGUSR1
+ahead of a time limit, Ctrl-C sends SIGINT. Each becomes a request to stop (``mdk.stop``): the
+training loop writes last.pth at the next step boundary and raises ``StopRequested``, which the
+command turns into one line and exit status 128 + the signal's number
+(``launchers/hydra_app/cli.py``). Two kinds of process install the handlers:
+
+* ``launcher``: the process the user (or SLURM, Kubernetes) started. With spawned ranks running
+  (``forwarding_to``) the first signal is passed on to them and nothing else happens here: the
+  ranks save and stop, and the launcher reports how they ended. A second signal, more than
+  ``DUPLICATE_S`` after the first, kills the ranks and exits at once without saving.
+* ``rank``: a spawned rank, or a rank torchrun started. The first signal asks its loop to stop;
+  repeats are ignored (the same signal often comes twice: from the terminal or SLURM to every
+  process, and forwarded by the parent); whoever started the rank decides when to kill it.
+
+In both, a signal that arrives while no training loop listens (data building, calibration,
+between stages) raises ``StopRequested`` (``saved`` False) at once from the handler: there is no
+step to save at, and the stage's checkpoints so far are kept. The process (and a spawned rank's
+handlers) then ends; the run resumes from the last checkpoint on the next start.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+from mdk.stop import StopRequested, arm, clear_stop, request_stop
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None))
+                     if s is not None)
+DUPLICATE_S = 1.0  # a repeat sooner than this is the same request delivered twice
+
+# kind: "launcher" | "rank"; first: the first stop signal's number; at: when it came;
+# ranks: pids of the spawned ranks it is forwarded to.
+_state: dict[str, Any] = {"kind": None, "first": None, "at": 0.0, "ranks": []}
+
+
+def _mask(how: int) -> Optional[set]:
+    """Block or unblock the stop signals in this thread (POSIX); the previous mask."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(how, STOP_SIGNALS)
+
+
+def received() -> Optional[int]:
+    """The first stop signal this process got (its number), or None."""
+    return _state["first"]
+
+
+def _handle(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    if _state["first"] is not None:
+        if _state["kind"] == "launcher" and time.monotonic() - _state["at"] > DUPLICATE_S:
+            exit_at_once(signum)
+        return
+    _state["first"], _state["at"] = signum, time.monotonic()
+    if _state["ranks"]:
+        request_stop(name)  # nothing listens here: the reason, for between stages
+        log.warning("caught %s: the ranks save last.pth after their current step and stop "
+                    "(a second signal ends them at once)", name)
+        for pid in _state["ranks"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        return
+    if request_stop(name):
+        log.warning("caught %s: saving last.pth after the current step, then stopping", name)
+        return
+    raise StopRequested(name, saved=False)
+
+
+def exit_at_once(signum: int) -> None:
+    """The second signal: SIGKILL the ranks, one line, exit 128 + signum (no teardown)."""
+    for pid in _state["ranks"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    name = signal.Signals(signum).name
+    line = (f"stopped by a second {name}: ended at once without saving; the last checkpoint "
+            "(last.pth) is kept, rerun the same command to resume from it")
+    log.error("%s", line)
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os.write(2, (line + "\n").encode())
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def stop_signals(kind: str) -> Iterator[None]:
+    """While inside, the stop signals ask this process's run to stop (see the module doc); the
+    previous handlers come back after. Unblocks them (a spawned rank starts with them blocked)."""
+    if kind not in ("launcher", "rank"):
+        raise ValueError(f"kind must be launcher or rank, not {kind!r}")
+    prev = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    _state.update(kind=kind, first=None, at=0.0, ranks=[])
+    clear_stop()
+    for s in STOP_SIGNALS:
+        signal.signal(s, _handle)
+    arm(True)  # every rank listens: the loop's per-step agreement is needed
+    _mask(signal.SIG_UNBLOCK)
+    try:
+        yield
+    finally:
+        arm(False)
+        for s in STOP_SIGNALS:
+            signal.signal(s, prev[s])
+        _state.update(kind=None, first=None, ranks=[])
+
+
+def hold_stop_signals() -> None:
+    """From now on the stop signals wait (blocked) in this process: its work is over, and no
+    handler may raise into its last steps."""
+    _mask(signal.SIG_BLOCK)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Block the stop signals while ranks are started: processes started meanwhile inherit the
+    blocked set and unblock it once their handlers are in (``stop_signals``), and a signal to
+    this process waits until ``forwarding_to`` knows the ranks' pids."""
+    old = _mask(signal.SIG_BLOCK)
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def forwarding_to(pids: Sequence[int]) -> Iterator[None]:
+    """While inside, a stop signal to this process is passed on to ``pids`` (the spawned ranks)."""
+    _state["ranks"] = list(pids)
+    try:
+        yield
+    finally:
+        _state["ranks"] = []

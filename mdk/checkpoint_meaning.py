@@ -1,0 +1,197 @@
+"""What a stage checkpoint means and what it was trained with, compared with a later run's config.
+
+Every stage checkpoint stores two flat ``{config key: value}`` records (mdk/stage_checkpoint.py
+``contents``):
+
+* ``meaning``: the facts its weights are only valid under: the class names in their order (the
+  head's class channels), the input size and the model's structure (``model.net``), the stage
+  that wrote it (``step.name``) and the mode its chip layers trained in (``step.quant``), and the
+  chip when its weights or activations are quantized;
+* ``hparams``: what it was trained with: ``optim``, ``scheduler``, ``loss``, ``seed``, the
+  trainer's length, batch, batch limit and clipping, EMA, augmentation, frozen layers, a
+  calibration's parameters.
+
+The rules (docs/pipeline.md, "Where a stage's weights come from"):
+
+* a run that resumes a stage, or starts from its input stage's best.pth, with another meaning is
+  refused, naming the first key that differs and both values;
+* a resumed stage with changed hyper-parameters goes on with the new values from the resume point
+  (the engine logs each change: ``log_changes``); an optimizer or loss of another class starts
+  with fresh state there (``unfit_parts``);
+* a stage whose checkpoint has nothing left to do in this run (trained to the end of
+  ``trainer.epochs``, or a one-pass stage done) is refused when a hyper-parameter changed, instead
+  of reporting the old result as this run's;
+* a checkpoint written before these records existed is not compared (the engine logs that).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from mdk.errors import CheckpointError
+from mdk.stage import StageSpec
+
+log = logging.getLogger(__name__)
+
+_ABSENT = object()
+MEANING_KEYS = ("dataset.class_names", "model.image_size", "model.net", "step.name", "step.quant")
+HPARAM_KEYS = ("optim", "scheduler", "loss", "seed", "trainer.epochs", "trainer.batch_size",
+               "trainer.limit_train_batches", "trainer.grad_clip", "trainer.ema", "dataset.augment",
+               "model.freeze", "step.calibration")
+_OWN_STAGE = ("step.",)  # meaning keys that describe the stage itself, not its input's
+_SKIP = ("_partial_",)   # how a node is instantiated, not what it is
+_WHY = {"dataset.class_names": "its class channels would mean other classes",
+        "model.image_size": "its weights were trained at the other input size",
+        "chip": "its weights are quantized for the other chip",
+        "step.quant": "it was trained with its chip layers in the other mode",
+        "step.name": "it was written by another stage"}
+
+# A run-state part and the key naming its class: another class cannot take the saved state.
+_PART_CLASS = {"optimizer": "optim._target_", "loss": "loss._target_"}
+
+Change = tuple[str, Any, Any]  # (key, the checkpoint's value, this run's value)
+
+
+def _plain(v: Any) -> Any:
+    return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
+
+
+def _flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``{dotted key: plain value}`` for ``keys``, a mapping node spread into its leaves."""
+    out: dict[str, Any] = {}
+
+    def put(key: str, v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k not in _SKIP:
+                    put(f"{key}.{k}", x)
+        else:
+            out[key] = v
+
+    for key in keys:
+        v = OmegaConf.select(cfg, key, default=_ABSENT)
+        if v is not _ABSENT:
+            put(key, _plain(v))
+    return out
+
+
+def meaning_of(cfg: DictConfig, spec: StageSpec) -> dict[str, Any]:
+    """The meaning of a checkpoint written by stage ``spec`` under ``cfg``."""
+    out = _flat(cfg, MEANING_KEYS)
+    if spec.quant.weights or spec.quant.activations:
+        out["chip"] = str(cfg.chip)  # the chip's bit widths are in the weights
+    return out
+
+
+def hparams_of(cfg: DictConfig) -> dict[str, Any]:
+    """The hyper-parameters a checkpoint written under ``cfg`` was trained with."""
+    return _flat(cfg, HPARAM_KEYS)
+
+
+def _now(cfg: DictConfig, key: str) -> Any:
+    v = _plain(OmegaConf.select(cfg, key, default=_ABSENT))
+    return str(v) if key == "chip" and v is not _ABSENT else v
+
+
+def _show(v: Any) -> str:
+    return "(not set)" if v is _ABSENT else repr(v) if isinstance(v, str) else str(v)
+
+
+def meaning_difference(ck: Mapping[str, Any], cfg: DictConfig, own: bool) -> Optional[Change]:
+    """The first meaning key whose value in ``cfg`` differs from the checkpoint's, or None.
+    ``own``: the stage's own checkpoint (its stage keys count too), else an input stage's."""
+    for key, then in (ck.get("meaning") or {}).items():
+        if not own and key.startswith(_OWN_STAGE):
+            continue
+        now = _now(cfg, key)
+        if now != then:
+            return key, then, now
+    return None
+
+
+def resume_changes(ck: Mapping[str, Any], cfg: DictConfig) -> Optional[list[Change]]:
+    """The hyper-parameters ``cfg`` changes against the checkpoint's (empty: none); None for a
+    checkpoint written before they were recorded."""
+    saved = ck.get("hparams")
+    if saved is None:
+        return None
+    now = hparams_of(cfg)
+    return [(k, saved.get(k, _ABSENT), now.get(k, _ABSENT)) for k in dict.fromkeys([*saved, *now])
+            if saved.get(k, _ABSENT) != now.get(k, _ABSENT)]
+
+
+def nothing_left(ck: Mapping[str, Any], cfg: DictConfig, spec: StageSpec) -> bool:
+    """The checkpoint has done all this run would do: one-pass work finished, or training at the
+    end of ``trainer.epochs`` (its last epoch done, or an epoch past the end)."""
+    if not spec.trains:
+        return bool(ck.get("finished"))
+    t = ck.get("trainer") or {}
+    epoch, epochs = int(t.get("epoch", 0)), int(cfg.trainer.epochs)
+    return epoch >= epochs or (bool(ck.get("epoch_done")) and epoch + 1 >= epochs)
+
+
+def _why(key: str) -> str:
+    return next((w for k, w in _WHY.items() if key.startswith(k)),
+                "its weights belong to the other model")
+
+
+def _differs(key: str, then: Any, now: Any) -> str:
+    return f"{key}={_show(now)} differs from the checkpoint's {_show(then)}"
+
+
+def check_resume(ck: Mapping[str, Any], path: Path, cfg: DictConfig,
+                 spec: StageSpec) -> Optional[list[Change]]:
+    """Refuse to resume ``spec`` from its own checkpoint ``ck`` (at ``path``) under another
+    meaning, or when nothing is left to do and a hyper-parameter changed; else the changes that
+    apply from the resume point (None: the checkpoint records none)."""
+    where = (f"use the checkpoint's value, give this run another paths.checkpoints, or "
+             f"trainer.resume=false to start {spec.name} over (its checkpoints are then replaced)")
+    diff = meaning_difference(ck, cfg, own=True)
+    if diff is not None:
+        raise CheckpointError(f"{_differs(*diff)} ({path}): {_why(diff[0])}; {where}")
+    changes = resume_changes(ck, cfg)
+    if changes and nothing_left(ck, cfg, spec):
+        more = (f" (and {len(changes) - 1} more: {', '.join(k for k, _, _ in changes[1:])})"
+                if len(changes) > 1 else "")
+        raise CheckpointError(
+            f"{spec.name} is already done in {path.parent} and this run changes what it was made "
+            f"with: {_differs(*changes[0])}{more}; nothing is left to do, so the new value would "
+            f"not be used. Run it again with trainer.resume=false (its checkpoints are replaced), "
+            "put the value back to see the old result, or give this run another "
+            "paths.checkpoints")
+    return changes
+
+
+def check_input(ck: Mapping[str, Any], path: Path, cfg: DictConfig, spec: StageSpec) -> None:
+    """Refuse to start ``spec`` from its input stage's checkpoint ``ck`` of another meaning."""
+    diff = meaning_difference(ck, cfg, own=False)
+    if diff is not None:
+        raise CheckpointError(
+            f"{_differs(*diff)} ({path}, the input of {spec.name}): {_why(diff[0])}; run "
+            f"step={spec.init_from} again with this value, use the checkpoint's value, or point "
+            "paths.checkpoints at a matching run")
+
+
+def unfit_parts(ck: Mapping[str, Any], cfg: DictConfig) -> list[str]:
+    """The run-state parts whose class this run changes (``optim=sgd`` on an AdamW checkpoint):
+    their saved state does not fit the new class, so they start fresh at the resume point."""
+    saved = ck.get("hparams") or {}
+    return [part for part, key in _PART_CLASS.items()
+            if key in saved and saved[key] != _now(cfg, key)]
+
+
+def log_changes(stage: str, path: Path, iteration: int, changes: Optional[list[Change]]) -> None:
+    """Say what a resumed stage goes on with (``check_resume``'s result)."""
+    if changes is None:
+        log.info("%s was written before checkpoints recorded what they mean and were trained "
+                 "with: this run's config is not compared with it", path)
+    elif changes:
+        fresh = [p for p, key in _PART_CLASS.items() if any(k == key for k, _, _ in changes)]
+        log.warning("%s resumes at iteration %d with changed hyper-parameters; the new values "
+                    "apply from there on (the iterations before keep the old ones): %s%s", stage,
+                    iteration, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changes),
+                    f"; another class: the {' and '.join(fresh)} state starts fresh" if fresh
+                    else "")

@@ -1,0 +1,360 @@
+"""Faults of the machine around a run, through the real ``python run.py``: a disk that is full
+before or during the run, a read-only folder, a stdout closed early, a dataset generation killed
+half way, an annotation edited with its old time stamp (docs/errors.md, the disk entries).
+
+Full and read-only disks are real: a small tmpfs, or a read-only bind mount, made in a private
+mount namespace of the command (``unshare --mount``), so nothing is left mounted. That needs
+root (as in CI's container); elsewhere those tests are skipped with the reason.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY, compose, run_cmd_env
+from launchers.hydra_app.user_error_line import user_error_line
+from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler, harden_log_handlers
+from launchers.processes.rank_ends import RankFailedError
+from mdk import preflight
+from mdk.data import shapes
+from mdk.data.staging import remove_leftovers, staged
+from mdk.errors import DiskError, error_line
+from test_catalogue_cli import SHAPES, TINY_CLI, one_error_line
+
+FULL = "the disk is full"
+
+
+@functools.cache
+def _mount_reason() -> str:
+    """Why mounts cannot be made here ('' when they can)."""
+    if os.geteuid() != 0:
+        return "needs root for a private tmpfs / read-only bind mount (unshare --mount)"
+    probe = subprocess.run(["unshare", "--mount", "sh", "-c",
+                            "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, text=True)
+    return "" if probe.returncode == 0 else f"cannot mount here: {probe.stderr.strip()[:200]}"
+
+
+mounts = pytest.mark.skipif(bool(_mount_reason()), reason=_mount_reason() or "-")
+
+
+def _argv(tmp: Path, *args: str, run_dir: Path | None = None) -> list[str]:
+    return [sys.executable, str(REPO / "run.py"), *TINY_CLI, *SHAPES,
+            f"paths.data={tmp / 'data'}", f"paths.checkpoints={tmp / 'ck'}",
+            f"hydra.run.dir={run_dir or tmp / 'run'}", *args]
+
+
+def _in_namespace(mount: str, argv: list[str]) -> list[str]:
+    """``argv`` run after ``mount`` (a shell command) in a private mount namespace."""
+    return ["unshare", "--mount", "bash", "-c", f"{mount} && exec {shlex.join(argv)}"]
+
+
+def _popen(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    return _finish(_popen(argv))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """The tiny generated dataset, made once (read-only tests need it in place beforehand)."""
+    tmp = tmp_path_factory.mktemp("disk")
+    status, out, err = _run(_argv(tmp, "trainer.epochs=1"))
+    assert status == 0, err[-2000:]
+    return tmp / "data"
+
+
+@mounts
+def test_real_command_run_dir_without_space_is_one_line(tmp_path, data):
+    """A run dir on a nearly full disk: one line before anything is built or trained."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    argv = _argv(tmp_path, f"paths.data={data}", run_dir=mnt / "run")
+    status, _, err = _run(_in_namespace(f"mount -t tmpfs -o size=1M tmpfs {mnt}", argv))
+    line = one_error_line(status, err, f"disk error: {mnt / 'run'}: not enough free space:",
+                          "MB free, this run writes about 4.0 MB on that disk (the run dir: 4 MB "
+                          "of logs and report pictures); free space there or point these paths "
+                          "at another disk")
+    assert err.strip() == line
+    assert not (tmp_path / "ck").exists()  # nothing ran
+
+
+@mounts
+def test_real_command_disk_filling_during_the_run_warns_once_and_finishes(tmp_path, data):
+    """The run dir's disk fills up after the first epoch: TensorBoard, the report pictures and
+    summary.txt each warn once, training finishes (status 0) and its checkpoints are written."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    argv = _argv(tmp_path, f"paths.data={data}", "logger=tensorboard", "trainer.epochs=2",
+                 "trainer.limit_train_batches=null", run_dir=mnt / "run")
+    proc = _popen(_in_namespace(f"mount -t tmpfs -o size=6M tmpfs {mnt}", argv))
+    lines, filled = [], False
+    for line in proc.stdout:
+        lines.append(line)
+        if not filled and "epoch 1/2" in line:  # the sink is writing by now: fill its disk
+            with open(f"/proc/{proc.pid}/root{mnt}/filler", "wb") as f:  # the command's mount
+                with pytest.raises(OSError, match="No space left"):
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+            filled = True
+    status, _, err = _finish(proc)
+    out = "".join(lines)
+    assert filled and status == 0, err[-2000:]
+    assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
+    warned = [ln for ln in lines if "][WARNING] - " in ln]
+    assert sum("TensorBoardSink stopped writing to " in ln and f"{FULL} ([Errno 28]" in ln and
+               ln.rstrip().endswith("the run goes on without it") for ln in warned) == 1, out
+    assert any("could not write" in ln and "summary.txt" in ln for ln in warned), out
+    assert "epoch 2/2" in out
+    assert {p.name for p in (tmp_path / "ck").rglob("*.pth")} == {"best.pth", "last.pth"}
+
+
+@mounts
+def test_real_command_read_only_data_folder_is_one_line(tmp_path):
+    """paths.data where the dataset must be generated, read-only: one config line, before any
+    work (before: Hydra's 'Error in call to target ... OSError(30, ...)' block)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    argv = _argv(tmp_path, f"paths.data={ro}")
+    status, _, err = _run(_in_namespace(f"mount -o bind,ro {ro} {ro}", argv))
+    line = one_error_line(status, err, f"config error: paths.data='{ro}': {ro} is not writable "
+                          "(creating a file there failed: Read-only file system); choose a folder "
+                          "you can write to")
+    assert err.strip() == line
+
+
+@mounts
+def test_real_command_read_only_data_folder_with_everything_in_place_runs(tmp_path, data):
+    """A read-only paths.data holding the generated data and its caches needs no write: it
+    runs (the probe asks for writing only what the run writes)."""
+    argv = _argv(tmp_path, f"paths.data={data}")
+    status, out, err = _run(_in_namespace(f"mount -o bind,ro {data} {data}", argv))
+    assert status == 0, err[-2000:]
+    assert "Traceback" not in err
+
+
+@mounts
+def test_real_command_read_only_run_dir_is_one_line(tmp_path):
+    """Hydra cannot even make the run dir: one disk line naming it (before: Hydra's traceback)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    argv = _argv(tmp_path, run_dir=ro / "run")
+    status, _, err = _run(_in_namespace(f"mount -o bind,ro {ro} {ro}", argv))
+    line = one_error_line(status, err, f"disk error: {ro / 'run'}: the file system is read-only; "
+                          "set paths.checkpoints, paths.data or hydra.run.dir to a folder you can "
+                          "write to")
+    assert err.strip() == line
+
+
+@pytest.mark.parametrize("gpus", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_real_command_with_stdout_closed_early_ends_as_usual(tmp_path, data, gpus):
+    """``python run.py | head -2``: the reader goes away, the run trains to its end, exits 0 and
+    prints no '--- Logging error ---' (it printed one per log line before)."""
+    extra = ["dataset.num_workers=0"] + ([f"dist.gpus={gpus}"] if gpus > 1 else [])
+    proc = _popen(_argv(tmp_path, f"paths.data={data}", *extra))
+    for _ in range(2):
+        proc.stdout.readline()
+    proc.stdout.close()  # what `head` does after its lines
+    try:
+        status = proc.wait(timeout=240)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert status == 0, err[-2000:]
+    assert "Logging error" not in err and "Traceback" not in err and "BrokenPipe" not in err, err
+    assert (tmp_path / "run" / "summary.txt").is_file()  # it ran to its end
+    assert "summary" in (tmp_path / "run" / "run.log").read_text()
+
+
+def test_real_command_removes_the_folder_of_a_killed_generation(tmp_path):
+    """kill -9 while the dataset is generated leaves ``.shapes.tmp-*``; the next run removes it
+    (with a warning) and generates the data again."""
+    data = tmp_path / "data"
+    proc = _popen(_argv(tmp_path, f"paths.data={data}", "dataset.generate.num_train=4000"))
+    try:
+        deadline = time.monotonic() + 120
+        while not any(data.glob(".shapes.tmp-*/Annotations/*.xml")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no generation seen"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    left = list(data.glob(".shapes.tmp-*"))
+    assert len(left) == 1 and not (data / "shapes").exists()
+    status, out, err = _run(_argv(tmp_path, f"paths.data={data}"))
+    assert status == 0, err[-2000:]
+    assert f"removing {left[0]}: writing the shapes dataset was interrupted there (a killed " \
+           "run); it is made again from the start" in out
+    assert list(data.glob(".shapes*")) == [] and (data / "shapes" / "manifest.json").is_file()
+
+
+def test_real_command_sees_an_annotation_edited_with_an_old_time_stamp(tmp_path):
+    """An annotation edited and its old modification time put back (a restore from a backup):
+    the next run rebuilds the index and trains on the edit (before: the stale index, silently)."""
+    own = tmp_path / "data"
+    status, _, err = _run(_argv(tmp_path, f"paths.data={own}"))  # data and index made
+    assert status == 0, err[-2000:]
+    xml = own / "shapes" / "Annotations" / "000003.xml"
+    st, text = xml.stat(), xml.read_text()
+    xmin = text.split("<xmin>")[1].split("<")[0]
+    xml.write_text(text.replace(f"<xmin>{xmin}<", f"<xmin>{int(xmin) + 1}<", 1))
+    os.utime(xml, ns=(st.st_atime_ns, st.st_mtime_ns))
+    meta = next(own.glob("meta/shapes-*/train.txt"))
+    assert meta.stat().st_mtime_ns > st.st_mtime_ns  # the old rule (mtimes) called it fresh
+    status, out, err = _run(_argv(tmp_path, f"paths.data={own}"))
+    assert status == 0, err[-2000:]
+    assert f"wrote {meta} (16 images)" in out
+    line = next(ln for ln in meta.read_text().splitlines() if ln.startswith("JPEGImages/000003"))
+    assert line.split()[3] == str(int(xmin) + 1)
+
+
+# ---- the pieces, without a run ---------------------------------------------------------------
+
+def test_console_handler_on_a_closed_pipe_is_silent_and_stdout_goes_nowhere(capfd):
+    read, write = os.pipe()
+    os.close(read)  # the reader (`head`) is gone
+    stream = os.fdopen(write, "w")
+    h = ConsoleHandler(stream)
+    rec = logging.LogRecord("x", logging.INFO, __file__, 1, "a line", None, None)
+    for _ in range(3):
+        h.emit(rec)
+    stream.write("more\n")
+    stream.flush()  # the exit's flush: the fd is /dev/null now, nothing fails
+    assert os.readlink(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+    stream.close()
+    assert "Logging error" not in capfd.readouterr().err
+
+
+def test_log_file_on_a_full_disk_says_so_once(tmp_path, capfd, monkeypatch):
+    h = RunLogFileHandler(tmp_path / "run.log")
+    rec = logging.LogRecord("x", logging.INFO, __file__, 1, "a line", None, None)
+    h.emit(rec)
+
+    def full(_text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(h.stream, "write", full)
+    for _ in range(5):
+        h.emit(rec)
+    err = capfd.readouterr().err
+    assert err == (f"warning: could not write the log file {tmp_path / 'run.log'}: the disk is "
+                   "full; the run goes on, its log lines only on the console\n")
+    h.close()
+
+
+def test_an_os_error_of_a_full_or_read_only_disk_is_one_line():
+    full = OSError(errno.ENOSPC, "No space left on device", "/x/run/.tag.result.json")
+    assert error_line(full) == (
+        "disk error: /x/run/.tag.result.json: the disk is full; free space there, or set "
+        "paths.checkpoints, paths.data or hydra.run.dir to a folder on another disk, then run "
+        "the same command again")
+    assert error_line(PermissionError(errno.EACCES, "Permission denied", "/x")) == (
+        "disk error: /x: permission denied; give this user access to it, or set "
+        "paths.checkpoints, paths.data or hydra.run.dir to a folder you can write to")
+    assert error_line(OSError(errno.EIO, "Input/output error")) is None  # not the user's: a trace
+    rank = RankFailedError("rank 1 failed (log: /x/rank1.log):\nTraceback (most recent call "
+                           "last):\n  File \"spawn.py\", line 1\nOSError: [Errno 28] No space "
+                           "left on device: '/x/run/.tag.result.json'")
+    assert user_error_line(rank) == error_line(full).replace("disk error:", "disk error (rank 1):")
+
+
+def test_preflight_adds_up_what_the_run_writes_per_disk(tmp_path, monkeypatch):
+    cfg = compose(TINY + [f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={tmp_path / 'ck'}",
+                          "pipeline=[step1,step2]"])
+    one = preflight.checkpoint_bytes(cfg)
+    weights = sum(v.nbytes for v in preflight.build_model(cfg).state_dict().values())
+    assert one == 4 * weights + (1 << 20)
+    (tmp_path / "ck" / "step1").mkdir(parents=True)
+    (tmp_path / "ck" / "step1" / "last.pth").write_bytes(b"x")  # step1: best.pth + a temp to go
+    needs = preflight._needs(cfg, tmp_path, tmp_path / "run")
+    assert [n for _, n, _ in needs[:2]] == [(2 + 3) * one, 2 * preflight.RUN_DIR_PER_STAGE]
+    assert sum(n for _, n, _ in needs) > 5 * one  # + 64 generated images and their index
+    free = sum(n for _, n, _ in needs) - 1
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 0, free))
+    with pytest.raises(DiskError, match=r"not enough free space: .* MB free, this run writes "
+                       r"about .* MB on that disk \(paths.checkpoints: 5 checkpoint files of "
+                       r"~1.\d MB; the run dir: 8 MB of logs and report pictures; paths.data: "
+                       r"0.5 MB of generated images and annotations; the index of 64 images\)"):
+        preflight.check_paths(cfg, tmp_path, tmp_path / "run")
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(10**12, 0, free + 1))
+    preflight.check_paths(cfg, tmp_path, tmp_path / "run")
+
+
+def test_a_killed_generation_is_removed_and_a_live_one_kept(tmp_path, caplog):
+    root = tmp_path / "shapes"
+    code = ("import os, signal, sys; from pathlib import Path\n"
+            "from mdk.data.staging import staged\n"
+            f"with staged(Path({str(root)!r})) as tmp:\n"
+            "    (tmp / 'Annotations').mkdir(); os.kill(os.getpid(), signal.SIGKILL)")
+    killed = subprocess.run([sys.executable, "-c", code], env=run_cmd_env())
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = tmp_path.glob(".shapes.tmp-*")
+    with staged(root) as live:  # a generation running now (its lock held) is never touched
+        assert remove_leftovers(root, "the shapes dataset") == [left]
+        assert live.is_dir() and not left.exists()
+    (tmp_path / ".other.tmp-x").mkdir()  # not a folder of this target: kept
+    shapes.ensure_shapes_dataset(root, num_train=2, num_val=1, image_size=32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-x", "shapes"]
+    assert "writing the shapes dataset was interrupted there" in caplog.text
+    assert not (root / ".writing").exists()  # the lock file is no part of the data
+
+
+def test_a_full_disk_while_generating_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    real = shapes._generate
+
+    def fill_up(out, params):
+        real(out, {**params, "num_train": 1, "num_val": 1})  # some files written, then:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shapes, "_generate", fill_up)
+    with pytest.raises(DiskError) as e:
+        shapes.ensure_shapes_dataset(tmp_path / "shapes", num_train=8, num_val=4, image_size=64)
+    assert error_line(e.value) == (
+        f"disk error: {tmp_path}: the disk is full; the shapes dataset is generated there (about "
+        "0.1 MB): free space there, or set paths.data to a folder on another disk, then run the "
+        "same command again")
+    assert list(tmp_path.iterdir()) == []  # no half dataset, no temp folder
+
+
+def test_hydra_job_logging_handlers_get_the_hardened_behaviour():
+    """Whatever hydra/job_logging made them, the plain console and file handlers of the root
+    logger become the robust classes (run.py does this first in the task)."""
+    root = logging.getLogger("mdk-test-harden")
+    stream, file = logging.StreamHandler(sys.stdout), logging.FileHandler(os.devnull)
+    other = logging.NullHandler()
+    for h in (stream, file, other):
+        root.addHandler(h)
+    try:
+        harden_log_handlers(root)
+        assert (type(stream), type(file), type(other)) == (ConsoleHandler, RunLogFileHandler,
+                                                           logging.NullHandler)
+    finally:
+        for h in (stream, file, other):
+            root.removeHandler(h)
+        file.close()
