@@ -13,14 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 from launchers.hydra_app.job import is_multirun, run_guarded
 from launchers.hydra_app.objective import with_objective
 from launchers.hydra_app.one_run import folder_lock
-from launchers.hydra_app.optuna_trial import HOOK, trial_hook
+from launchers.hydra_app.optuna_trial import HOOK, is_trial, trial_hook
 from launchers.hydra_app.user_error_line import user_error_line
 from launchers.processes.env import ProcessEnv, detect
 from launchers.processes.malloc import tune_malloc
 from launchers.processes.rank_ends import RankFailedError
 from launchers.processes.spawn import run_ranks
 from launchers.reports.run_summary import print_summary
-from launchers.reports.stop_line import stop_line, sweep_rerun
+from launchers.reports.stop_line import SEARCH_RERUN, stop_line, sweep_rerun
 from mdk import faults
 from mdk.config import validate
 from mdk.engine.result import StageResult
@@ -50,7 +50,8 @@ def run(cfg: DictConfig) -> Any:
         return with_objective(cfg, run_guarded(_run, cfg))
     except StopRequested as e:  # a stop signal: the command ends with this line (cli.py)
         multirun = is_multirun()
-        e.line = stop_line(e, sweep_rerun(str(HydraConfig.get().sweep.dir)) if multirun else None)
+        rerun = sweep_rerun(str(HydraConfig.get().sweep.dir)) if multirun else None
+        e.line = stop_line(e, SEARCH_RERUN if multirun and is_trial() else rerun)
         log.warning("%s", e.line)
         raise
     except Exception as e:

@@ -1,7 +1,7 @@
 """``hydra/sweeper=mdk_optuna``: an Optuna study on the ask-and-tell API, each trial one job of
 the configured launcher (basic, submitit_local, submitit_slurm).
 
-The config keys are hydra-optuna-sweeper's (``conf/hydra/sweeper/mdk_optuna.yaml``): ``params``
+The config keys are those of Hydra's Optuna sweeper plugin (``conf/hydra/sweeper/mdk_optuna.yaml``): ``params``
 (launchers/hydra_app/optuna_space.py), ``direction`` (one, or a list for several objective
 metrics), ``study_name``, ``storage``, ``n_trials``, ``n_jobs``, ``sampler`` (with its ``seed``),
 plus ``pruner`` and ``max_failure_rate``. How it runs:
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import math
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.plugins import Plugins
@@ -32,13 +33,16 @@ from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import PRUNED, StageResults
 from launchers.hydra_app.optuna_space import SearchSpace, search_space, value_text
 from launchers.hydra_app.optuna_study import (JOB_DIR, claim_sweep_dir, directions, fail_stale_trials,
                                               finished, make_pruner, open_storage, record_in_job,
                                               storage_url, trial_by_number, write_best)
+from launchers.reports.stop_line import SEARCH_RERUN
 from launchers.reports.sweep_results import RESULT
 from mdk.errors import ConfigError
+from mdk.stop import StopRequested
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,11 @@ class SearchSweeper(Sweeper):
             return self._sweep(arguments)
         except ConfigError as e:
             raise SearchConfigError(f"config error: {e}") from None
+        except StopRequested as e:  # a stop signal: the trials left RUNNING run again on a rerun
+            e.line = getattr(e, "line", None) or (
+                f"stopped by {e.reason} while the study's trials ran; trial jobs that did not get "
+                f"the signal run on (on SLURM: squeue, scancel); {SEARCH_RERUN}")
+            raise
 
     # --- the study ---------------------------------------------------------------------------
     def _sweep(self, arguments: list[str]) -> list[JobReturn]:
@@ -138,26 +147,21 @@ class SearchSweeper(Sweeper):
     def _run_trials(self, study: Any, space: SearchSpace, hydra_args: list[str]) -> list[JobReturn]:
         slots, returns, failed, told = self._slots(), [], 0, 0
         running: dict[Future, Any] = {}
-        pool = ThreadPoolExecutor(max_workers=slots) if slots > 1 else None
-        try:
-            while True:
-                done = len(finished(study))
-                while (len(running) < slots and done + len(running) < self.n_trials
-                       and failed <= self.max_failure_rate * max(told, 1)):
-                    trial = study.ask(space.distributions)
-                    overrides = space.overrides(trial.params) + hydra_args
-                    trial.set_user_attr(JOB_DIR, self._job_dir(study, trial, overrides))
-                    running[self._start(pool, overrides, trial.number)] = trial
-                if not running:
-                    break
-                for fut in wait(running, return_when=FIRST_COMPLETED)[0]:
-                    trial = running.pop(fut)
-                    ret, state = self._tell(study, trial, fut)
-                    returns += [ret] if ret is not None else []
-                    told, failed = told + 1, failed + (state == "FAIL")
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
+        while True:
+            done = len(finished(study))
+            while (len(running) < slots and done + len(running) < self.n_trials
+                   and failed <= self.max_failure_rate * max(told, 1)):
+                trial = study.ask(space.distributions)
+                overrides = space.overrides(trial.params) + hydra_args
+                trial.set_user_attr(JOB_DIR, self._job_dir(study, trial, overrides))
+                running[self._start(slots > 1, overrides, trial.number)] = trial
+            if not running:
+                break
+            for fut in wait(running, return_when=FIRST_COMPLETED)[0]:
+                trial = running.pop(fut)
+                ret, state = self._tell(study, trial, fut)
+                returns += [ret] if ret is not None else []
+                told, failed = told + 1, failed + (state == "FAIL")
         if failed > self.max_failure_rate * max(told, 1):
             raise SearchFailedError(f"{failed} of {told} trials failed, more than "
                                     f"hydra.sweeper.max_failure_rate={self.max_failure_rate}: the "
@@ -186,15 +190,25 @@ class SearchSweeper(Sweeper):
                               "hydra.sweep.subdir (trial N is job N)")
         return str(job_dir)
 
-    def _start(self, pool: Optional[ThreadPoolExecutor], overrides: list[str], num: int) -> Future:
-        launch: Callable[[], JobReturn] = lambda: self.launcher.launch([overrides], num)[0]
-        if pool is not None:
-            return pool.submit(launch)
-        fut: Future = Future()  # one at a time: in this thread (the basic launcher runs the job here)
-        try:
-            fut.set_result(launch())
-        except Exception as e:
-            fut.set_exception(e)
+    def _start(self, aside: bool, overrides: list[str], num: int) -> Future:
+        """Launch trial ``num``'s job and wait for it: in a thread of its own when several run at
+        once (a daemon, so a stop of this process does not wait for jobs that run on), else in
+        this thread (the basic launcher runs the job here)."""
+        fut: Future = Future()
+
+        def launch() -> None:
+            try:
+                fut.set_result(self.launcher.launch([overrides], num)[0])
+            except BaseException as e:  # _tell fails the trial; a stop signal: raised below
+                fut.set_exception(e)
+
+        if aside:
+            threading.Thread(target=launch, name=f"trial-{num}", daemon=True).start()
+            return fut
+        launch()
+        err = fut.exception()
+        if err is not None and not isinstance(err, (Exception, JobsEndedError)):
+            raise err  # a stop signal to this process (StopRequested): the sweep ends here
         return fut
 
     def _tell(self, study: Any, trial: Any, fut: Future) -> tuple[Optional[JobReturn], str]:
@@ -204,7 +218,10 @@ class SearchSweeper(Sweeper):
         state, values, note, ret = optuna.trial.TrialState.FAIL, None, None, None
         try:
             ret = fut.result()
-        except Exception as e:  # the launcher lost the job (killed node, cancelled, no result)
+        except JobsEndedError as e:  # killed, cancelled or stopped by a signal: no result
+            note = "its job returned no result: " + "; ".join(
+                line.split("; rerun")[0] for line in e.lines)[:300]
+        except Exception as e:  # the launcher lost the job
             note = f"the job did not return: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
         if ret is not None and ret.status == JobStatus.COMPLETED:
             value = ret.return_value

@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 HOOK = "optuna_trial"  # its name in trainer.hooks
 
 
+def is_trial() -> bool:
+    """This job is a trial of an mdk_optuna study (call in a multirun job)."""
+    return HydraConfig.get().sweeper.get("_target_") == SWEEPER
+
+
 def trial_hook(cfg: DictConfig, stages: Sequence[str]) -> Optional[tuple[str, dict[str, Any]]]:
     """(stage, ``trainer.hooks`` node) when this job is a trial of an mdk_optuna study with one
     objective; None otherwise."""
@@ -48,7 +53,7 @@ def trial_hook(cfg: DictConfig, stages: Sequence[str]) -> Optional[tuple[str, di
         return None
     hc = HydraConfig.get()
     sweeper = hc.sweeper
-    if sweeper.get("_target_") != SWEEPER or not isinstance(cfg.objective.metric, str):
+    if not is_trial() or not isinstance(cfg.objective.metric, str):
         return None
     pruner = sweeper.get("pruner")
     node = {"_target_": f"{__name__}.TrialReporter", "study": str(sweeper.study_name),
