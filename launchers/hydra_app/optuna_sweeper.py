@@ -78,6 +78,11 @@ class SearchSweeper(Sweeper):
             return self._sweep(arguments)
         except ConfigError as e:
             raise SearchConfigError(f"config error: {e}") from None
+        except SearchFailedError:
+            context = getattr(self, "hydra_context", None)
+            if context is not None:  # the table first: Hydra prints it only after a sweep returns
+                context.callbacks.on_multirun_end(config=self.config)
+            raise
         except StopRequested as e:  # a stop signal: the trials left RUNNING run again on a rerun
             e.line = getattr(e, "line", None) or (
                 f"stopped by {e.reason} while the study's trials ran; trial jobs that did not get "
@@ -113,10 +118,11 @@ class SearchSweeper(Sweeper):
         before = len(finished(study))
         log.info("study %s (%s): %d of %d trials done, %d to run, up to %d at a time", name, url,
                  before, self.n_trials, max(0, self.n_trials - before), self._slots())
-        returns = self._run_trials(study, space, [f"hydra.sweeper.study_name={value_text(name)}",
-                                                  f"hydra.sweeper.storage={value_text(url)}"])
-        write_best(study, sweep_dir / "optimization_results.yaml", dirs)
-        return returns
+        try:
+            return self._run_trials(study, space, [f"hydra.sweeper.study_name={value_text(name)}",
+                                                   f"hydra.sweeper.storage={value_text(url)}"])
+        finally:  # also when too many failed or a signal stopped it: the best trial so far
+            write_best(study, sweep_dir / "optimization_results.yaml", dirs)
 
     def _sampler(self, space: SearchSpace) -> Any:
         node = self.sampler_node

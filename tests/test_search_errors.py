@@ -1,0 +1,116 @@
+"""What a search says when something is wrong (docs/errors.md, the search entries): config errors
+of the study are one line before any trial; a trial whose job returned no result is FAIL and the
+study goes on; too many failures end it; a stop signal ends it with the line saying how to go on.
+
+All in this process with a stand-in launcher: sub-second (the real studies: test_hparams_search.py,
+test_search_resume.py).
+"""
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+from omegaconf import OmegaConf
+
+from launchers.hydra_app.job_ends import JobsEndedError
+from launchers.hydra_app.optuna_study import claim_sweep_dir, directions, make_pruner, open_storage, storage_url
+from launchers.hydra_app.optuna_sweeper import SearchConfigError, SearchFailedError, SearchSweeper
+from mdk.errors import ConfigError
+from mdk.stop import StopRequested
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+STOPPED = ("sweep job {n} (77): stopped by SIGTERM in step1 at epoch 1 iteration 2; rerun the same "
+           "command to continue the study (a trial that was running runs again as a new trial)")
+
+
+class Launcher:
+    """Stands in for a submitit launcher: each job ends as ``outcome(num)`` says."""
+
+    def __init__(self, outcome):
+        self.outcome, self.launched = outcome, []
+
+    def launch(self, overrides, num):
+        self.launched.append(num)
+        return self.outcome(num)
+
+
+def _sweeper(tmp_path, launcher=None, **kw) -> SearchSweeper:
+    s = SearchSweeper(**kw)
+    s.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "run"}}})
+    s.launcher = launcher or Launcher(lambda num: None)
+    s._job_dir = lambda study, trial, overrides: str(tmp_path / "sweep" / str(trial.number))
+    return s
+
+
+def test_the_studys_own_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.direction='up' must be maximize, minimize or a list"):
+        directions("up")
+    assert directions(["maximize", "minimize"]) == ["maximize", "minimize"]
+    with pytest.raises(ConfigError, match=r"_target_=optuna.samplers.TPESampler is not an Optuna pruner"):
+        make_pruner(OmegaConf.create({"_target_": "optuna.samplers.TPESampler"}))
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.pruner: .*n_startup_trials"):
+        make_pruner(OmegaConf.create({"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": -1}))
+
+
+def test_a_sweep_dir_of_another_study_and_a_study_of_other_directions_are_refused(tmp_path):
+    url = storage_url(None, tmp_path)
+    claim_sweep_dir(tmp_path, "a", url)
+    claim_sweep_dir(tmp_path, "a", url)  # the same study: continued
+    with pytest.raises(ConfigError, match=rf"hydra.sweep.dir={tmp_path} holds study 'a' of {url}, not 'b'"):
+        claim_sweep_dir(tmp_path, "b", url)
+    sweep = tmp_path / "other"
+    optuna.create_study(study_name="s", storage=open_storage(storage_url(None, sweep)), direction="maximize")
+    s = _sweeper(tmp_path, direction="minimize", study_name="s")
+    s.config.hydra.sweep.dir = str(sweep)
+    with pytest.raises(SearchConfigError, match=r"^config error: hydra.sweeper.direction=\['minimize'\] but "
+                                                r"study 's' in .* was made with \['maximize'\]; give another"):
+        s.sweep([])
+    two = _sweeper(tmp_path, direction=["maximize", "minimize"],
+                   pruner=OmegaConf.create({"_target_": "optuna.pruners.MedianPruner"}))
+    with pytest.raises(SearchConfigError, match="cannot prune a study of several objectives; use "
+                                                "hydra/sweeper/pruner=none"):
+        two.sweep([])
+
+
+def _no_result(num):
+    raise JobsEndedError(143, [STOPPED.format(n=num)])
+
+
+def test_a_trial_whose_job_returned_no_result_fails_and_the_study_goes_on(tmp_path):
+    s = _sweeper(tmp_path, Launcher(_no_result), n_trials=3, n_jobs=2)  # two slots: job threads
+    study = optuna.create_study(study_name="s", storage=open_storage(storage_url(None, tmp_path)))
+    space = type("Space", (), {"distributions": {}, "overrides": lambda self, p: []})()
+    assert s._run_trials(study, space, []) == []  # no job returned anything
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 3
+    rec = json.loads((tmp_path / "sweep" / "1" / "result.json").read_text())
+    assert rec["status"] == "failed" and rec["trial"]["state"] == "FAIL"
+    assert rec["trial"]["note"] == ("its job returned no result: sweep job 1 (77): stopped by SIGTERM in "
+                                    "step1 at epoch 1 iteration 2")  # not the rerun advice
+
+
+def test_more_failures_than_max_failure_rate_end_the_study(tmp_path):
+    launcher = Launcher(_no_result)
+    s = _sweeper(tmp_path, launcher, n_trials=5, max_failure_rate=0.5)
+    study = optuna.create_study(study_name="s", storage=open_storage(storage_url(None, tmp_path)))
+    space = type("Space", (), {"distributions": {}, "overrides": lambda self, p: []})()
+    with pytest.raises(SearchFailedError, match=r"1 of 1 trials failed, more than "
+                                                r"hydra.sweeper.max_failure_rate=0.5: the study stopped"):
+        s._run_trials(study, space, [])
+    assert launcher.launched == [0] and len(study.trials) == 1
+
+
+def test_a_stop_signal_ends_the_search_with_how_to_continue(tmp_path, monkeypatch):
+    def stopped(num):
+        raise StopRequested("SIGTERM", saved=False)
+
+    s = _sweeper(tmp_path, Launcher(stopped))
+    with pytest.raises(StopRequested):  # one slot, in this thread: the stop is not a failed trial
+        s._start(False, [], 0)
+    monkeypatch.setattr(s, "_sweep", lambda arguments: stopped(0))
+    with pytest.raises(StopRequested) as e:
+        s.sweep([])
+    assert e.value.line == ("stopped by SIGTERM while the study's trials ran; trial jobs that did not get "
+                            "the signal run on (on SLURM: squeue, scancel); rerun the same command to "
+                            "continue the study (a trial that was running runs again as a new trial)")
