@@ -125,8 +125,11 @@ class SweepSummary(Callback):
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None
         prev = json.loads(path.read_text()) if path.is_file() else {}
         rec = job_record(ret, _overrides(config), self._started)
+        # A search's sweeper may have recorded the trial first (a run that outlived its sweep):
+        # the study's record stays.
+        keep = {"trial": prev["trial"]} if "trial" in prev else {}
         _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1),
-                      "started": prev.get("started", self._started)})
+                      "started": prev.get("started", self._started), **keep})
 
 
 def _overrides(config: DictConfig) -> list[str]:

@@ -1,6 +1,7 @@
-"""What a search says when something is wrong (docs/errors.md, the search entries): config errors
-of the study are one line before any trial; a trial whose job returned no result is FAIL and the
-study goes on; too many failures end it; a stop signal ends it with the line saying how to go on.
+"""The sweeper in this process with a stand-in launcher: a study of two objectives keeps its Pareto
+front; and what a search says when something is wrong (docs/errors.md, the search entries): config
+errors of the study are one line before any trial; a trial whose job returned no result is FAIL and
+the study goes on; too many failures end it; a stop signal ends it with the line saying how to go on.
 
 All in this process with a stand-in launcher: sub-second (the real studies: test_hparams_search.py,
 test_search_resume.py).
@@ -11,11 +12,15 @@ import json
 
 import optuna
 import pytest
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from launchers.hydra_app.job_ends import JobsEndedError
-from launchers.hydra_app.optuna_study import claim_sweep_dir, directions, make_pruner, open_storage, storage_url
+from launchers.hydra_app.objective import StageResults
+from launchers.hydra_app.optuna_study import (claim_sweep_dir, directions, make_pruner, open_storage, storage_url,
+                                              write_best)
 from launchers.hydra_app.optuna_sweeper import SearchConfigError, SearchFailedError, SearchSweeper
+from mdk.engine.result import StageResult
 from mdk.errors import ConfigError
 from mdk.stop import StopRequested
 
@@ -42,6 +47,37 @@ def _sweeper(tmp_path, launcher=None, **kw) -> SearchSweeper:
     s.launcher = launcher or Launcher(lambda num: None)
     s._job_dir = lambda study, trial, overrides: str(tmp_path / "sweep" / str(trial.number))
     return s
+
+
+def _space():
+    return type("Space", (), {"distributions": {"lr": optuna.distributions.CategoricalDistribution([1, 2, 3])},
+                              "overrides": lambda self, p: [f"lr={p['lr']}"]})()
+
+
+def test_a_study_of_two_objectives_tells_both_values_and_keeps_the_pareto_front(tmp_path):
+    """direction [maximize, minimize] with objective.metric [best_map50, final_loss]: trial lr=1
+    (mAP 0.5, loss 2) and lr=3 (0.7, 3) are both on the front, lr=2 (0.4, 2.5) is dominated."""
+    runs = {1: (0.5, 2.0), 2: (0.4, 2.5), 3: (0.7, 3.0)}
+
+    def job(num):
+        ret = JobReturn()
+        ret.status = JobStatus.COMPLETED
+        lr = study.trials[num].params["lr"]
+        ret.return_value = StageResults([StageResult("step1", best_map50=runs[lr][0], final_loss=runs[lr][1])],
+                                        ["step1"], ["best_map50", "final_loss"])
+        return ret
+
+    s = _sweeper(tmp_path, Launcher(job), direction=["maximize", "minimize"], n_trials=3)
+    study = optuna.create_study(study_name="s", storage=open_storage(storage_url(None, tmp_path / "sweep")),
+                                directions=["maximize", "minimize"])
+    for lr in (1, 2, 3):
+        study.enqueue_trial({"lr": lr})
+    s._run_trials(study, _space(), [])
+    assert [t.values for t in study.trials] == [[0.5, 2.0], [0.4, 2.5], [0.7, 3.0]]
+    write_best(study, tmp_path / "best.yaml", ["maximize", "minimize"])
+    best = OmegaConf.load(tmp_path / "best.yaml")
+    assert best.directions == ["maximize", "minimize"]
+    assert sorted((x.trial, list(x.values)) for x in best.solutions) == [(0, [0.5, 2.0]), (2, [0.7, 3.0])]
 
 
 def test_the_studys_own_config_errors_name_the_key():
@@ -81,8 +117,7 @@ def _no_result(num):
 def test_a_trial_whose_job_returned_no_result_fails_and_the_study_goes_on(tmp_path):
     s = _sweeper(tmp_path, Launcher(_no_result), n_trials=3, n_jobs=2)  # two slots: job threads
     study = optuna.create_study(study_name="s", storage=open_storage(storage_url(None, tmp_path)))
-    space = type("Space", (), {"distributions": {}, "overrides": lambda self, p: []})()
-    assert s._run_trials(study, space, []) == []  # no job returned anything
+    assert s._run_trials(study, _space(), []) == []  # no job returned anything
     assert [t.state.name for t in study.trials] == ["FAIL"] * 3
     rec = json.loads((tmp_path / "sweep" / "1" / "result.json").read_text())
     assert rec["status"] == "failed" and rec["trial"]["state"] == "FAIL"
@@ -94,10 +129,9 @@ def test_more_failures_than_max_failure_rate_end_the_study(tmp_path):
     launcher = Launcher(_no_result)
     s = _sweeper(tmp_path, launcher, n_trials=5, max_failure_rate=0.5)
     study = optuna.create_study(study_name="s", storage=open_storage(storage_url(None, tmp_path)))
-    space = type("Space", (), {"distributions": {}, "overrides": lambda self, p: []})()
     with pytest.raises(SearchFailedError, match=r"1 of 1 trials failed, more than "
                                                 r"hydra.sweeper.max_failure_rate=0.5: the study stopped"):
-        s._run_trials(study, space, [])
+        s._run_trials(study, _space(), [])
     assert launcher.launched == [0] and len(study.trials) == 1
 
 
