@@ -31,14 +31,15 @@ STOPPED = ("sweep job {n} (77): stopped by SIGTERM in step1 at epoch 1 iteration
 
 
 class Launcher:
-    """Stands in for a submitit launcher: each job ends as ``outcome(num)`` says."""
+    """Stands in for a submitit launcher: each job ends as ``outcome(num)`` says (a JobReturn, or
+    what it raises)."""
 
     def __init__(self, outcome):
         self.outcome, self.launched = outcome, []
 
-    def launch(self, overrides, num):
-        self.launched.append(num)
-        return self.outcome(num)
+    def launch(self, job_overrides, initial_job_idx):
+        self.launched.append(initial_job_idx)
+        return [self.outcome(initial_job_idx)]
 
 
 def _sweeper(tmp_path, launcher=None, **kw) -> SearchSweeper:
@@ -77,7 +78,7 @@ def test_a_study_of_two_objectives_tells_both_values_and_keeps_the_pareto_front(
     write_best(study, tmp_path / "best.yaml", ["maximize", "minimize"])
     best = OmegaConf.load(tmp_path / "best.yaml")
     assert best.directions == ["maximize", "minimize"]
-    assert sorted((x.trial, list(x.values)) for x in best.solutions) == [(0, [0.5, 2.0]), (2, [0.7, 3.0])]
+    assert sorted((x["trial"], list(x["values"])) for x in best.solutions) == [(0, [0.5, 2.0]), (2, [0.7, 3.0])]
 
 
 def test_the_studys_own_config_errors_name_the_key():
@@ -86,7 +87,7 @@ def test_the_studys_own_config_errors_name_the_key():
     assert directions(["maximize", "minimize"]) == ["maximize", "minimize"]
     with pytest.raises(ConfigError, match=r"_target_=optuna.samplers.TPESampler is not an Optuna pruner"):
         make_pruner(OmegaConf.create({"_target_": "optuna.samplers.TPESampler"}))
-    with pytest.raises(ConfigError, match=r"hydra.sweeper.pruner: .*n_startup_trials"):
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner: Number of startup trials cannot be negative, "):
         make_pruner(OmegaConf.create({"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": -1}))
 
 

@@ -72,11 +72,17 @@ def make_pruner(node: Any) -> Any:
     try:
         pruner = instantiate(node)
     except Exception as e:
-        raise ConfigError(f"hydra.sweeper.pruner: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"hydra.sweeper.pruner: {instantiate_error(e)}") from None
     if not isinstance(pruner, optuna.pruners.BasePruner):
         raise ConfigError(f"hydra.sweeper.pruner._target_={node.get('_target_')} is not an "
                           "Optuna pruner")
     return pruner
+
+
+def instantiate_error(e: Exception) -> str:
+    """What Hydra's instantiate failed on, in one line: the cause (Optuna's own message), not
+    Hydra's ``Error in call to target ...:`` heading."""
+    return str(e.__cause__ or e).splitlines()[0] if str(e.__cause__ or e) else type(e).__name__
 
 
 def open_trial(name: str, url: str, number: int, pruner: Any = None) -> Any:

@@ -37,8 +37,9 @@ from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import PRUNED, StageResults
 from launchers.hydra_app.optuna_space import SearchSpace, search_space, value_text
 from launchers.hydra_app.optuna_study import (JOB_DIR, claim_sweep_dir, directions, fail_stale_trials,
-                                              finished, make_pruner, open_storage, record_in_job,
-                                              storage_url, trial_by_number, write_best)
+                                              finished, instantiate_error, make_pruner, open_storage,
+                                              record_in_job, storage_url, trial_by_number,
+                                              write_best)
 from launchers.reports.stop_line import SEARCH_RERUN
 from launchers.reports.sweep_results import RESULT
 from mdk.errors import ConfigError
@@ -137,7 +138,7 @@ class SearchSweeper(Sweeper):
         try:
             return instantiate(node, **extra)
         except Exception as e:
-            raise ConfigError(f"hydra.sweeper.sampler: {str(e).splitlines()[0]}") from None
+            raise ConfigError(f"hydra.sweeper.sampler: {instantiate_error(e)}") from None
 
     def _slots(self) -> int:
         """Jobs at a time: the basic launcher runs them in this process, so one."""
