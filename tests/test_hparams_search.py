@@ -195,7 +195,6 @@ def enqueue(sweep, lrs: list[float]) -> None:
         study.enqueue_trial({"optim.lr": lr})
 
 
-@pytest.mark.slow
 def test_median_pruner_stops_a_poor_trial_early_and_a_failed_trial_is_recorded(tmp_path, shared_data):
     """Six trials of 3 epochs: a good lr twice (the median), a bad config (FAIL), a tiny lr whose
     loss at epoch 1 is worse than the median (PRUNED: it stops after epoch 1, its last.pth holds

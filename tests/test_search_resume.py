@@ -40,7 +40,6 @@ def _result(sweep, n: int) -> dict:
     return json.loads((sweep / str(n) / "result.json").read_text())
 
 
-@pytest.mark.slow
 def test_killed_study_resumes_to_exactly_n_trials_and_runs_no_trial_twice(tmp_path, shared_data):
     sweep = tmp_path / "sweep"
     cmd = _search(sweep, "optim.lr=choice(0.005,0.004,0.003,0.002)", "hydra/sweeper/sampler=random",
