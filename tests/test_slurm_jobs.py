@@ -182,7 +182,6 @@ def _flat(state: dict) -> list[torch.Tensor]:
     return [t for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor)]
 
 
-@pytest.mark.slow
 def test_search_runs_its_trials_as_slurm_jobs_that_report_to_the_journal(slurm_cluster, data, tmp_path):
     """`hparams_search=lr_warmup` through submitit_slurm, the study in its default journal file in
     the sweep dir: 2 trials side by side (n_jobs=2), each its own SLURM job, each reporting its
