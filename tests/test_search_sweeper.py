@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import StageResults
+from launchers.hydra_app.optuna_space import search_space
 from launchers.hydra_app.optuna_study import (claim_sweep_dir, directions, make_pruner, open_storage, storage_url,
                                               write_best)
 from launchers.hydra_app.optuna_sweeper import SearchConfigError, SearchFailedError, SearchSweeper
@@ -149,3 +150,17 @@ def test_a_stop_signal_ends_the_search_with_how_to_continue(tmp_path, monkeypatc
     assert e.value.line == ("stopped by SIGTERM while the study's trials ran; trial jobs that did not get "
                             "the signal run on (on SLURM: squeue, scancel); rerun the same command to "
                             "continue the study (a trial that was running runs again as a new trial)")
+
+
+def test_a_continued_study_does_not_draw_its_first_trials_values_again():
+    """The sampler's seed gives the same trials for the same study; continued with 3 trials in
+    it (after a kill), the seed moves on by 3: the same values again would be trials run twice."""
+    s = SearchSweeper(sampler=OmegaConf.create({"_target_": "optuna.samplers.RandomSampler", "seed": 3}))
+    space = search_space({"x": "interval(0, 1)"}, [])
+
+    def draws(trials_before: int) -> list[float]:
+        study = optuna.create_study(sampler=s._sampler(space, trials_before))
+        return [study.ask(space.distributions).params["x"] for _ in range(3)]
+
+    assert draws(0) == draws(0) and draws(3) == draws(3)
+    assert set(draws(3)).isdisjoint(draws(0))

@@ -114,6 +114,8 @@ class SearchSweeper(Sweeper):
             raise ConfigError(f"hydra.sweeper.direction={dirs} but study {name!r} in {url} was "
                               f"made with {[d.name.lower() for d in study.directions]}; give "
                               "another study_name or hydra.sweep.dir")
+        if study.trials:
+            study.sampler = self._sampler(space, len(study.trials)) or study.sampler
         for number, note in fail_stale_trials(study).items():
             record_in_job(trial_by_number(study, number), note)
         before = len(finished(study))
@@ -125,11 +127,14 @@ class SearchSweeper(Sweeper):
         finally:  # also when too many failed or a signal stopped it: the best trial so far
             write_best(study, sweep_dir / "optimization_results.yaml", dirs)
 
-    def _sampler(self, space: SearchSpace) -> Any:
+    def _sampler(self, space: SearchSpace, trials_before: int = 0) -> Any:
         node = self.sampler_node
         if node is None or not node.get("_target_"):
             return None  # Optuna's default (TPE; NSGA-II for several objectives)
-        extra = {}
+        extra: dict[str, Any] = {}
+        if trials_before and node.get("seed") is not None:
+            # A continued study: the same seed would draw the first trials' values again.
+            extra["seed"] = int(node.seed) + trials_before
         if str(node._target_).endswith("GridSampler"):
             if len(space.choices()) != len(space.distributions):
                 raise ConfigError("hydra/sweeper/sampler=grid searches choice() parameters only "
