@@ -98,7 +98,10 @@ def test_two_slots_start_the_next_trial_when_one_ends_not_after_the_batch(tmp_pa
                                  "hydra.launcher.gpus_per_node=0", f"paths.data={shared_data}"),
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert [t.state.name for t in _study(sweep).trials] == ["COMPLETE"] * 3
+    trials = _study(sweep).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    # each job process reported its epochs to the study itself (pruning works under submitit_local)
+    assert [sorted(t.intermediate_values) for t in trials] == [[1], [1, 2], [1]]
     r = [_result(sweep, n) for n in range(3)]
     end = [x["started"] + x["wall_s"] for x in r]
     assert r[1]["wall_s"] >= 20  # held
