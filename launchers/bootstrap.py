@@ -22,6 +22,9 @@ NEEDED = ("torch", "torchvision", "hydra", "omegaconf", "submitit", "tqdm", "tor
 # pair fails at import ('operator torchvision::nms does not exist').
 TORCH_PINS = {"x86_64": ("torch==2.14.1", "torchvision==0.29.1"),
               "aarch64": ("torch==2.9.1", "torchvision==0.24.1")}
+# Packages an earlier mdk installed and no longer uses: removed when the venv is refreshed
+# (hydra-optuna-sweeper pinned optuna < 3; its Hydra plugin would stay on the plugin path).
+REMOVED = ("hydra-optuna-sweeper",)
 
 
 def _stamp() -> str:
@@ -57,6 +60,7 @@ def install() -> None:
     pins = TORCH_PINS.get(platform.machine())
     if pins:
         _run([py, "-m", "pip", "install", "-q", *pins])
+    _run([py, "-m", "pip", "uninstall", "-y", "-q", *REMOVED])  # (one not installed: a warning)
     _run([py, "-m", "pip", "install", "-q", "-e", f"{REPO}[test]"])
     stamp_file.write_text(_stamp())
 

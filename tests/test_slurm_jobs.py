@@ -3,8 +3,8 @@
 * a 2-job scheduler sweep finishes and both jobs are in the sweep table;
 * a 2-task job (dist.gpus=2, two CPU workers with gloo, rank/world from the SLURM environment)
   is one DDP run: the same model as the same run started by our own local spawner;
-* a search (`hparams_search=lr_warmup`) runs its trials as job arrays and records each job's
-  final loss as the trial's value;
+* a search (`hparams_search=lr_warmup`) runs each trial as a SLURM job that reports its epochs to
+  the study's journal file, and records each job's final loss as the trial's value;
 * a job preempted (SIGUSR2, submitit requeues it) and then requeued (`scontrol requeue`, SIGTERM)
   mid-training comes back to the same job dir each time, resumes from the last.pth saved on the
   signal and ends with weights bit-identical to an uninterrupted twin job.
@@ -182,30 +182,33 @@ def _flat(state: dict) -> list[torch.Tensor]:
     return [t for s in state["state"].values() for t in s.values() if isinstance(t, torch.Tensor)]
 
 
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:Deprecated API features detected")  # optuna 2.10 on SQLAlchemy 1.4
-def test_search_runs_its_trials_as_slurm_job_arrays(slurm_cluster, data, tmp_path):
-    """`hparams_search=lr_warmup` through submitit_slurm: n_jobs=2 trials per batch go out as one
-    job array, 4 trials in 2 arrays; each trial's value is its job's final loss."""
+def test_search_runs_its_trials_as_slurm_jobs_that_report_to_the_journal(slurm_cluster, data, tmp_path):
+    """`hparams_search=lr_warmup` through submitit_slurm, the study in its default journal file in
+    the sweep dir: 2 trials side by side (n_jobs=2), each its own SLURM job, each reporting its
+    2 epochs to the study from the node; each trial's value is its job's final loss."""
     import optuna
     from omegaconf import OmegaConf
 
-    sweep, db = tmp_path / "sweep", tmp_path / "study.db"
+    from launchers.hydra_app.optuna_study import open_storage, storage_url
+
+    sweep = tmp_path / "sweep"
     res = subprocess.run(_cmd(slurm_cluster, data, sweep, "hparams_search=lr_warmup",
-                              "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+                              "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
                               "objective.metric=final_loss", "hydra.sweeper.direction=minimize",
-                              f"hydra.sweeper.storage=sqlite:///{db}", "hydra.sweeper.study_name=s",
-                              "trainer.epochs=1", "trainer.limit_train_batches=2"),
+                              "hydra/sweeper/pruner=median", "hydra.sweeper.study_name=s",
+                              "trainer.epochs=2", "trainer.limit_train_batches=2"),
                          env=_env(slurm_cluster), capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + slurm_cluster.logs(10)
     jobs = _jobs(sweep)
-    assert [(j["job"], j["status"]) for j in jobs] == [(str(i), "completed") for i in range(4)]
-    arrays = [j["job_id"].split("_")[0] for j in jobs]
-    assert arrays[0] == arrays[1] != arrays[2] == arrays[3]  # one array per batch of 2 trials
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
-    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    assert [(j["job"], j["status"]) for j in jobs] == [(str(i), "completed") for i in range(2)]
+    assert jobs[0]["job_id"] != jobs[1]["job_id"]  # one SLURM job per trial, started as slots free
+    study = optuna.load_study(study_name="s", storage=open_storage(storage_url(None, sweep)))
+    assert (sweep / "optuna_journal.log").is_file()
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 2
     assert [t.value for t in study.trials] == [j["final_loss"] for j in jobs]
+    assert [sorted(t.intermediate_values) for t in study.trials] == [[1, 2], [1, 2]]  # from the nodes
     for t, j in zip(study.trials, jobs):  # the trial's parameters are the job's overrides
         assert f"optim.lr={t.params['optim.lr']}" in j["overrides"]
+        assert j["trial"]["state"] == "COMPLETE" and j["trial"]["epoch"] == 2
     best = OmegaConf.load(sweep / "optimization_results.yaml")
     assert best.best_value == study.best_value == min(j["final_loss"] for j in jobs)

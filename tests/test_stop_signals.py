@@ -197,3 +197,6 @@ def test_a_submitit_job_without_a_result_is_one_line(tmp_path):
     lines, status = jobs_end_lines(str(tmp_path), UncompletedJobError(msg))
     assert lines == ["sweep job 0 (77): stopped by SIGTERM in step1 at epoch 1 iteration 2; "
                      "rerun the same command to resume"] and status == 143
+    # a launch of job 1 only (a search launches one trial at a time): job 0's stop is not its
+    lines, status = jobs_end_lines(str(tmp_path), UncompletedJobError(msg), jobs=[1])
+    assert lines[0].startswith("sweep job 77 (task 0) ended without a result") and status == 1

@@ -13,13 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 from launchers.hydra_app.job import is_multirun, run_guarded
 from launchers.hydra_app.objective import with_objective
 from launchers.hydra_app.one_run import folder_lock
+from launchers.hydra_app.optuna_trial import HOOK, is_trial, trial_hook
 from launchers.hydra_app.user_error_line import user_error_line
 from launchers.processes.env import ProcessEnv, detect
 from launchers.processes.malloc import tune_malloc
 from launchers.processes.rank_ends import RankFailedError
 from launchers.processes.spawn import run_ranks
 from launchers.reports.run_summary import print_summary
-from launchers.reports.stop_line import stop_line, sweep_rerun
+from launchers.reports.stop_line import SEARCH_RERUN, stop_line, sweep_rerun
 from mdk import faults
 from mdk.config import validate
 from mdk.engine.result import StageResult
@@ -49,7 +50,8 @@ def run(cfg: DictConfig) -> Any:
         return with_objective(cfg, run_guarded(_run, cfg))
     except StopRequested as e:  # a stop signal: the command ends with this line (cli.py)
         multirun = is_multirun()
-        e.line = stop_line(e, sweep_rerun(str(HydraConfig.get().sweep.dir)) if multirun else None)
+        rerun = sweep_rerun(str(HydraConfig.get().sweep.dir)) if multirun else None
+        e.line = stop_line(e, SEARCH_RERUN if multirun and is_trial() else rerun)
         log.warning("%s", e.line)
         raise
     except Exception as e:
@@ -84,6 +86,9 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
     configs = [_resolved(stage_config(cfg, s)) for s in stages]
+    trial = trial_hook(cfg, stages)  # a search's trial reports from its objective stage
+    if trial is not None and trial[0] in stages:
+        configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]
     preflight(configs[0], run_dir)  # machine and files, before any process starts
     with folder_lock(configs[0], env, run_dir):  # one run per paths.checkpoints
         return _run_stages(cfg, env, run_dir, stages, configs)
@@ -110,6 +115,11 @@ def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[st
         results.append(res)
         if stop_requested() is not None and s != stages[-1]:  # asked in the stage's last epoch
             raise StopRequested(str(stop_requested()), stage=s)
+        if res.extra.get("stop_reason"):  # a trainer.hooks hook (a search's pruner) ended it
+            log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run", s,
+                        res.extra.get("stopped_epoch"), scfg.trainer.epochs,
+                        res.extra["stop_reason"])
+            break
     if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
         print_summary(results, cfg, run_dir)
     return results

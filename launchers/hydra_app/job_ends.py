@@ -14,11 +14,21 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Collection, Optional
 
 from launchers.reports.stop_line import stop_line, stop_status
 from mdk.stop import StopRequested
 
 STOPS = Path(".submitit") / "stops"
+
+
+class JobsEndedError(SystemExit):
+    """Jobs of a launch returned no result: ``lines`` say how each ended (``jobs_end_lines``),
+    the exit status is the command's. A search's sweeper catches it and fails that trial."""
+
+    def __init__(self, status: int, lines: list[str]) -> None:
+        super().__init__(status)
+        self.lines = lines
 
 
 def _record(sweep_dir: str, job_num: int) -> Path:
@@ -37,11 +47,15 @@ def forget_stopped_job(sweep_dir: str, job_num: int) -> None:
     _record(sweep_dir, job_num).unlink(missing_ok=True)
 
 
-def jobs_end_lines(sweep_dir: str, error: BaseException) -> tuple[list[str], int]:
+def jobs_end_lines(sweep_dir: str, error: BaseException,
+                   jobs: Optional[Collection[int]] = None) -> tuple[list[str], int]:
     """The lines for jobs that returned no result, and the command's exit status: the recorded
-    stops (128 + the first one's signal), else one line from submitit's error (status 1)."""
+    stops (128 + the first one's signal), else one line from submitit's error (status 1).
+    ``jobs``: the job numbers of this launch (a search launches one trial at a time while others
+    run: another trial's stop is not this launch's)."""
     recs = sorted((json.loads(p.read_text()) for p in (Path(sweep_dir) / STOPS).glob("*.json")),
                   key=lambda r: r["job"])
+    recs = [r for r in recs if jobs is None or r["job"] in jobs]
     if recs:
         return [f"sweep job {r['job']} ({r['id']}): {r['line']}" for r in recs], recs[0]["status"]
     text = str(error)

@@ -1,68 +1,82 @@
-"""What a run returns to a hyperparameter search: one number, read from the stage results.
+"""What a run returns to a hyperparameter search: its objective, read from the stage results.
 
-``python run.py -m hparams_search=<name>`` runs an Optuna study through hydra-optuna-sweeper
-(conf/hparams_search/). The sweeper takes ``float(job return value)`` as the trial's value, so a
-run returns its stage results as a ``StageResults``: the list of ``StageResult`` records that the
-sweep table reads (launchers/reports/sweep_results.py), and ``float()`` of it is the
-objective, ``objective.metric`` of stage ``objective.stage`` (null: the last stage that reports
-the metric, e.g. step3 in ``pipeline=[step1,step2,cal,step3]``).
+``python run.py -m hparams_search=<name>`` runs an Optuna study (``hydra/sweeper=mdk_optuna``,
+launchers/hydra_app/optuna_sweeper.py; conf/hparams_search/). A run returns its stage results as
+a ``StageResults``: the list of ``StageResult`` records that the sweep table reads
+(launchers/reports/sweep_results.py), and ``objectives()`` are the trial's values,
+``objective.metric`` (one name, or a list for a study of several directions) of stage
+``objective.stage`` (null: the last stage that reports the metric, e.g. step3 in
+``pipeline=[step1,step2,cal,step3]``); ``float()`` is the one value of a single objective.
 
-Failed trials, measured with hydra-optuna-sweeper 1.3.0 and optuna 2.10.1:
+What the sweeper tells the study:
 
-* a value ``float()`` rejects (TypeError/ValueError) is told to the study as FAIL and the study
-  goes on; that is what a failed run returns here (``FailedRun``: the failure record the table
-  shows) and what a run without a usable metric raises;
-* NaN must never reach the sweeper: ``study.tell(nan)`` raises, the sweeper then tells FAIL *with*
-  the value, which raises again ("Values cannot be specified when state is FAIL") and ends the
-  whole study with the trial left RUNNING. So a NaN or infinite metric raises ValueError here;
-* a job that raises (its JobReturn holds the exception) is also FAIL, but then the sweeper
-  re-raises it once the failures of a batch exceed ``max_failure_rate``: our runs never raise in a
-  sweep (``run_guarded``), and the shipped configs set ``max_failure_rate: 1.0``.
+* a run its trial's pruner stopped (``stop_reason`` starts with ``pruned``): PRUNED, at the last
+  value it reported;
+* a failed run (``FailedRun``: the failure record the table shows), a run without a usable metric
+  and a NaN or infinite metric (``objectives`` raises ValueError): FAIL, and the study goes on;
+* our runs never raise in a sweep (``run_guarded``); a job that does is FAIL too.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from omegaconf import DictConfig
 
 from mdk.engine.result import StageResult
 
 
+PRUNED = "pruned"  # how a stop_reason of a trial its pruner stopped begins
+
+
 class StageResults(list):
-    """The StageResults of a run; ``float()`` gives the search objective."""
+    """The StageResults of a run; ``objectives()`` (``float()`` for one) are the search's values."""
 
-    def __init__(self, results: Sequence[StageResult], stages: Sequence[str], metric: str,
-                 stage: Optional[str] = None) -> None:
+    def __init__(self, results: Sequence[StageResult], stages: Sequence[str],
+                 metric: Union[str, Sequence[str]], stage: Optional[str] = None) -> None:
         super().__init__(results)
-        self.stages, self.metric, self.stage = list(stages), metric, stage
+        self.stages, self.stage = list(stages), stage
+        self.metric: Union[str, list[str]] = metric if isinstance(metric, str) else list(metric)
 
-    def objective(self) -> float:
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """Why a stage ended training early (a trial's pruner: ``pruned ...``); None if none did."""
+        return next((r.extra["stop_reason"] for r in self if r.extra.get("stop_reason")), None)
+
+    def objectives(self) -> list[float]:
+        """``objective.metric``'s value(s) of the chosen stage, one per metric."""
+        names = [self.metric] if isinstance(self.metric, str) else self.metric
+        return [self.objective(n) for n in names]
+
+    def objective(self, metric: Optional[str] = None) -> float:
         """The metric of the chosen stage; ValueError (the trial fails) if missing or not finite."""
+        metric = metric or (self.metric if isinstance(self.metric, str) else self.metric[0])
         pairs = [(r.stage, r) for r in self]
         if self.stage is not None:
             if self.stage not in self.stages:
                 raise ValueError(f"objective.stage={self.stage} did not run (stages: "
                                  f"{', '.join(self.stages)}); pick one of them or null")
             pairs = [(s, r) for s, r in pairs if s == self.stage]
-        scored = [(s, r.value(self.metric)) for s, r in pairs if r.value(self.metric) is not None]
+        scored = [(s, r.value(metric)) for s, r in pairs if r.value(metric) is not None]
         if not scored:
             where = f"stage {self.stage}" if self.stage else f"stages {', '.join(self.stages)}"
-            raise ValueError(f"objective.metric={self.metric}: no value in the results of {where}")
+            raise ValueError(f"objective.metric={metric}: no value in the results of {where}")
         stage, value = scored[-1]
         value = float(value)
         if not math.isfinite(value):
-            raise ValueError(f"objective.metric={self.metric} of {stage} is {value}")
+            raise ValueError(f"objective.metric={metric} of {stage} is {value}")
         return value
 
     def __float__(self) -> float:
+        if not isinstance(self.metric, str):
+            raise TypeError(f"objective.metric={self.metric} has several values; use objectives()")
         return self.objective()
 
 
 class FailedRun(dict):
     """A failed run's record (``run_guarded``); ``float()`` refuses it, so the trial is FAIL."""
 
-    def __str__(self) -> str:  # the sweeper logs the value it could not use: keep it one line
+    def __str__(self) -> str:  # one line when logged
         return f"run failed: {str(self.get('error', '')).splitlines()[0] if self.get('error') else '?'}"
 
 
@@ -77,4 +91,5 @@ def with_objective(cfg: DictConfig, result: Any) -> Any:
     if not isinstance(result, (list, tuple)):
         return result
     stages = list(cfg.pipeline) or [cfg.step.name]
-    return StageResults(result, stages, str(obj.metric), obj.get("stage"))
+    metric = obj.metric if isinstance(obj.metric, str) else [str(m) for m in obj.metric]
+    return StageResults(result, stages, metric, obj.get("stage"))

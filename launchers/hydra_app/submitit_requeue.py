@@ -36,10 +36,11 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from launchers.hydra_app.job_ends import (forget_stopped_job, jobs_end_lines,
+from launchers.hydra_app.job_ends import (JobsEndedError, forget_stopped_job, jobs_end_lines,
                                           record_stopped_job)
+from launchers.hydra_app.optuna_study import SWEEPER
 from launchers.hydra_app.plugin_path import add_plugin_path
-from launchers.reports.stop_line import sweep_rerun
+from launchers.reports.stop_line import SEARCH_RERUN, sweep_rerun
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)
@@ -151,20 +152,23 @@ class RequeueMixin:
             self.config.hydra.sweep.dir = sweep_dir
         import submitit  # here, as the plugin does: Hydra loads this module at every start
 
+        search = OmegaConf.select(self.config, "hydra.sweeper._target_") == SWEEPER
         try:
             return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
         except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as e:
             # A job without a result (stopped by a signal, killed): one line each, not
             # submitit's message with the job's whole stderr (launchers/hydra_app/job_ends.py).
-            lines, status = jobs_end_lines(sweep_dir, e)
-            for line in lines:
-                log.error("%s", line)
-            print("\n".join(lines), file=sys.stderr, flush=True)
-            raise SystemExit(status) from None
+            lines, status = jobs_end_lines(
+                sweep_dir, e, range(initial_job_idx, initial_job_idx + len(job_overrides)))
+            if not search:  # a search's sweeper fails the trial and goes on
+                for line in lines:
+                    log.error("%s", line)
+                print("\n".join(lines), file=sys.stderr, flush=True)
+            raise JobsEndedError(status, lines) from None
         except StopRequested as e:  # a stop signal to this process, which only waits
+            rerun = SEARCH_RERUN if search else sweep_rerun(sweep_dir, "collect or resume them")
             e.line = (f"stopped by {e.reason} while waiting for the sweep's jobs; jobs that did not "
-                      f"get the signal go on (on SLURM: squeue, scancel); "
-                      f"{sweep_rerun(sweep_dir, 'collect or resume them')}")
+                      f"get the signal go on (on SLURM: squeue, scancel); {rerun}")
             raise
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,

@@ -18,6 +18,9 @@ How it works, the same with every launcher (basic, submitit_local, submitit_slur
 ``on_multirun_start`` refuses a sweep dir that already holds a sweep's jobs (two sweeps started
 in the same second share the default timestamped dir): pass another ``hydra.sweep.dir``, or
 ``hydra.callbacks.sweep.resume=true`` to continue that sweep (its jobs resume from last.pth).
+A search's study dir (``hydra/sweeper=mdk_optuna``) is continued by running the command again:
+its sweeper checks that the dir holds the same study and gives each new trial a new job dir.
+A pruned trial is a job that did its part: it does not fail the command.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_app.job import is_multirun
+from launchers.hydra_app.optuna_study import MARKER, SWEEPER
 from launchers.processes.env import detect
 from launchers.reports.sweep_results import RESULT, collect_results, format_table, job_record
 from launchers.reports.sweep_stats import aggregate, format_aggregate
@@ -72,7 +76,9 @@ class SweepSummary(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         # multirun.yaml: Hydra writes it after this callback, so it marks any earlier sweep here.
         old = sorted(sweep_dir.glob(f"*/{RESULT}")) + sorted(sweep_dir.glob("multirun.yaml"))
-        if old and not self.resume:
+        study = OmegaConf.select(config, "hydra.sweeper._target_") == SWEEPER and \
+            (sweep_dir / MARKER).is_file()  # a search continues its study (checked by its sweeper)
+        if old and not self.resume and not study:
             raise SweepDirInUseError(
                 f"hydra.sweep.dir={sweep_dir} already holds a sweep ({old[0]} exists); its "
                 f"checkpoints would be reused or overwritten. Give a new hydra.sweep.dir, or add "
@@ -89,7 +95,7 @@ class SweepSummary(Callback):
         (sweep_dir / "sweep_summary.txt").write_text(text + "\n", encoding="utf-8")
         _write(sweep_dir / "sweep_summary.json", {"sweep_dir": str(sweep_dir), "jobs": rows,
                                                   **({"aggregate": agg} if agg else {})})
-        bad = [r for r in rows if r["status"] != "completed"]
+        bad = [r for r in rows if r["status"] not in ("completed", "pruned")]
         if bad and self.fail_on_error:
             raise SweepFailedError(
                 f"{len(bad)} of {len(rows)} sweep jobs did not complete: "
@@ -119,7 +125,11 @@ class SweepSummary(Callback):
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None
         prev = json.loads(path.read_text()) if path.is_file() else {}
         rec = job_record(ret, _overrides(config), self._started)
-        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1)})
+        # A search's sweeper may have recorded the trial first (a run that outlived its sweep):
+        # the study's record stays.
+        keep = {"trial": prev["trial"]} if "trial" in prev else {}
+        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1),
+                      "started": prev.get("started", self._started), **keep})
 
 
 def _overrides(config: DictConfig) -> list[str]:

@@ -13,6 +13,9 @@ from typing import Optional
 from mdk.stop import StopRequested
 
 RERUN = "rerun the same command to resume"
+# A search's trial is not resumed: the study fails it on the rerun and runs it again, in a new dir.
+SEARCH_RERUN = ("rerun the same command to continue the study (a trial that was running runs "
+                "again as a new trial)")
 
 
 def sweep_rerun(sweep_dir: str, to: str = "resume") -> str:

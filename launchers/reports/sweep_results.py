@@ -1,11 +1,16 @@
 """A sweep's job records and its closing table: what each job's ``result.json`` holds, and the
 plain-text table of all jobs (one row per job: swept values, best mAP@0.5, final loss, time,
-status) that the sweep callback (``launchers.hydra_app.sweep_summary``) prints and saves."""
+status) that the sweep callback (``launchers.hydra_app.sweep_summary``) prints and saves.
+
+In a search each job is a trial: the sweeper adds the trial's record to its result.json
+(``trial``: number, state COMPLETE / PRUNED / FAIL, values, the last epoch it reported), and the
+table shows the state as the status, the value and the epoch the trial stopped at."""
 from __future__ import annotations
 
 import json
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,7 +33,12 @@ def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]
     scored = [s for s in stages if s.best_map50 is not None]
     losses = [s.final_loss for s in stages if s.final_loss is not None]
     times = [s.time_s for s in stages if s.time_s is not None]
-    return {**rec, "status": "completed", "stages": [s.to_dict() for s in stages],
+    stopped = [s for s in stages if s.extra.get("stop_reason")]  # a trainer.hooks hook ended it
+    if stopped:
+        why = str(stopped[-1].extra["stop_reason"])
+        rec.update(status="pruned" if why.startswith("pruned") else "stopped", stop_reason=why,
+                   stopped_epoch=stopped[-1].extra.get("stopped_epoch"))
+    return {"status": "completed", **rec, "stages": [s.to_dict() for s in stages],
             "best_map50": scored[-1].best_map50 if scored else None,
             "final_loss": losses[-1] if losses else None,
             "time_s": round(sum(times), 1) if times else rec["wall_s"]}
@@ -48,7 +58,8 @@ def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
         rows.append({"job": p.parent.name, "dir": str(p.parent),
                      "status": "incomplete" if status == "running" else status,
                      **{k: rec.get(k) for k in ("overrides", "best_map50", "final_loss", "time_s",
-                                                 "attempts", "job_id", "error")},
+                                                 "attempts", "job_id", "error", "trial",
+                                                 "stopped_epoch")},
                      "stages": compact_stages(rec.get("stages"))})
     return sorted(rows, key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit() else 0, r["job"]))
 
@@ -68,22 +79,49 @@ def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _trial_cells(r: dict[str, Any]) -> tuple[str, str, str]:
+    """(status, value, epoch) of a trial's row: the study's state, its value(s), the last epoch."""
+    t = r["trial"]
+    vals = t.get("values") or []
+    value = " ".join(format(v, ".4g") for v in vals) if vals else "-"
+    epoch = t.get("epoch") if t.get("epoch") is not None else r.get("stopped_epoch")
+    status = f"{t['state']} (trial {t['number']})"
+    if t.get("retry_of") is not None:
+        status += f", retry of {t['retry_of']}"
+    if t.get("note"):
+        status += f": {t['note']}"
+    return status, value, "-" if epoch is None else str(epoch)
+
+
 def format_table(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
-    """A plain-text table: job, swept override values, best mAP@0.5, final loss, time, status."""
+    """A plain-text table: job, swept override values, best mAP@0.5, final loss, (a search's
+    value and stop epoch), time, status."""
     varying, common = _swept(rows)
-    head = ["job", *varying, "best mAP@0.5", "final loss", "time s", "status"]
+    search = any(r.get("trial") for r in rows)
+    head = ["job", *varying, "best mAP@0.5", "final loss", *(["value", "epoch"] if search else []),
+            "time s", "status"]
     body = []
     for r in rows:
         m = dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o)
         status = r["status"] + (f" ({r['attempts']} runs)" if (r.get("attempts") or 1) > 1 else "")
+        extra = []
+        if search:
+            status, value, epoch = _trial_cells(r) if r.get("trial") else (status, "-", "-")
+            extra = [value, epoch]
         if r.get("error"):
             status += f": {str(r['error']).splitlines()[0][:120]}"
         body.append([r["job"], *[m.get(k, "-") for k in varying], _fmt(r.get("best_map50"), ".4f"),
-                     _fmt(r.get("final_loss"), ".4f"), _fmt(r.get("time_s"), ".1f"), status])
+                     _fmt(r.get("final_loss"), ".4f"), *extra, _fmt(r.get("time_s"), ".1f"),
+                     status])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
-    done = sum(r["status"] == "completed" for r in rows)
-    lines.append(f"{done}/{len(rows)} jobs completed; sweep dir: {sweep_dir}")
+    if search:
+        states = Counter(r["trial"]["state"] for r in rows if r.get("trial"))
+        lines.append(", ".join(f"{n} {k}" for k, n in sorted(states.items())) +
+                     f" of {len(rows)} trials; sweep dir: {sweep_dir}")
+    else:
+        done = sum(r["status"] == "completed" for r in rows)
+        lines.append(f"{done}/{len(rows)} jobs completed; sweep dir: {sweep_dir}")
     if common:
         lines.append("all jobs: " + " ".join(common))
     return "\n".join(lines)

@@ -49,6 +49,9 @@ class TrainerConf:
     device: str = "auto"
     conf_thresh: float = 0.01
     nms_iou: float = 0.5
+    # Training hooks named by config, {name: {_target_: pkg.module.Class, options...}}: built for
+    # every training stage (mdk/engine/extra_hooks.py); a search sets one per trial.
+    hooks: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

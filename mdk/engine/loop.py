@@ -64,6 +64,7 @@ class Trainer:
         self.batch_in_epoch = 0   # batches done in the current epoch
         self.loss_terms: dict[str, torch.Tensor] = {}
         self.stop = False
+        self.stop_reason: Optional[str] = None  # why a hook ended training early (the result says)
         self.skip_step = False
         self.data_wait_s = 0.0
         # Mixed precision: ``amp_dtype`` is trainer.amp resolved by mdk/engine/precision.py

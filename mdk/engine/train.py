@@ -22,6 +22,7 @@ from mdk.data.augment import BatchAugment
 from mdk.engine import build, precision
 from mdk.engine.context import StageContext
 from mdk.engine.ema import EMAHook, ema_from_config
+from mdk.engine.extra_hooks import build_extra_hooks
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
                               ProgressHook, sampler_epoch_hook)
 from mdk.engine.nan_guard import NanGuardHook
@@ -122,6 +123,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     ckpt = CheckpointHook(lambda epoch_done: checkpoint(epoch_done), ctx.checkpoints.save,
                           world.is_main, cfg.trainer.checkpoint_every_iters,
                           before_save=guard.check)
+    extra = build_extra_hooks(cfg.trainer.get("hooks"), stage=ctx.spec.name, run_dir=ctx.run_dir,
+                              is_main=world.is_main, so_far=lambda: _so_far(ckpt, metrics))
     # Order matters: the guard sees a bad loss before anything reads or saves it; metrics read
     # the LR before it steps; the EMA is updated before the evaluation reads it; checkpoints
     # see the evaluated metric; reports know whether it was a new best. The fault hook exists
@@ -133,6 +136,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             EvalHook(evaluate, cfg.trainer.eval_every), ckpt,
                             ReportHook(reporter, ckpt, ctx.step_offset,
                                        ctx.checkpoints.dir / BEST) if reporter else None,
+                            *extra,  # trainer.hooks: after the epoch's checkpoints are written
                             # after ckpt: a stop request (preemption signal, launchers/hydra_app/submitit_requeue.py)
                             # writes last.pth at the next step and leaves the loop
                             StopOnRequestHook(ckpt.save_last)])
@@ -157,7 +161,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         trainer.train()
     finally:
         sink.close()
-    return _summary(ckpt, metrics, trainer.iter)
+    return _summary(ckpt, metrics, trainer)
 
 
 def _plot_lr(ctx: StageContext, iters_per_epoch: int) -> None:
@@ -169,13 +173,21 @@ def _plot_lr(ctx: StageContext, iters_per_epoch: int) -> None:
         log.warning("could not draw the LR curve: %s", e)
 
 
-def _summary(ckpt: CheckpointHook, metrics: MetricsHook, iters: int) -> dict[str, Any]:
+def _so_far(ckpt: CheckpointHook, metrics: MetricsHook) -> dict[str, Any]:
+    """The stage's numbers so far, named as in StageResult (what a trainer.hooks hook reads)."""
+    return {"best_map50": ckpt.best if ckpt.best_epoch >= 0 else None,
+            "final_loss": metrics.last.get("loss/total")}
+
+
+def _summary(ckpt: CheckpointHook, metrics: MetricsHook, trainer: Trainer) -> dict[str, Any]:
     found = ckpt.best_epoch >= 0
     bm: dict[str, Any] = ckpt.best_metrics or {}
     out: dict[str, Optional[Any]] = {
         "best_map50": ckpt.best if found else None,
         "best_epoch": ckpt.best_epoch + 1 if found else None,
-        "final_loss": metrics.last.get("loss/total"), "iterations": iters}
+        "final_loss": metrics.last.get("loss/total"), "iterations": trainer.iter}
     if bm.get("ap") is not None:
         out.update(metric=bm.get("metric"), ap=bm.get("ap"))
+    if trainer.stop and trainer.stop_reason:  # a trainer.hooks hook ended training early
+        out.update(stopped_epoch=trainer.epoch, stop_reason=trainer.stop_reason)
     return out

@@ -1,0 +1,192 @@
+"""A search's study, the same for the sweeping process and for each trial's run: where it is
+stored, how it is opened, its pruner, and what a killed sweep left behind.
+
+* storage ``null`` (default): an Optuna journal file, ``<sweep dir>/optuna_journal.log``
+  (appends under a file lock: safe on the shared file systems of SLURM clusters); a string with
+  ``://`` is any Optuna storage URL (``sqlite:///study.db``, ``postgresql://...``); another
+  string is the path of a journal file;
+* every process that opens the study (the sweeper, a trial's run on a cluster node) talks to it
+  through that storage, never through the sweeper's memory;
+* a trial that is RUNNING when a sweep starts was left by a sweep that was killed: it is FAIL,
+  and run once more as a new trial with the same parameters (``retry_of``), unless it was such a
+  retry itself. One sweep at a time per study.
+
+Optuna is imported inside the functions: Hydra imports the sweeper plugin at every start.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from launchers.reports.sweep_results import RESULT
+from mdk.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SWEEPER = "hydra_plugins.mdk_optuna.OptunaSweeper"  # hydra.sweeper._target_ of hydra/sweeper=mdk_optuna
+JOURNAL = "optuna_journal.log"
+MARKER = "optuna_study.json"  # which study a sweep dir holds (one study per sweep dir)
+RETRY_OF, JOB_DIR = "retry_of", "job_dir"  # trial user attributes
+
+
+def storage_url(storage: Optional[str], sweep_dir: Path) -> str:
+    """The study's storage as one string every process can open (paths made absolute)."""
+    if storage is None or str(storage) == "":
+        return str((Path(sweep_dir) / JOURNAL).absolute())
+    storage = str(storage)
+    return storage if "://" in storage else str(Path(storage).absolute())
+
+
+def open_storage(url: str) -> Any:
+    """Optuna's storage object for ``storage_url``'s string."""
+    import optuna  # optuna: only in a search (see top)
+
+    if "://" in url:
+        return optuna.storages.RDBStorage(url)
+    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    backend = optuna.storages.journal.JournalFileBackend(url)
+    return optuna.storages.JournalStorage(backend)
+
+
+def directions(direction: Any) -> list[str]:
+    """``direction: maximize`` or ``[maximize, minimize]`` (one per objective metric)."""
+    dirs = [direction] if isinstance(direction, str) else list(direction or [])
+    bad = [d for d in dirs if d not in ("maximize", "minimize")]
+    if not dirs or bad:
+        raise ConfigError(f"hydra.sweeper.direction={direction!r} must be maximize, minimize or a "
+                          "list of them (one per objective.metric)")
+    return [str(d) for d in dirs]
+
+
+def make_pruner(node: Any) -> Any:
+    """``hydra.sweeper.pruner`` (a node with Optuna's ``_target_`` and arguments) as a pruner."""
+    import optuna  # optuna: only in a search (see top)
+
+    if node is None or not node.get("_target_"):
+        return optuna.pruners.NopPruner()
+    try:
+        pruner = instantiate(node)
+    except Exception as e:
+        raise ConfigError(f"hydra.sweeper.pruner: {instantiate_error(e)}") from None
+    if not isinstance(pruner, optuna.pruners.BasePruner):
+        raise ConfigError(f"hydra.sweeper.pruner._target_={node.get('_target_')} is not an "
+                          "Optuna pruner")
+    return pruner
+
+
+def instantiate_error(e: Exception) -> str:
+    """What Hydra's instantiate failed on, in one line: the cause (Optuna's own message), not
+    Hydra's ``Error in call to target ...:`` heading."""
+    return str(e.__cause__ or e).splitlines()[0] if str(e.__cause__ or e) else type(e).__name__
+
+
+def open_trial(name: str, url: str, number: int, pruner: Any = None) -> Any:
+    """Trial ``number`` of the existing study ``name``, as a run reports to it from its own
+    process (its sampler is never asked: a random one costs nothing to make)."""
+    import optuna  # optuna: only in a search (see top)
+
+    storage = open_storage(url)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(name), number)
+    study = optuna.load_study(study_name=name, storage=storage, pruner=pruner,
+                              sampler=optuna.samplers.RandomSampler())
+    return optuna.trial.Trial(study, trial_id)
+
+
+def claim_sweep_dir(sweep_dir: Path, name: str, url: str) -> None:
+    """Record the study of this sweep dir; refuse a dir that holds another study's trials (their
+    job dirs are numbered by trial, so two studies would share them)."""
+    marker = Path(sweep_dir) / MARKER
+    here = {"study_name": name, "storage": url}
+    if marker.is_file():
+        old = json.loads(marker.read_text())
+        if old != here:
+            raise ConfigError(
+                f"hydra.sweep.dir={sweep_dir} holds study {old.get('study_name')!r} of "
+                f"{old.get('storage')}, not {name!r} of {url}; give this study its own "
+                "hydra.sweep.dir (or the same study_name and storage to continue that one)")
+        return
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(here, indent=1) + "\n")
+
+
+def fail_stale_trials(study: Any) -> dict[int, str]:
+    """Mark the RUNNING trials (left by a killed sweep) FAIL; enqueue each once more with the same
+    parameters unless it was a retry already. Returns {trial number: what happened}."""
+    import optuna  # optuna: only in a search (see top)
+
+    notes = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        again = RETRY_OF not in t.user_attrs
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        notes[t.number] = "the sweep stopped while this trial ran; " + (
+            "it runs again as a new trial" if again else "not retried: it was a retry already")
+        log.warning("trial %d: %s", t.number, notes[t.number])
+        if again:
+            study.enqueue_trial(t.params, user_attrs={RETRY_OF: t.number})
+    return notes
+
+
+def finished(study: Any) -> list[Any]:
+    """The study's COMPLETE, PRUNED and FAIL trials (what counts towards n_trials)."""
+    import optuna  # optuna: only in a search (see top)
+
+    s = optuna.trial.TrialState
+    return study.get_trials(deepcopy=False, states=(s.COMPLETE, s.PRUNED, s.FAIL))
+
+
+def write_best(study: Any, path: Path, dirs: Sequence[str]) -> None:
+    """``optimization_results.yaml``: the best trial (one objective) or the Pareto front."""
+    import optuna  # optuna: only in a search (see top)
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not done:
+        log.warning("no trial of study %s completed: no optimization_results.yaml", study.study_name)
+        return
+    if len(dirs) == 1:
+        best = study.best_trial
+        out: dict[str, Any] = {"name": "optuna", "study_name": study.study_name,
+                               "best_trial": best.number, "best_params": best.params,
+                               "best_value": best.value}
+    else:
+        out = {"name": "optuna", "study_name": study.study_name, "directions": list(dirs),
+               "solutions": [{"trial": t.number, "params": t.params, "values": t.values}
+                             for t in study.best_trials]}
+    OmegaConf.save(OmegaConf.create(out), path)
+
+
+def trial_record(trial: Any, note: Optional[str] = None) -> dict[str, Any]:
+    """What the sweep table shows of a finished trial (written into its job's result.json):
+    number, state, values, the last epoch it reported, and why it failed when the job can't say."""
+    steps = sorted(trial.intermediate_values)
+    return {"number": trial.number, "state": trial.state.name, "values": trial.values,
+            "epoch": steps[-1] if steps else None,
+            **({RETRY_OF: trial.user_attrs[RETRY_OF]} if RETRY_OF in trial.user_attrs else {}),
+            **({"note": note} if note else {})}
+
+
+def trial_by_number(study: Any, number: int) -> Any:
+    return study.get_trials(deepcopy=False)[number]  # a study's trials are numbered 0, 1, ...
+
+
+def record_in_job(trial: Any, note: Optional[str] = None) -> None:
+    """Add the trial's record to its job's result.json (made if the job never wrote one)."""
+    job_dir = trial.user_attrs.get(JOB_DIR)
+    if not job_dir:
+        return
+    result_file = Path(job_dir) / RESULT
+    try:
+        rec = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    except (ValueError, OSError):
+        rec = {}
+    rec.setdefault("status", "failed" if trial.state.name == "FAIL" else "incomplete")
+    rec["trial"] = trial_record(trial, note)
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = result_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1), encoding="utf-8")
+    tmp.replace(result_file)
