@@ -1,0 +1,84 @@
+"""Choosing the mask bits of each major layer under a coefficient-memory budget, exactly.
+
+The chip quantizes a major layer (a run of convs up to a max-pool) with one mask width, and its
+coefficients take ``weights * bits`` bits of the chip's memory. Given, per major layer and
+width, a sensitivity (what quantizing that layer at that width costs, e.g. the mAP it loses),
+:func:`plan_bits` returns the widths that minimise the summed sensitivity while the coefficients
+fit the budget.
+
+Exact by dynamic programming over the memory used: after each layer only the cheapest plan for
+each reachable memory total is kept (a plan that uses more memory for no less sensitivity is
+dropped), so the result equals a search over every combination (tests/test_bit_plan.py) at a
+cost that grows with the number of distinct totals, not with widths ** layers. Pure Python: no
+torch, so planning reads measured sensitivities without a model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class MajorLayer:
+    """One major layer: its coefficient count and its sensitivity at each width it may take."""
+
+    weights: int
+    sensitivity: Mapping[int, float]  # mask bits -> cost of quantizing this layer at that width
+
+
+@dataclass(frozen=True)
+class BitPlan:
+    bits: tuple[int, ...]  # mask bits per major layer, in layer order
+    sensitivity: float     # summed sensitivity of the plan
+    memory_bits: int       # coefficient memory the plan takes, in bits
+
+
+def memory_bits(layers: Sequence[MajorLayer], bits: Sequence[int]) -> int:
+    """Coefficient memory of ``bits`` (one width per major layer), in bits."""
+    return sum(layer.weights * b for layer, b in zip(layers, bits))
+
+
+def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
+    """The widths of least summed sensitivity whose coefficients fit ``budget_bits``.
+
+    Ties go to the plan that uses less memory, then to the one with the narrower widths first
+    in layer order, so the answer does not depend on dictionary order. Raises ValueError when
+    even the narrowest widths do not fit.
+    """
+    if not layers:
+        return BitPlan((), 0.0, 0)
+    for i, layer in enumerate(layers):
+        if not layer.sensitivity:
+            raise ValueError(f"major layer {i} has no width to choose from")
+    # memory used -> (sensitivity, widths) of the best plan reaching exactly that memory
+    front: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for layer in layers:
+        nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for used, (cost, bits) in front.items():
+            for b in sorted(layer.sensitivity):
+                m = used + layer.weights * b
+                if m > budget_bits:
+                    continue
+                cand = (cost + float(layer.sensitivity[b]), bits + (b,))
+                if m not in nxt or cand < nxt[m]:
+                    nxt[m] = cand
+        front = _undominated(nxt)
+        if not front:
+            narrow = sum(lay.weights * min(lay.sensitivity) for lay in layers)
+            raise ValueError(f"a budget of {budget_bits} bits is below the narrowest plan's "
+                             f"{narrow} bits; raise the budget")
+    used, (cost, bits) = min(front.items(), key=lambda kv: (kv[1][0], kv[0], kv[1][1]))
+    return BitPlan(bits, cost, used)
+
+
+def _undominated(plans: dict[int, tuple[float, tuple[int, ...]]]
+                 ) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """Keep a plan only if every plan using less memory is strictly more sensitive: the rest can
+    never end better (the layers after add the same costs and memory to both)."""
+    kept: dict[int, tuple[float, tuple[int, ...]]] = {}
+    best = float("inf")
+    for used in sorted(plans):
+        if plans[used][0] < best:
+            kept[used] = plans[used]
+            best = plans[used][0]
+    return kept

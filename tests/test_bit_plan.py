@@ -1,0 +1,66 @@
+"""The bit-width planner (mdk/quant/bit_plan.py) against a search over every combination."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from mdk.quant.bit_plan import MajorLayer, plan_bits, memory_bits
+from mdk.quant.chips import CHIP_BITS
+
+
+def brute_force(layers: list[MajorLayer], budget: int) -> tuple[float, int, tuple[int, ...]]:
+    """(sensitivity, memory, widths) of the best plan that fits, by trying every combination,
+    with the planner's tie rule: less memory, then narrower widths first in layer order."""
+    best = None
+    for bits in itertools.product(*(sorted(layer.sensitivity) for layer in layers)):
+        mem = memory_bits(layers, bits)
+        if mem > budget:
+            continue
+        cost = 0.0
+        for layer, b in zip(layers, bits):
+            cost += float(layer.sensitivity[b])
+        key = (cost, mem, bits)
+        if best is None or key < best:
+            best = key
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_equals_brute_force_on_random_nets(seed: int) -> None:
+    rng = random.Random(seed)
+    chip = rng.choice(sorted(CHIP_BITS))
+    widths = sorted(CHIP_BITS[chip])
+    layers = []
+    for _ in range(rng.randint(1, 8)):
+        # A wider width costs less; now and then two widths cost the same (ties).
+        costs = sorted((round(rng.uniform(0, 0.05), rng.choice([2, 6])) for _ in widths),
+                       reverse=True)
+        layers.append(MajorLayer(weights=rng.choice([27, 144, 576, 1152, 2304, 4608]),
+                                 sensitivity=dict(zip(widths, costs))))
+    narrow = memory_bits(layers, [widths[0]] * len(layers))
+    wide = memory_bits(layers, [widths[-1]] * len(layers))
+    for budget in (narrow, (narrow + wide) // 2, rng.randint(narrow, wide), wide):
+        plan = plan_bits(layers, budget)
+        assert (plan.sensitivity, plan.memory_bits, plan.bits) == brute_force(layers, budget)
+        assert plan.memory_bits == memory_bits(layers, plan.bits) <= budget
+
+
+def test_the_sensitive_layer_gets_the_wider_width() -> None:
+    """Room to widen one of four equal-sized layers: it goes to the one that suffers most."""
+    plain = {1: 0.02, 3: 0.01, 8: 0.0}
+    layers = [MajorLayer(1000, plain) for _ in range(4)]
+    layers[2] = MajorLayer(1000, {1: 0.30, 3: 0.20, 8: 0.0})
+    budget = memory_bits(layers, [3, 3, 8, 3])
+    plan = plan_bits(layers, budget)
+    assert plan.bits == (3, 3, 8, 3)
+    assert plan.sensitivity == pytest.approx(0.03)
+
+
+def test_a_budget_below_the_narrowest_plan_says_so() -> None:
+    layers = [MajorLayer(100, {1: 0.1, 3: 0.0}), MajorLayer(50, {1: 0.2, 3: 0.0})]
+    with pytest.raises(ValueError, match="below the narrowest plan's 150 bits"):
+        plan_bits(layers, 149)
+    assert plan_bits(layers, 150).bits == (1, 1)
+    assert plan_bits(layers, 10_000).bits == (3, 3)
