@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from mdk.data.config import check_dataset
 from mdk.dist_config import check_dist
-from mdk.engine.config import check_optim, check_trainer
+from mdk.trainer_config import check_optim, check_trainer
 from mdk.errors import ConfigError, UserError
 from mdk.eval.config import check_eval
 from mdk.models.config import check_loss, check_model

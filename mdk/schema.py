@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from mdk import dist_config, paths, stage_config
+from mdk import dist_config, paths, stage_config, trainer_config
 from mdk.data import config as data_config
-from mdk.engine import config as engine_config
 from mdk.models import config as models_config
 from mdk.sched import config as sched_config
 from mdk.sinks import config as sinks_config
 
 # group -> {schema name: dataclass}; the owner of each is the module named.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "trainer": engine_config.TRAINER_SCHEMAS,
-    "optim": engine_config.OPTIM_SCHEMAS,
+    "trainer": trainer_config.TRAINER_SCHEMAS,
+    "optim": trainer_config.OPTIM_SCHEMAS,
     "dist": dist_config.SCHEMAS,
     "paths": paths.SCHEMAS,
     "step": stage_config.SCHEMAS,

@@ -30,7 +30,7 @@ CODE = LIBRARY + LAUNCHERS + [REPO / "run.py"]
 FLOORS = [
     # leaves: the errors, the stop flag, and each config group's words, schema and checks
     ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.paths", "mdk.dist_config",
-     "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
+     "mdk.trainer_config", "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
      "mdk.checkpoint", "mdk.folder_lock", "mdk.progress"],
