@@ -112,6 +112,17 @@ def test_a_sweep_dir_of_another_study_and_a_study_of_other_directions_are_refuse
         two.sweep([])
 
 
+def test_a_metric_count_other_than_the_direction_count_is_refused_before_any_trial(tmp_path):
+    launcher = Launcher(lambda num: None)
+    s = _sweeper(tmp_path, launcher, direction=["maximize", "minimize"])
+    s.config.objective = {"metric": "best_map50"}
+    with pytest.raises(SearchConfigError, match=r"^config error: objective.metric=best_map50 gives 1 "
+                                                r"value\(s\) for the 2 of hydra.sweeper.direction="
+                                                r"\['maximize', 'minimize'\]; give one metric per direction$"):
+        s.sweep([])
+    assert launcher.launched == []  # refused before any trial trains
+
+
 def _no_result(num):
     raise JobsEndedError(143, [STOPPED.format(n=num)])
 

@@ -100,6 +100,12 @@ class SearchSweeper(Sweeper):
         space = search_space(_plain(self.params), arguments)
         dirs = directions(_plain(self.direction))
         pruner = make_pruner(self.pruner_node)
+        metric = _plain(OmegaConf.select(self.config, "objective.metric"))
+        n_metrics = 1 if isinstance(metric, str) else len(metric or [])
+        if metric is not None and n_metrics != len(dirs):  # before any trial trains, not after each
+            raise ConfigError(f"objective.metric={metric} gives {n_metrics} value(s) for the "
+                              f"{len(dirs)} of hydra.sweeper.direction={dirs}; give one metric "
+                              "per direction")
         if len(dirs) > 1 and not isinstance(pruner, optuna.pruners.NopPruner):
             raise ConfigError("hydra.sweeper.pruner: Optuna cannot prune a study of several "
                               "objectives; use hydra/sweeper/pruner=none with a direction list")
