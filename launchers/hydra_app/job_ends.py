@@ -39,8 +39,10 @@ def record_stopped_job(sweep_dir: str, job_num: int, job_id: str, e: StopRequest
     """In the job: its stop, for the launching process (a requeued rerun forgets it)."""
     path = _record(sweep_dir, job_num)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"job": job_num, "id": job_id, "status": stop_status(e),
-                                "line": getattr(e, "line", None) or stop_line(e)}))
+    tmp = path.with_suffix(".tmp")  # whole or absent: a job killed mid-write leaves no half JSON
+    tmp.write_text(json.dumps({"job": job_num, "id": job_id, "status": stop_status(e),
+                               "line": getattr(e, "line", None) or stop_line(e)}))
+    tmp.replace(path)
 
 
 def forget_stopped_job(sweep_dir: str, job_num: int) -> None:

@@ -260,8 +260,7 @@ class SearchSweeper(Sweeper):
             note = (f"objective.metric gives {len(values)} value(s) for "
                     f"{len(study.directions)} direction(s) of hydra.sweeper.direction")
             state, values = optuna.trial.TrialState.FAIL, None
-        study.tell(trial, values=values, state=state)
-        frozen = trial_by_number(study, trial.number)
+        frozen = study.tell(trial, values=values, state=state)
         record_in_job(frozen, note)
         steps = sorted(frozen.intermediate_values)
         log.info("trial %d %s%s%s%s", trial.number, state.name, f" {values}" if values else "",
