@@ -31,7 +31,8 @@ def test_named_hooks_are_built_with_the_stage_and_their_options(tmp_path):
 
 @pytest.mark.parametrize("nodes, line", [
     ([1], r"^trainer.hooks=\[1\] must be a map of hook nodes \(each with a _target_\); \{\} for none$"),
-    ({"c": {"every": 2}}, r"^trainer.hooks.c=\{'every': 2\} needs a _target_ \(a HookBase class\)$"),
+    ({"c": {"every": 2}}, r"^trainer.hooks.c=\{'every': 2\} needs a _target_ \(the hook class\), e.g. "
+                         r"trainer.hooks.c._target_=pkg.module.MyHook$"),
     ({"c": {"_target_": "nowhere.Nothing"}}, r"^trainer.hooks.c._target_='nowhere.Nothing' cannot be imported"),
     ({"c": {"_target_": "test_extra_hooks.Counting", "bogus": 1}},
      r"^trainer.hooks.c: .*unexpected keyword argument 'bogus'; check the options of this hook$"),

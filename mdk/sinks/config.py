@@ -11,10 +11,10 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from mdk.checks import check_min
-from mdk.errors import ConfigError, import_target
+from mdk.checks import check_min, target_nodes
+from mdk.errors import ConfigError
 
 # What every sink's constructor gets besides its YAML options (mdk.sinks.build_sinks).
 SINK_ARGS = ("run_dir", "stage", "group", "resume_step", "config")
@@ -32,23 +32,8 @@ SCHEMAS: dict[str, type] = {"logger": LoggerConf}
 def sink_nodes(logger_cfg: Any) -> Iterator[tuple[str, type, dict[str, Any]]]:
     """(``logger.sinks.<name>``, its class, its options) of every sink that is on."""
     nodes = logger_cfg.get("sinks") if hasattr(logger_cfg, "get") else None
-    if nodes is None:
-        nodes = {}
-    if not hasattr(nodes, "items"):
-        raise ConfigError(f"logger.sinks={nodes!r} must be a map of sink nodes (each with a "
-                          "_target_), e.g. logger=tensorboard; {} for none")
-    for name, node in nodes.items():
-        where = f"logger.sinks.{name}"
-        if node is None:  # logger.sinks.<name>=null turns one sink off
-            continue
-        if not hasattr(node, "items") or "_target_" not in node:
-            raise ConfigError(f"{where}={node!r} needs a _target_ (the sink class), e.g. "
-                              f"{where}._target_=mdk.sinks.tensorboard_sink.TensorBoardSink")
-        plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-        options = {str(k): v for k, v in plain.items() if k != "_target_"}
-        cls = import_target(node["_target_"], f"{where}._target_",
-                            "give a class path such as mdk.sinks.tensorboard_sink.TensorBoardSink")
-        yield where, cls, options
+    return target_nodes(nodes, "logger.sinks", "sink",
+                        "mdk.sinks.tensorboard_sink.TensorBoardSink", ", e.g. logger=tensorboard")
 
 
 def check_logger(cfg: DictConfig) -> None:
