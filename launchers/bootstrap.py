@@ -60,7 +60,12 @@ def install() -> None:
     pins = TORCH_PINS.get(platform.machine())
     if pins:
         _run([py, "-m", "pip", "install", "-q", *pins])
-    _run([py, "-m", "pip", "uninstall", "-y", "-q", *REMOVED])  # (one not installed: a warning)
+    # only those there: a fresh venv prints no "Skipping ... not installed" warning
+    left = [p for p in REMOVED
+            if subprocess.run([py, "-m", "pip", "show", "-q", p], capture_output=True).returncode
+            == 0]
+    if left:
+        _run([py, "-m", "pip", "uninstall", "-y", "-q", *left])
     _run([py, "-m", "pip", "install", "-q", "-e", f"{REPO}[test]"])
     stamp_file.write_text(_stamp())
 
