@@ -119,6 +119,19 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return acc.to(home)
 
 
+def all_gather_cat(t: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Every rank's 1-d ``t`` (rank r holds ``counts[r]`` values, known to all) concatenated in
+    rank order, on every rank, on ``t``'s device; ``t`` itself in a single process."""
+    if not is_initialized():
+        return t
+    dev, most = comm_device(), max(counts)
+    buf = torch.zeros(most, dtype=t.dtype, device=dev)
+    buf[: t.numel()] = t
+    parts = [torch.empty_like(buf) for _ in counts]
+    tdist.all_gather(parts, buf)
+    return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(t.device)
+
+
 def broadcast(t: torch.Tensor, src: int = 0) -> torch.Tensor:
     """In-place broadcast of ``t`` from rank ``src`` (through the backend's device)."""
     if not is_initialized():

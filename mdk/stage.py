@@ -25,7 +25,8 @@ from mdk.compose import app_searchpath, compose, group_options
 from mdk.errors import ConfigError
 from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, QuantMode, apply_mode
-from mdk.stage_config import check_kind, check_schedule, check_stages, running_stages
+from mdk.stage_config import (check_calibration, check_kind, check_schedule, check_stages,
+                               running_stages)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
             raise ConfigError(f"stages.{stage}.name={extra.name} cannot rename the stage")
         new = OmegaConf.merge(new, {"step": extra})
     check_kind(new.step.kind, stage)
+    check_calibration(new.step, stage)
     epochs, scale = check_schedule(new.step, stage)
     if epochs is None and scale == 1.0:
         return new

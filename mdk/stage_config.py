@@ -12,6 +12,7 @@ from omegaconf import MISSING, DictConfig
 from mdk.errors import ConfigError
 
 KINDS = ("train", "calibrate")  # built-in kinds of work; any other kind is a dotted function
+CALIBRATION_METHODS = ("percentile", "max", "mse", "kl")  # mdk/quant/calibrate.py
 
 
 @dataclass
@@ -88,11 +89,31 @@ def running_stages(cfg: DictConfig) -> list[str]:
     return [str(s) for s in cfg.pipeline] or [str(cfg.step.name)]
 
 
+def check_calibration(stage_cfg: DictConfig | dict, stage: str) -> None:
+    """A calibrating stage's ``calibration`` node names a method calibration has, with values in
+    range (checked before any stage runs: a typo would otherwise surface after step1 and step2)."""
+    c = stage_cfg.get("calibration")
+    if c is None:
+        return
+    if c.get("method") not in CALIBRATION_METHODS:
+        raise ConfigError(f"step.calibration.method={c.get('method')!r} ({stage}) is not a "
+                          f"calibration method; use one of {', '.join(CALIBRATION_METHODS)}")
+    p = c.get("percentile")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+        raise ConfigError(f"step.calibration.percentile={p!r} ({stage}) must be a number in "
+                          "(0, 100]")
+    mv = c.get("max_values")
+    if mv is not None and (isinstance(mv, bool) or not isinstance(mv, int) or mv < 1):
+        raise ConfigError(f"step.calibration.max_values={mv!r} ({stage}) must be an integer >= 1, "
+                          "or null to read every value")
+
+
 def check_stages(cfg: DictConfig, declared: list[str]) -> None:
     """Pipeline entries and ``stages.*`` overrides name ``declared`` stages (conf/step/*.yaml),
     and ``step`` itself is a well-formed record."""
     check_kind(cfg.step.kind, str(cfg.step.name))
     check_schedule(cfg.step, str(cfg.step.name))
+    check_calibration(cfg.step, str(cfg.step.name))
     running = running_stages(cfg)
     extra = list(cfg.get("stages") or {})
     for s in cfg.pipeline:

@@ -132,7 +132,7 @@ def test_exact_chunk_repeats_bit_for_bit_on_cuda(tiny_cfg, tmp_path):
 
 
 def test_calibration_statistics_on_cuda_equal_cpu():
-    from mdk.quant.calibrate import mse_cap, percentile_and_max
+    from mdk.quant.cal_stats import mse_cap, percentile_and_max
 
     g = torch.Generator().manual_seed(3)
     for shape in ((8, 16, 56, 56), (2, 64, 224, 224)):

@@ -7,7 +7,8 @@ import torch
 
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
-from mdk.quant.calibrate import CapObserver, nearest_rank, percentile_exact
+from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_exact, subsample
+from mdk.quant.calibrate import CapObserver
 from mdk.stage import apply_stage
 
 
@@ -36,9 +37,9 @@ def test_large_tensors_use_documented_odd_stride_subsample():
     g = torch.Generator().manual_seed(4)
     y = torch.randn(4, 8, 96, 96, generator=g)  # 294912 values
     sub = y.flatten()[::5]  # ceil(294912 / 65536) = 5, already odd
-    assert torch.equal(calibrate.subsample(y, 1 << 16), sub)
-    assert torch.equal(calibrate.subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3
-    assert calibrate.subsample(y, None).numel() == y.numel()
+    assert torch.equal(subsample(y, 1 << 16), sub)
+    assert torch.equal(subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3
+    assert subsample(y, None).numel() == y.numel()
     obs = CapObserver("percentile", 99, max_values=1 << 16)
     obs(y)
     assert float(obs.stat) == float(np.sort(sub.numpy())[nearest_rank(99, sub.numel()) - 1])
@@ -74,7 +75,7 @@ def test_observer_max_over_batches_and_methods():
 def test_mse_cap_beats_max_and_tiny_caps():
     g = torch.Generator().manual_seed(2)
     y = torch.randn(200_000, generator=g).exp()  # heavy right tail: the max is a poor cap
-    cap = calibrate.mse_cap(y, 64)
+    cap = mse_cap(y, 64)
     r = y.clamp_min(0)
 
     def err(c):

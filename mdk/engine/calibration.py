@@ -1,8 +1,8 @@
 """The ``calibrate`` kind of work (the cal stage): one pass over the training split, no gradient,
 no optimizer step.
 
-Each rank observes its share of every global batch; caps are MAX-all-reduced (finalize_caps), so
-W processes calibrate exactly like one. The result is saved as the stage's best.pth/last.pth
+Each rank observes its slice of every global batch; the statistics are taken on the global batch
+(mdk/quant/calibrate.py), so W processes calibrate exactly like one, bit for bit. The result is saved as the stage's best.pth/last.pth
 (weights + caps, marked finished: a rerun reports it instead of calibrating again) and as a
 human-readable caps.json.
 """
@@ -40,7 +40,8 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
                        desc=ctx.spec.name)
     with calibrate.observing(model, method=str(c.method), percentile=float(c.percentile),
                              mse_candidates=int(c.get("mse_candidates", 64)),
-                             max_values=c.get("max_values", calibrate.DEFAULT_MAX_VALUES)):
+                             max_values=c.get("max_values", calibrate.DEFAULT_MAX_VALUES),
+                             rank=world.rank, world=world.size):
         n = 0
         try:
             for images, _, _ in bar:

@@ -1,24 +1,29 @@
 """Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
 
 Each ChipConv gets an observer (``ChipConv.observer``) that sees every batch's conv(+BN) output
-before the activation. Per batch it computes a statistic; the layer's cap is the max over batches
-(and, under DDP, the MAX all-reduce over ranks of those per-rank maxima):
+before the activation. The statistics themselves are in mdk/quant/cal_stats.py:
 
-- ``percentile`` (default, p=99): the **nearest-rank** percentile of all values of the batch tensor,
-  i.e. the k-th smallest value with ``k = ceil(p/100 * N)`` (clamped to 1..N, computed in exact
-  rational arithmetic from the decimal ``p``). This equals ``numpy.percentile(x, p,
-  method="inverted_cdf")`` except when ``p/100 * N`` is an exact integer, where numpy's float
-  product may land just above it and pick the next value. The values are the whole batch tensor
-  when it has at most ``max_values`` elements (default ``2**20``); a larger tensor is read at a
-  deterministic odd stride ``s = ceil(N / max_values) | 1`` (``y.flatten()[::s]``, at least
-  ``max_values / 2`` values, so the rank error is ~1e-4 of a percent) and the percentile is exact
-  for that subsample. ``max_values=None`` always uses every value (slower on 448x448 inputs). It is computed exactly but fast: a strided
-  sample gives a threshold a bit below the target, one comparison pass keeps the few values above
-  it, and ``kthvalue`` on those gives the exact answer (full ``kthvalue`` if the sample misled).
-- ``max``: the batch maximum.
-- ``mse``: the cap minimising the mean squared error between ReLU(y) and its 5-bit quantization,
-  searched over ``mse_candidates`` fractions of the batch max on a strided sample of at most
-  ``2**18`` values (a search, so a sample is enough; documented as approximate).
+- ``percentile`` (default, p=99): per batch, the exact nearest-rank percentile of the batch's
+  values (``k = ceil(p/100 * N)``-th smallest, in rational arithmetic); the cap is the max over
+  batches. A batch tensor of more than ``max_values`` values (default ``2**20``) is read at the odd
+  stride ``s = ceil(N / max_values) | 1`` (at least ``max_values / 2`` values: the rank error is
+  ~1e-4 of a percent); ``max_values=null`` reads every value.
+- ``max``: the max over all values.
+- ``mse``: per batch, the cap minimising the squared error of the 5-bit quantization of ReLU(y),
+  searched over ``mse_candidates`` fractions of the batch max on a strided sample of about
+  ``2**18`` values; the cap is the max over batches.
+- ``kl``: one histogram of all batches' positive values (read at the ``percentile`` stride),
+  and the cap whose 32-level quantization is closest to it in KL divergence (TensorRT's entropy
+  calibration).
+
+World-size invariance. A global batch is cut into contiguous per-rank slices (rank r holds images
+``r*b .. (r+1)*b - 1``, mdk.data.samplers.GlobalBatchSampler), so the batch's flat values are the
+ranks' values concatenated in rank order. Each statistic is taken on the global batch, not on a
+rank's slice: the strided sample is taken at the global positions (each rank reads its part, and
+the parts are gathered in rank order: the same tensor, bit for bit, on every rank and for every
+world size); ``max`` and ``kl``'s integer histograms add up exactly instead. So ``dist.gpus=1`` and
+``dist.gpus=2`` give the same caps, bit for bit, as long as the conv outputs themselves are the
+same bits (on the CPU with equal ``dist.cpu_threads``; see docs/distributed.md for CUDA).
 
 A cap <= 0 (a layer whose outputs are mostly negative) would make the 5-bit grid meaningless; the
 observed positive max is used instead, or 1.0 if the layer never fires, with a warning.
@@ -27,116 +32,51 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from contextlib import contextmanager
-from fractions import Fraction
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from mdk import dist
-from mdk.quant.activation import LEVELS
-from mdk.quant.rounding import pred_half
 from mdk.quant.bn_fold import chip_layers
+from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
+                                 percentile_and_max, pow2_range, rebin, sample_stride, strided)
+from mdk.stage_config import CALIBRATION_METHODS as METHODS
 
 log = logging.getLogger(__name__)
 
-METHODS = ("percentile", "max", "mse")
-_SAMPLE = 1 << 14  # values in the strided sample that guides the exact percentile selection
-_MSE_SAMPLE = 1 << 18
 DEFAULT_MAX_VALUES = 1 << 20
 
 
-def subsample(x: torch.Tensor, max_values: Optional[int]) -> torch.Tensor:
-    """All values of ``x`` (flattened), or every s-th one with odd ``s = ceil(N / max_values) | 1``.
-
-    An odd stride does not line up with the power-of-two feature-map sizes, so it visits all
-    rows, columns and channels evenly.
-    """
-    x = x.detach()
-    n = x.numel()
-    if max_values is None or n <= max_values:
-        return x.reshape(-1)
-    step = math.ceil(n / max_values) | 1
-    if x.is_contiguous():
-        return x.reshape(-1)[::step]
-    # channels_last (or any other layout): the same elements, in the same logical order, read
-    # through the strides (reshape would first copy the whole activation: 822 MB at layer 1 of
-    # GNetDet-448 for a batch of 32 in bf16)
-    return torch.take(x, torch.arange(0, n, step, device=x.device))
+def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, list[int]]:
+    """Where rank ``rank``'s part of the global batch's strided sample starts in its own slice,
+    and how many sample values every rank holds: rank r's slice spans the global flat positions
+    ``[r*n, (r+1)*n)`` and the sample is every position divisible by ``stride``."""
+    starts = [(-r * n_local) % stride for r in range(world)]
+    counts = [max(0, -(-(n_local - s) // stride)) for s in starts]
+    return starts[rank], counts
 
 
-def nearest_rank(p: float, n: int) -> int:
-    """1-based rank ``ceil(p/100 * n)`` in exact rational arithmetic (no float ceil surprises)."""
-    k = math.ceil(Fraction(str(p)) * n / 100)
-    return min(max(k, 1), n)
-
-
-def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nearest-rank p-th percentile, max) of all values of ``x``, as 0-dim tensors.
-
-    The max comes for free from the kept values on the fast path (they include the largest).
-    """
-    flat = x.detach().reshape(-1)
-    n = flat.numel()
-    k = nearest_rank(p, n)
-    if k == n:
-        top = flat.max()
-        return top, top
-    if flat.is_cuda:
-        # The k-th smallest is the smallest of the n - k + 1 largest: one top-k (a radix select
-        # on the GPU), without the shortcut below, which reads sizes back to the host several
-        # times per layer and batch. (kthvalue on CUDA: the cal pass at 6x the eval pass's time
-        # on an H100, measured with benchmarks/bench_gpu.py.)
-        top = flat.topk(n - k + 1, sorted=False).values
-        return top.min(), top.max()
-    stride = max(1, n // _SAMPLE)
-    sample = flat[::stride]
-    # Aim 0.5% (of the population) below the target: > 6 standard deviations of the sample
-    # fraction at p = 99 (sqrt(0.01 * 0.99 / 16384) = 0.08%), so the fallback is rare.
-    ks = math.floor((k / n - 0.005) * sample.numel())
-    if n > 4 * _SAMPLE and ks >= 1:
-        thr = sample.kthvalue(ks).values
-        # nonzero + index_select: boolean-mask indexing is ~6x slower on CPU
-        above = flat.index_select(0, (flat >= thr).nonzero().squeeze(1))
-        below = n - above.numel()
-        if below < k:  # the target is among the kept values: exact answer from the small set
-            return above.kthvalue(k - below).values, above.max()
-    return flat.kthvalue(k).values, flat.max()
-
-
-def percentile_exact(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Nearest-rank p-th percentile of all values of ``x`` (0-dim tensor, same dtype/device)."""
-    return percentile_and_max(x, p)[0]
-
-
-def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:
-    """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y).
-
-    All candidates at once on the tensor's device, in chunks of candidates (no host read: the
-    first of equal errors wins, as a loop over them would choose)."""
-    flat = x.detach().reshape(-1)
-    sample = flat[:: max(1, flat.numel() // _MSE_SAMPLE)].float().clamp_min(0)
-    top = sample.max()
-    fractions = torch.arange(1, candidates + 1, device=sample.device, dtype=torch.float32)
-    caps = (top * fractions / candidates).clamp_min(torch.finfo(torch.float32).tiny)
-    h = pred_half(torch.float32)
-    errs = []
-    for chunk in caps.split(8):
-        c = chunk[:, None]
-        q = torch.floor(torch.clamp(sample[None] * (LEVELS / c) + h, h, LEVELS + h)) * (c / LEVELS)
-        errs.append((q - sample[None]).pow(2).mean(1))
-    best = caps[torch.argmin(torch.cat(errs))]
-    return torch.where(top > 0, best, top)
+def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0,
+                  world: int = 1) -> torch.Tensor:
+    """The global batch's values at flat positions 0, s, 2s, ... (``s = stride_of(global count)``),
+    in that order, on every rank: the tensor one process holding the whole batch would read."""
+    if world == 1:
+        return strided(y, 0, stride_of(y.numel()))
+    stride = stride_of(y.numel() * world)
+    start, counts = rank_share(y.numel(), stride, rank, world)
+    # float32 is exact for every activation dtype, and every backend gathers it
+    return dist.all_gather_cat(strided(y, start, stride).float(), counts)
 
 
 class CapObserver:
-    """Running max over batches of a per-batch statistic of one layer's pre-activation output."""
+    """One layer's calibration statistic over the batches of every rank (module doc)."""
 
     def __init__(self, method: str = "percentile", percentile: float = 99.0,
-                 mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES) -> None:
+                 mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
+                 rank: int = 0, world: int = 1) -> None:
         if method not in METHODS:
             raise ValueError(f"calibration method={method!r} is unknown; use one of {METHODS}")
         if not 0 < float(percentile) <= 100:
@@ -145,32 +85,60 @@ class CapObserver:
             raise ValueError(f"calibration max_values={max_values} must be >= 1 or null (all)")
         self.method, self.percentile, self.mse_candidates = method, float(percentile), mse_candidates
         self.max_values = max_values
+        self.rank, self.world = rank, world  # this process's slice of each global batch
         self.stat: Optional[torch.Tensor] = None  # running max of the per-batch statistic
         self.top: Optional[torch.Tensor] = None  # running max of the raw values (fallback)
+        self.spans: list[torch.Tensor] = []  # kl: each batch's histogram span, and its counts
+        self.hists: list[torch.Tensor] = []
         self.batches = 0
+
+    def _stride(self, n: int) -> int:
+        return sample_stride(n, self.max_values)
 
     @torch.no_grad()
     def __call__(self, y: torch.Tensor) -> None:
         if self.method == "max":
-            s = y.max()
-            top = s
+            s = top = y.max()
         elif self.method == "percentile":
-            s, top = percentile_and_max(subsample(y, self.max_values), self.percentile)
-        else:
-            s, top = mse_cap(y, self.mse_candidates), y.max()
+            sample = global_sample(y, self._stride, self.rank, self.world)
+            s, top = percentile_and_max(sample, self.percentile)
+        elif self.method == "mse":
+            sample = global_sample(y, mse_stride, self.rank, self.world)
+            s, top = mse_cap(sample, self.mse_candidates), y.max()
+        else:  # kl: this rank's share of the sample, counted; caps at finalize_caps
+            n = y.numel()
+            start, _ = rank_share(n, self._stride(n * self.world), self.rank, self.world)
+            sample = strided(y, start, self._stride(n * self.world))
+            top = y.max()
+            span = pow2_range(sample.max() if sample.numel() else top)
+            self.spans.append(span)
+            self.hists.append(histogram(sample, span))
+            s = torch.zeros((), device=y.device)  # the statistic comes from all batches at once
         s, top = s.float(), top.float()
         self.stat = s if self.stat is None else torch.maximum(self.stat, s)
         self.top = top if self.top is None else torch.maximum(self.top, top)
         self.batches += 1
 
+    def kl_counts(self) -> tuple[float, torch.Tensor]:
+        """(span, counts) of every batch of every rank in one histogram over the widest span
+        (collective: every rank calls it). Integer counts add up exactly in any order."""
+        spans = torch.stack(self.spans).cpu()
+        span = dist.all_reduce_max(spans.max().reshape(1))
+        top = float(span)
+        local = torch.zeros(KL_BINS, dtype=torch.int64)
+        for s, h in zip(spans.tolist(), self.hists):
+            local += rebin(h.cpu(), s, top)
+        return top, dist.all_reduce_sum(local)
+
 
 def attach_observers(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
-                     mse_candidates: int = 64,
-                     max_values: Optional[int] = DEFAULT_MAX_VALUES) -> list[CapObserver]:
-    """Give every ChipConv a fresh CapObserver; returns them in layer order."""
+                     mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
+                     rank: int = 0, world: int = 1) -> list[CapObserver]:
+    """Give every ChipConv a fresh CapObserver; returns them in layer order. ``rank`` / ``world``:
+    this process's slice of each global batch (mdk.world.World)."""
     observers = []
     for layer in chip_layers(model):
-        layer.observer = CapObserver(method, percentile, mse_candidates, max_values)
+        layer.observer = CapObserver(method, percentile, mse_candidates, max_values, rank, world)
         observers.append(layer.observer)
     return observers
 
@@ -182,10 +150,10 @@ def detach_observers(model: nn.Module) -> None:
 
 @contextmanager
 def observing(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
-              mse_candidates: int = 64,
-              max_values: Optional[int] = DEFAULT_MAX_VALUES) -> Iterator[list[CapObserver]]:
+              mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
+              rank: int = 0, world: int = 1) -> Iterator[list[CapObserver]]:
     """``with observing(model): run batches; finalize_caps(model)`` - observers removed on exit."""
-    obs = attach_observers(model, method, percentile, mse_candidates, max_values)
+    obs = attach_observers(model, method, percentile, mse_candidates, max_values, rank, world)
     try:
         yield obs
     finally:
@@ -194,7 +162,8 @@ def observing(model: nn.Module, method: str = "percentile", percentile: float = 
 
 @torch.no_grad()
 def finalize_caps(model: nn.Module) -> list[float]:
-    """MAX-all-reduce every observer's statistic across ranks and write it into ``ChipConv.cap``.
+    """Combine every observer's statistic over ranks (MAX; kl: its histograms summed) and write
+    it into ``ChipConv.cap``.
 
     Every rank must call it (collective). Returns the caps in layer order.
     """
@@ -203,6 +172,11 @@ def finalize_caps(model: nn.Module) -> list[float]:
         if not isinstance(layer.observer, CapObserver) or layer.observer.stat is None:
             raise RuntimeError(f"layer {i} saw no calibration batch: attach_observers(model) and "
                                "run at least one forward pass before finalize_caps")
+    for layer in layers:
+        if layer.observer.method == "kl":
+            span, counts = layer.observer.kl_counts()
+            layer.observer.stat = torch.tensor(kl_threshold(counts, span),
+                                               device=layer.observer.top.device)
     both = torch.stack([torch.stack([l.observer.stat, l.observer.top]) for l in layers])
     both = dist.all_reduce_max(both.to(layers[0].cap.device)).cpu()
     caps = []

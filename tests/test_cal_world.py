@@ -1,0 +1,74 @@
+"""World-size-invariant calibration: the caps depend on the images, not on how a global batch is
+split over ranks. step=cal on 1 and on 2 processes writes the same caps, bit for bit, with every
+method, also where the strided sample's positions straddle the ranks' slices."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from launchers.processes.spawn import run_ranks
+from mdk.config import validate
+from mdk.engine.runner import run_stage, stage_on_rank
+from mdk.errors import ConfigError
+from mdk.quant.calibrate import rank_share
+from mdk.stage import stage_config
+from test_ddp_helpers import tiny_cfg
+
+# (method, max_values): 10007 is odd and prime, so the sample stride is > 1 on the tiny model's
+# larger layers and its positions fall across the boundary of the two ranks' slices
+CASES = [("percentile", 10007), ("percentile", None), ("max", None), ("mse", None),
+         ("kl", 10007), ("kl", None)]
+
+
+def test_rank_shares_are_the_global_positions():
+    for n, stride, world in [(10, 3, 2), (7, 7, 3), (1000, 10007, 4), (12, 1, 2), (9, 4, 3)]:
+        got = []
+        for r in range(world):
+            start, counts = rank_share(n, stride, r, world)
+            mine = list(range(r * n + start, (r + 1) * n, stride))
+            assert len(mine) == counts[r]
+            got += mine
+        assert got == list(range(0, n * world, stride))
+
+
+@pytest.fixture(scope="module")
+def step2_done(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("calworld")
+    base = tiny_cfg(tmp, "trainer.epochs=1", "trainer.limit_train_batches=2")
+    (tmp / "run").mkdir()
+    for s in ("step1", "step2"):
+        run_stage(stage_config(base, s), tmp / "run")
+    return tmp
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.parametrize("method,max_values", CASES)
+def test_cal_caps_are_bit_identical_on_1_and_2_processes(step2_done, tmp_path, method, max_values):
+    caps = []
+    for world in (1, 2):
+        ck = tmp_path / f"ck{world}"
+        shutil.copytree(step2_done / "ck", ck)
+        mv = "null" if max_values is None else max_values
+        cfg = tiny_cfg(step2_done, "step=cal", f"paths.checkpoints={ck}", f"dist.gpus={world}",
+                       "dist.cpu_threads=1", f"step.calibration.method={method}",
+                       f"step.calibration.max_values={mv}")
+        run_ranks(stage_config(cfg, "cal"), tmp_path / f"run{world}", stage_on_rank)
+        doc = json.loads((ck / "cal" / "caps.json").read_text())
+        assert doc["meta"]["world_size"] == world and doc["meta"]["method"] == method
+        caps.append([layer["cap"] for layer in doc["layers"]])
+    one, two = caps
+    assert all(c > 0 for c in one)
+    assert one == two  # exact float equality, every layer
+
+
+@pytest.mark.parametrize("key,value", [("method", "entropy"), ("percentile", "0"),
+                                       ("max_values", "0")])
+def test_a_bad_calibration_value_is_one_config_error_before_anything_runs(tmp_path, key, value):
+    for cmd in (["step=cal", f"step.calibration.{key}={value}"],
+                ["pipeline=[step1,step2,cal]", f"+stages.cal.calibration.{key}={value}"]):
+        with pytest.raises(ConfigError) as e:
+            validate(tiny_cfg(tmp_path, *cmd))
+        assert f"step.calibration.{key}=" in str(e.value) and "(cal)" in str(e.value)
