@@ -4,9 +4,10 @@ Every stage checkpoint stores two flat ``{config key: value}`` records (mdk/stag
 ``contents``):
 
 * ``meaning``: the facts its weights are only valid under: the class names in their order (the
-  head's class channels), the input size and the model's structure (``model.net``), the stage
-  that wrote it (``step.name``) and the mode its chip layers trained in (``step.quant``), and the
-  chip when its weights or activations are quantized;
+  head's class channels), the input size and the model's structure (``model.net``; its mask
+  widths only once the weights are quantized: float weights take any, so a bit plan made after
+  step1 can start step2), the stage that wrote it (``step.name``) and the mode its chip layers
+  trained in (``step.quant``), and the chip when its weights or activations are quantized;
 * ``hparams``: what it was trained with: ``optim``, ``scheduler``, ``loss``, ``seed``, the
   trainer's length, batch, batch limit and clipping, EMA, augmentation, frozen layers, a
   calibration's parameters.
@@ -41,6 +42,7 @@ MEANING_KEYS = ("dataset.class_names", "model.image_size", "model.net", "step.na
 HPARAM_KEYS = ("optim", "scheduler", "loss", "seed", "trainer.epochs", "trainer.batch_size",
                "trainer.limit_train_batches", "trainer.grad_clip", "trainer.ema", "dataset.augment",
                "model.freeze", "step.calibration")
+MASK_BITS = "model.net.mask_bits"  # not a meaning of float weights (older files recorded it)
 _OWN_STAGE = ("step.",)  # meaning keys that describe the stage itself, not its input's
 _SKIP = ("_partial_",)   # how a node is instantiated, not what it is
 _WHY = {"dataset.class_names": "its class channels would mean other classes",
@@ -83,7 +85,13 @@ def meaning_of(cfg: DictConfig, spec: StageSpec) -> dict[str, Any]:
     out = _flat(cfg, MEANING_KEYS)
     if spec.quant.weights or spec.quant.activations:
         out["chip"] = str(cfg.chip)  # the chip's bit widths are in the weights
+    else:
+        out.pop(MASK_BITS, None)  # float weights fit any widths (a bit plan comes after step1)
     return out
+
+
+def _float_weights(meaning: Mapping[str, Any]) -> bool:
+    return meaning.get("step.quant.weights") is False and meaning.get("step.quant.activations") is False
 
 
 def hparams_of(cfg: DictConfig) -> dict[str, Any]:
@@ -103,8 +111,9 @@ def _show(v: Any) -> str:
 def meaning_difference(ck: Mapping[str, Any], cfg: DictConfig, own: bool) -> Optional[Change]:
     """The first meaning key whose value in ``cfg`` differs from the checkpoint's, or None.
     ``own``: the stage's own checkpoint (its stage keys count too), else an input stage's."""
-    for key, then in (ck.get("meaning") or {}).items():
-        if not own and key.startswith(_OWN_STAGE):
+    meaning = ck.get("meaning") or {}
+    for key, then in meaning.items():
+        if not own and key.startswith(_OWN_STAGE) or key == MASK_BITS and _float_weights(meaning):
             continue
         now = _now(cfg, key)
         if now != then:

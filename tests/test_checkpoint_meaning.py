@@ -40,6 +40,23 @@ def test_the_chip_is_part_of_the_meaning_of_quantized_stages_only():
         check_input(quant_ck, PATH, cal, _spec(cal))
 
 
+def test_mask_widths_are_meaning_of_quantized_weights_only():
+    """A bit plan (python -m mdk.tools.plan_bits) is made on step1's float weights: step2 may
+    start from them with other widths, but not from quantized weights of other widths."""
+    float_ck, quant_ck = _ck(_cfg("step1")), _ck(_cfg("step2"))
+    assert "model.net.mask_bits" not in float_ck["meaning"]
+    assert quant_ck["meaning"]["model.net.mask_bits"] == [3, 3, 3, 3, 3, 3, 8]
+    planned = _cfg("step2", "model.net.mask_bits=[8,3,1,3,3,3,8]")
+    check_input(float_ck, PATH, planned, _spec(planned))
+    older = {**float_ck, "meaning": {**float_ck["meaning"],
+                                     "model.net.mask_bits": [3, 3, 3, 3, 3, 3, 8]}}
+    check_input(older, PATH, planned, _spec(planned))  # a float file that still recorded them
+    cal = _cfg("cal", "model.net.mask_bits=[8,3,1,3,3,3,8]")
+    with pytest.raises(CheckpointError, match=r"^model.net.mask_bits=\[8, 3, 1, 3, 3, 3, 8\] "
+                       r"differs from the checkpoint's \[3, 3, 3, 3, 3, 3, 8\]"):
+        check_input(quant_ck, PATH, cal, _spec(cal))
+
+
 def test_an_input_is_not_compared_on_its_own_stage_record_but_a_resume_is():
     step2 = _cfg("step2")
     check_input(_ck(_cfg("step1")), PATH, step2, _spec(step2))  # step1's name and mode: fine
