@@ -11,6 +11,8 @@ import torch
 
 from conftest import REPO, TINY, run_cmd_env
 from mdk.engine.build import build_data
+from mdk.engine.runner import run_stage
+from mdk.errors import ConfigError
 from mdk.insight.layer_modes import mask_bits_of, measure_quantized, quantized_only
 from mdk.insight.report_json import ranking, sensitivities
 from mdk.insight.report_stage import share
@@ -19,6 +21,7 @@ from mdk.insight.sqnr import activation_sqnr, db, weight_sqnr
 from mdk.models.build import build_model
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.layers import ChipConv
+from mdk.stage import stage_config
 from mdk.tools import quant_report
 
 
@@ -125,3 +128,9 @@ def test_no_checkpoints_is_one_line_naming_the_folder(tmp_path):
     line = p.stderr.strip().splitlines()[-1]
     assert line.startswith(f"missing stage input: paths.checkpoints={ck} holds no stage checkpoint")
     assert "python run.py pipeline=[step1,step2,cal,step3,step4]" in line
+
+
+def test_a_bad_sensitivity_subset_is_one_config_error(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("step=quant_report", "step.report.sensitivity_images=0")
+    with pytest.raises(ConfigError, match=r"step\.report\.sensitivity_images=0 must be >= 1"):
+        run_stage(stage_config(cfg, "quant_report"), tmp_path / "run")

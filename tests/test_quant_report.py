@@ -20,6 +20,7 @@ import torch
 from conftest import REPO, TINY, compose, run_cmd_env
 from mdk.checkpoint import load_checkpoint, save_checkpoint
 from mdk.engine.runner import run_stage
+from mdk.errors import ConfigError
 from mdk.stage import stage_config
 
 STAGES = ("step1", "step2", "cal", "step3", "step4")
@@ -138,3 +139,9 @@ def test_one_and_two_processes_write_the_same_json(chain, tmp_path):
     assert out[0] == out[1]
     rep = json.loads(out[0])
     assert rep["sensitivity_images"] == 20 and len(rep["layers"]) == 7
+
+
+def test_another_input_size_than_the_chain_is_one_config_error(chain, tmp_path):
+    with pytest.raises(ConfigError, match=r"was made for model\.image_size=64 .* this run "
+                                          r"composes model\.image_size=96"):
+        _report([*chain["overrides"], "model.image_size=96"], tmp_path / "run")
