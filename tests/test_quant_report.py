@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, compose, run_cmd_env
+from test_sinks import read_events
 from mdk.checkpoint import load_checkpoint, save_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import ConfigError
@@ -114,7 +115,7 @@ def test_a_planted_defect_is_ranked_first_and_a_missing_stage_is_skipped(chain, 
     ck = tmp_path / "ck"
     _planted_copy(chain["ckpt"], ck, ("cal", "step3"))  # no step1, step2, step4: not listed
     over = [o for o in chain["overrides"] if not o.startswith("paths.checkpoints=")]
-    rep = _report([*over, f"paths.checkpoints={ck}"], tmp_path / "run")
+    rep = _report([*over, f"paths.checkpoints={ck}", "logger=tensorboard"], tmp_path / "run")
     assert [s["stage"] for s in rep["stages"]] == ["cal", "step3"]
     layers = rep["layers"]
     assert rep["ranking"][0] == DEFECT
@@ -122,6 +123,11 @@ def test_a_planted_defect_is_ranked_first_and_a_missing_stage_is_skipped(chain, 
     assert min(range(7), key=lambda i: iso[i]) == DEFECT
     assert layers[DEFECT]["clipped_fraction"] == max(d["clipped_fraction"] for d in layers)
     assert layers[DEFECT]["sensitivity_map"] > 0.05
+    # with the TensorBoard logger on, the numbers (x: the layer) and the figure are there too
+    ea = read_events(tmp_path / "run" / "tensorboard" / REPORT)
+    iso_tb = [(e.step, e.value) for e in ea.Scalars("quant_report/act_sqnr_db_isolated")]
+    assert iso_tb == [(i, pytest.approx(v, rel=1e-6)) for i, v in enumerate(iso)]
+    assert "quant_report/figure" in ea.Tags()["images"]
 
 
 def test_one_and_two_processes_write_the_same_json(chain, tmp_path):

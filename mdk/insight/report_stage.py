@@ -12,11 +12,10 @@ the table, and sends the numbers and the figure to the metric sinks.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -73,9 +72,7 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
     if subject is not None:
         items += [("float",), ("quantized",), ("sqnr",)]
         items += [(kind, i) for i in bits for kind in ("only", "left")]
-    costs = [full.images * (CHIP_MODEL_COST if it[0] == "stage" and rows[it[1]].is_chip_model
-                            else 1) if it[0] == "stage"
-             else sub.images * (SQNR_COST if it[0] == "sqnr" else 1) for it in items]
+    costs = [_cost(it, rows, full, sub) for it in items]
     mine = share(costs, world.size)[world.rank]
     log.info("quantization report: %d items (%d on this rank), subject %s", len(items),
              len(mine), subject_row.stage if subject_row else None)
@@ -90,11 +87,7 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
         assert subject is not None
         if it[0] == "sqnr":
             return layer_table(subject, _image_batches(sub), chip)
-        chosen: dict[str, Callable[[], dict[int, int]]] = {
-            "float": lambda: {}, "quantized": lambda: bits,
-            "only": lambda: {it[1]: bits[it[1]]},
-            "left": lambda: {i: b for i, b in bits.items() if i != it[1]}}
-        return measure_quantized(subject, chosen[it[0]](), sub, chip)
+        return measure_quantized(subject, _quantized_layers(it, bits), sub, chip)
 
     done: dict[Item, Any] = {}
     for k in mine:
@@ -111,7 +104,25 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
     return {"metric": report["metric"], "report": str(ctx.run_dir / "quant_report.json")}
 
 
-def _image_batches(data: EvalSet):
+def _cost(it: Item, rows: list[Present], full: EvalSet, sub: EvalSet) -> float:
+    """An item's expected time, in images of one fake-quant pass."""
+    if it[0] == "stage":
+        return full.images * (CHIP_MODEL_COST if rows[it[1]].is_chip_model else 1)
+    return sub.images * (SQNR_COST if it[0] == "sqnr" else 1)
+
+
+def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
+    """The layers a sensitivity item quantizes, at the subject's own widths."""
+    if it[0] == "float":
+        return {}
+    if it[0] == "only":
+        return {it[1]: bits[it[1]]}
+    if it[0] == "left":
+        return {i: b for i, b in bits.items() if i != it[1]}
+    return dict(bits)  # "quantized": every layer
+
+
+def _image_batches(data: EvalSet) -> Iterator[torch.Tensor]:
     for images, _, _ in DataLoader(data.dataset, batch_size=data.batch_size):
         yield images.to(data.device)
 
