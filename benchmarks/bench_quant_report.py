@@ -5,7 +5,9 @@ Prints the wall time of the whole command ``python -m mdk.tools.quant_report`` (
 what the user waits; and the report's own work, from its log) and, measured in the same run, one
 evaluation pass of the report's subject (its best.pth, all val images, one process, the tool's
 batch size; model loading not counted), and their ratio. Target (issue 28): the whole report on
-the default model and data in <= 3 minutes on 2 cores.
+the default model and data in <= 3 minutes on 2 cores. On a machine shared with other jobs use
+``--threads 1`` (one intra-op thread for the pass and for each report process): its CPU-time
+ratio is what other jobs disturb least.
 
 Without ``--checkpoints`` a short chain (one epoch per stage, 8 batches each) is trained first
 into a temporary folder: the numbers of interest are times, not mAP. ``--smoke``: the TINY
