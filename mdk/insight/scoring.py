@@ -45,6 +45,8 @@ class FirstImages:
         return self.dataset[i]
 
     def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (a copy being unpickled): no endless lookup
+            raise AttributeError(name)
         return getattr(self.dataset, name)
 
 
