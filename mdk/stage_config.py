@@ -62,7 +62,20 @@ class CalibrationStageConf(StageConf):
     calibration: CalibrationConf = field(default_factory=CalibrationConf)
 
 
-SCHEMAS: dict[str, type] = {"stage": StageConf, "calibration_stage": CalibrationStageConf}
+@dataclass
+class ReportConf:
+    """What the quantization report measures (mdk/insight): the per-layer sensitivity runs on
+    the first ``sensitivity_images`` images of the val split (the waterfall on all of them)."""
+    sensitivity_images: int = 96
+
+
+@dataclass
+class ReportStageConf(StageConf):
+    report: ReportConf = field(default_factory=ReportConf)
+
+
+SCHEMAS: dict[str, type] = {"stage": StageConf, "calibration_stage": CalibrationStageConf,
+                            "report_stage": ReportStageConf}
 
 
 def check_kind(kind: Any, stage: str) -> str:

@@ -37,6 +37,9 @@ RESULTS = {
     "bench_memory.py": [rf"activation_checkpointing=on\s+process peak RSS\s+{NUM} MB",
                         rf"training-step peak lower by {NUM} %", r"same losses: True"],
     "bench_quant.py": [rf"step3 / float\(step1\)\s+= {NUM}", rf"cal / eval\s+= {NUM}"],
+    "bench_quant_report.py": [rf"one evaluation pass \(\S+, \d+ val images\): {NUM} s",
+                              rf"quant_report command: {NUM} s wall \(report work {NUM} s\) = "
+                              rf"{NUM} x one evaluation pass"],
     "bench_startup.py": [rf"command -> first iteration: {NUM} s wall", rf"median {NUM} s",
                          r"slowest imports of `run\.py --help`"],
 }

@@ -32,7 +32,8 @@ def test_help_lists_stages_groups_launchers_commands_and_docs():
     assert list(s) == ["header", "Stages", "Config groups", "Launchers for -m", "Everyday commands",
                        "Read more"]
     assert "Powered by Hydra" not in res.stdout and res.stdout.startswith("mdk: ")
-    assert [line.split()[0] for line in s["Stages"]] == list(STAGES)
+    # the chain in pipeline order, then the report on it (a stage that trains nothing)
+    assert [line.split()[0] for line in s["Stages"]] == [*STAGES, "quant_report"]
     # Every group folder of conf/ with its options (filled in by Hydra), the search configs too.
     groups = dict(line.split(": ", 1) for line in s["Config groups"])
     conf = REPO / "conf"

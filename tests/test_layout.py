@@ -39,7 +39,9 @@ FLOORS = [
     # checks and checkpoints of a run
     ["mdk.stage_checkpoint", "mdk.checkpoint_meaning", "mdk.config", "mdk.preflight"],
     ["mdk.engine"],                                       # one stage in one process
-    ["mdk.tools"],                                        # command-line tools on the library
+    # command-line tools on the library; the quantization report's measures (they reuse the
+    # evaluate tool's loaders)
+    ["mdk.tools", "mdk.insight"],
     ["launchers", "launchers.processes", "launchers.bootstrap"],  # how ranks start and meet
     ["launchers.reports"],                                # what a run and a sweep print
     ["launchers.hydra_app", "launchers.align"],           # the command line around Hydra

@@ -82,6 +82,24 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
                                      limit_batches, num_workers, loss_fn, progress, world)
     parts = dist.all_gather_object((local, loss_sum, count))
+    return _score(parts, dataset, metric, box_rule, loss_fn is not None, keep)
+
+
+def evaluate_alone(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
+                   conf_thresh: float = 0.01, nms_iou: float = 0.5, loss_fn: Any = None,
+                   metric: str = "voc07", box_rule: str = "devkit") -> dict[str, Any]:
+    """``evaluate``'s numbers for the whole ``dataset`` computed by this process alone, with no
+    collective even inside a distributed run: one rank can score one model while its peers
+    score others (mdk/insight). The same batches give the same numbers as ``evaluate`` in a
+    single process."""
+    local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
+                                     loss_fn=loss_fn)
+    return _score([(local, loss_sum, count)], dataset, metric, box_rule, loss_fn is not None)
+
+
+def _score(parts: list, dataset: Any, metric: str, box_rule: str, with_loss: bool,
+           keep: Optional[list] = None) -> dict[str, Any]:
+    """The metric over every rank's ``(detections, summed loss, images)``."""
     merged: dict[int, dict] = {}
     for part in parts:
         merged.update(part[0])
@@ -95,7 +113,7 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
                            "images": len(merged)}
     if metric == "coco":
         res["map_coco"] = float(result["map"])  # AP@[.5:.95], COCO's headline
-    if loss_fn is not None and total_count:
+    if with_loss and total_count:
         res["loss"] = total_loss / total_count
     if keep is not None:
         keep[:] = [result, merged]

@@ -83,7 +83,7 @@ def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
     return any(n == k or n.startswith(k + ".") for n in names for k in keys)
 
 
-def _with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -> DictConfig:
+def with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -> DictConfig:
     """``cfg`` with the checkpoint's own model/chip config unless the user overrode them."""
     saved = ck.get("config")
     if not isinstance(saved, dict) or _overrides_key(overrides, "model", "chip"):
@@ -100,7 +100,7 @@ def _with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) 
 def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
     """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant)."""
     ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
-    cfg = _with_checkpoint_model(compose_config(overrides), ck, overrides)
+    cfg = with_checkpoint_model(compose_config(overrides), ck, overrides)
     model, _ = load_model_for(cfg, path, mode="eval")
     spec = spec_of(ck)
     if model.num_classes != int(cfg.dataset.num_classes):

@@ -1,0 +1,62 @@
+"""Quantize only some chip layers of a model, at chosen mask widths: the building block of the
+per-layer sensitivity and of a bit-width plan.
+
+The model is a *subject*: a quantized stage's weights with BN folded and calibrated caps
+(mdk/insight/stages.py loads one). Its float reference is the same weights with every layer's
+``quant_weight`` and ``quant_act`` off, so a difference measures quantization alone, not other
+weights. A layer switched on gets the chip's weight quantizer for its mask width (the chip's
+(weight bits, bias bits), mdk/quant/chips.py) and the 5-bit activation at its cap.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+from torch import nn
+
+from mdk.insight.scoring import EvalSet, Score, score
+from mdk.quant.bn_fold import chip_layers
+from mdk.quant.chips import chip_bits
+
+
+def mask_bits_of(model: nn.Module) -> dict[int, int]:
+    """Every chip layer's mask width as the model has it: ``{index: bits}``."""
+    return {i: int(layer.mask_bits) for i, layer in enumerate(chip_layers(model))}
+
+
+@contextmanager
+def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str) -> Iterator[nn.Module]:
+    """``model`` with the layers in ``mask_bits`` quantized (weights at those mask widths on
+    ``chip``, 5-bit activations at their caps) and every other layer float; the layers' own
+    switches and widths are put back afterwards. Raises ValueError for an index the model does
+    not have, a width the chip has no mask for, or a quantized layer without a cap."""
+    layers = chip_layers(model)
+    bad = sorted(set(mask_bits) - set(range(len(layers))))
+    if bad:
+        raise ValueError(f"layers {bad} do not exist: the model has {len(layers)} chip layers")
+    wanted = {i: (int(b), chip_bits(str(chip), int(b))) for i, b in mask_bits.items()}
+    uncalibrated = [i for i in wanted if not float(layers[i].cap) > 0]
+    if uncalibrated:
+        raise ValueError(f"layers {uncalibrated} have no activation cap (cap 0): the subject must "
+                         "be a calibrated stage's checkpoint")
+    saved = [(layer.quant_weight, layer.quant_act, layer.mask_bits, layer.chip_bits)
+             for layer in layers]
+    try:
+        for i, layer in enumerate(layers):
+            on = i in wanted
+            layer.quant_weight = layer.quant_act = on
+            if on:
+                layer.mask_bits, layer.chip_bits = wanted[i]
+        yield model
+    finally:
+        for layer, (qw, qa, bits, cb) in zip(layers, saved):
+            layer.quant_weight, layer.quant_act, layer.mask_bits, layer.chip_bits = qw, qa, bits, cb
+
+
+def measure_quantized(model: nn.Module, mask_bits: Mapping[int, int], data: EvalSet,
+                      chip: str) -> Score:
+    """(mAP, loss) on ``data`` of ``model`` with only the layers of ``mask_bits`` quantized, at
+    those widths (``{layer index: mask bits}``; ``{}``: the float reference, every layer:
+    the fully quantized model). In this process alone; the model is left as it was."""
+    with quantized_only(model, mask_bits, chip):
+        return score(model, data)

@@ -1,0 +1,170 @@
+"""The quantization report as a stage's work (``kind: mdk.insight.report_stage.quant_report`` in
+conf/step/quant_report.yaml): run by the normal launcher, so ``dist.gpus=N``, SLURM, stop
+signals and one-line errors work as for any stage. ``python -m mdk.tools.quant_report`` runs it.
+
+The work is a list of items (a stage's evaluation on the whole val split; the subject's float
+reference and fully quantized model, each layer quantized alone and left float alone, on the
+sensitivity images; the SQNR pass). Each item is done wholly by one rank, alone (no collective
+inside), on the same batches whatever the split; the ranks share the items by their expected
+cost and rank 0 gathers the numbers, so 1 and N processes write the same JSON. Rank 0 writes
+``quant_report.json``, ``quant_report.png`` and ``quant_report.txt`` into the run dir, prints
+the table, and sends the numbers and the figure to the metric sinks.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Iterator, Mapping, Optional
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from mdk import dist
+from mdk.engine.context import StageContext
+from mdk.errors import ConfigError
+from mdk.insight import report_plot
+from mdk.insight.layer_modes import mask_bits_of, measure_quantized
+from mdk.insight.report_json import build_report, sensitivities, table
+from mdk.insight.scoring import EvalSet, Score, score
+from mdk.insight.sqnr import layer_table
+from mdk.insight.stages import Present, load_row, load_subject, present_stages, subject_of
+from mdk.sinks.build import build_sinks
+
+log = logging.getLogger(__name__)
+
+CHIP_MODEL_COST = 20  # the integer reference (int64 convs) against one fake-quant pass, measured
+SQNR_COST = 3         # the SQNR item: a float pass, every layer alone, a quantized pass
+
+Item = tuple  # ("stage", k) | ("float",) | ("quantized",) | ("only", i) | ("left", i) | ("sqnr",)
+
+
+def share(costs: list[float], ranks: int) -> list[list[int]]:
+    """Item indices per rank: the costliest item first to the least loaded rank (ties: the
+    lower rank). Deterministic; which rank does an item never changes its numbers."""
+    load = [0.0] * ranks
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
+        r = min(range(ranks), key=lambda r: (load[r], r))
+        out[r].append(k)
+        load[r] += costs[k]
+    return [sorted(ks) for ks in out]
+
+
+def quant_report(ctx: StageContext) -> Mapping[str, Any]:
+    t0 = time.perf_counter()
+    cfg, world = ctx.cfg, ctx.world
+    n_sub = int(cfg.step.report.sensitivity_images)
+    if n_sub < 1:
+        raise ConfigError(f"step.report.sensitivity_images={n_sub} must be >= 1 (the first N val "
+                          "images score each layer's sensitivity)")
+    chip, grid = str(cfg.chip), int(ctx.model.grid)
+    rows = present_stages(cfg, ctx.spec.name)
+    subject_row = subject_of(rows)
+    full = EvalSet.from_config(cfg, ctx.val_ds, world.device)
+    sub = EvalSet.from_config(cfg, ctx.val_ds, world.device, n_sub)
+    cpu_full = EvalSet.from_config(cfg, ctx.val_ds, torch.device("cpu"))
+    subject = load_subject(cfg, subject_row, grid).to(world.device) if subject_row else None
+    bits = mask_bits_of(subject) if subject is not None else {}
+
+    items: list[Item] = [("stage", k) for k in range(len(rows))]
+    if subject is not None:
+        items += [("float",), ("quantized",), ("sqnr",)]
+        items += [(kind, i) for i in bits for kind in ("only", "left")]
+    costs = [_cost(it, rows, full, sub) for it in items]
+    mine = share(costs, world.size)[world.rank]
+    log.info("quantization report: %d items (%d on this rank), subject %s", len(items),
+             len(mine), subject_row.stage if subject_row else None)
+
+    def run(it: Item) -> Any:
+        if it[0] == "stage":
+            row = rows[it[1]]
+            model = load_row(cfg, row, grid)
+            if row.is_chip_model:  # the integer reference runs on the CPU
+                return score(model, cpu_full)
+            return score(model.to(world.device), full)
+        assert subject is not None
+        if it[0] == "sqnr":
+            return layer_table(subject, _image_batches(sub), chip)
+        return measure_quantized(subject, _quantized_layers(it, bits), sub, chip)
+
+    done: dict[Item, Any] = {}
+    for k in mine:
+        t = time.perf_counter()
+        done[items[k]] = run(items[k])
+        log.info("  %s: %.1f s", items[k], time.perf_counter() - t)
+    merged: dict[Item, Any] = {}
+    for part in dist.all_gather_object(done):
+        merged.update(part)
+    report = _assemble(rows, subject_row, merged, full, sub, str(cfg.chip))
+    if world.is_main:
+        _write(ctx, report)
+    log.info("quantization report done in %.1f s", time.perf_counter() - t0)
+    return {"metric": report["metric"], "report": str(ctx.run_dir / "quant_report.json")}
+
+
+def _cost(it: Item, rows: list[Present], full: EvalSet, sub: EvalSet) -> float:
+    """An item's expected time, in images of one fake-quant pass."""
+    if it[0] == "stage":
+        return full.images * (CHIP_MODEL_COST if rows[it[1]].is_chip_model else 1)
+    return sub.images * (SQNR_COST if it[0] == "sqnr" else 1)
+
+
+def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
+    """The layers a sensitivity item quantizes, at the subject's own widths."""
+    if it[0] == "float":
+        return {}
+    if it[0] == "only":
+        return {it[1]: bits[it[1]]}
+    if it[0] == "left":
+        return {i: b for i, b in bits.items() if i != it[1]}
+    return dict(bits)  # "quantized": every layer
+
+
+def _image_batches(data: EvalSet) -> Iterator[torch.Tensor]:
+    for images, _, _ in DataLoader(data.dataset, batch_size=data.batch_size):
+        yield images.to(data.device)
+
+
+def _assemble(rows: list[Present], subject_row: Optional[Present], merged: Mapping[Item, Any],
+              full: EvalSet, sub: EvalSet, chip: str) -> dict[str, Any]:
+    """The report's JSON document from the gathered numbers of every item."""
+    stages = [{"stage": r.stage, "mode": r.mode, "map": merged[("stage", k)].map,
+               "loss": merged[("stage", k)].loss} for k, r in enumerate(rows)]
+    layers: list[dict[str, Any]] = []
+    about: dict[str, Any] = {"metric": merged[("stage", 0)].metric, "chip": chip,
+                             "split": str(full.dataset.split), "waterfall_images": full.images,
+                             "sensitivity_images": sub.images if subject_row else 0}
+    if subject_row is not None:
+        f, q = merged[("float",)], merged[("quantized",)]
+        about.update(subject_float=f.numbers(), subject_quantized=q.numbers())
+        for d in merged[("sqnr",)]:
+            i = d["index"]
+            layers.append({**d, **sensitivities(f, q, merged[("only", i)], merged[("left", i)])})
+    return build_report(stages, layers, subject_row.stage if subject_row else None, about)
+
+
+def _write(ctx: StageContext, report: dict[str, Any]) -> None:
+    out = ctx.run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quant_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = table(report)
+    (out / "quant_report.txt").write_text(text + "\n")
+    image = report_plot.save(report, out / "quant_report.png")
+    print(text, flush=True)
+    print(f"wrote {out / 'quant_report.json'}, quant_report.png, quant_report.txt", flush=True)
+    sink = build_sinks(ctx.cfg.logger, out, OmegaConf.to_container(ctx.cfg, resolve=True),
+                       True, stage=ctx.spec.name, group=ctx.group)
+    try:
+        for k, s in enumerate(report["stages"]):
+            sink.log({"quant_report/stage_map": s["map"], "quant_report/stage_loss": s["loss"]}, k)
+        for d in report["layers"]:
+            sink.log({f"quant_report/{key}": d[key] for key in (
+                "weight_sqnr_db", "act_sqnr_db_isolated", "act_sqnr_db_cumulative",
+                "clipped_fraction", "sensitivity_map", "sensitivity_loss") if d[key] is not None},
+                d["index"])
+        sink.log_image("quant_report/figure", image, 0)
+        sink.log_text("quant_report/table", "```\n" + text + "\n```", 0)
+    finally:
+        sink.close()

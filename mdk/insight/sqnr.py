@@ -1,0 +1,127 @@
+"""Signal-to-quantization-noise ratios of a subject's chip layers, and how much each clips.
+
+* weight SQNR: ``10 log10(sum w^2 / sum (w - w_q)^2)`` over a layer's conv weights, ``w_q`` the
+  chip's weight quantizer for its mask width (mdk/quant/weights.py), with the layer's shift;
+* activation SQNR of a layer's output (after its activation and pool) against the float
+  model's on the same images: *isolated* (the float input fed to the layer quantized alone,
+  from one float pass) and *cumulative* (the fully quantized model: every error up to it);
+* clipped fraction: the share of the layer's pre-activation values above its cap in the fully
+  quantized model (they saturate at the top level).
+
+A ratio with no noise at all is ``None`` (infinite).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import nn
+
+from mdk.insight.layer_modes import mask_bits_of, quantized_only
+from mdk.quant.bn_fold import chip_layers
+from mdk.quant.chips import chip_bits
+from mdk.quant.weights import compute_shift, quantize_conv
+
+
+def db(signal: float, noise: float) -> Optional[float]:
+    """``10 log10(signal / noise)``; None when there is no noise."""
+    if noise <= 0:
+        return None
+    if signal <= 0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def weight_sqnr(layer: nn.Module, mask_bits: int, chip: str) -> tuple[Optional[float], int]:
+    """(weight SQNR in dB, shift) of one chip layer's float weights quantized at ``mask_bits``."""
+    wb, bb = chip_bits(str(chip), int(mask_bits))
+    w, b = layer.conv.weight.detach(), layer.conv.bias
+    b = None if b is None else b.detach()
+    with torch.no_grad():
+        w_q, _ = quantize_conv(w, b, int(mask_bits), wb, bb)
+        shift = int(compute_shift(w, b, wb, bb))
+        w64 = w.double()
+        return db(float((w64 ** 2).sum()), float(((w64 - w_q.double()) ** 2).sum())), shift
+
+
+@dataclass
+class _Sums:
+    signal: float = 0.0
+    noise_isolated: float = 0.0
+    noise_cumulative: float = 0.0
+    clipped: int = 0
+    values: int = 0
+
+
+def _outputs(model: nn.Module, images: torch.Tensor, with_inputs: bool,
+             pre: Optional[list] = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every chip layer's (input, output) of one forward; ``pre`` receives each layer's
+    pre-activation (the conv output the calibration observes)."""
+    layers = chip_layers(model)
+    ins: list[torch.Tensor] = []
+    outs: list[torch.Tensor] = []
+
+    def keep(_m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        if with_inputs:
+            ins.append(args[0])
+        outs.append(out)
+
+    hooks = [layer.register_forward_hook(keep) for layer in layers]
+    if pre is not None:
+        for layer in layers:
+            layer.observer = lambda y, layer=layer: pre.append(
+                (int((y > layer.cap).sum()), y.numel()))
+    try:
+        model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+        if pre is not None:
+            for layer in layers:
+                layer.observer = None
+    return ins, outs
+
+
+@torch.no_grad()
+def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
+                    ) -> list[dict[str, Any]]:
+    """Per chip layer of the subject ``model``: ``act_sqnr_db_isolated``,
+    ``act_sqnr_db_cumulative`` and ``clipped_fraction`` over the images of ``batches``
+    (uint8 image tensors), every layer at the mask width the model has."""
+    layers = chip_layers(model)
+    bits = mask_bits_of(model)
+    sums = [_Sums() for _ in layers]
+    for images in batches:
+        with quantized_only(model, {}, chip):
+            ins, ref = _outputs(model, images, with_inputs=True)
+        for i, layer in enumerate(layers):  # each layer alone on the float model's input
+            with quantized_only(model, {i: bits[i]}, chip):
+                q = layer(ins[i])
+            sums[i].noise_isolated += float(((q.double() - ref[i].double()) ** 2).sum())
+            sums[i].signal += float((ref[i].double() ** 2).sum())
+        del ins
+        pre: list[tuple[int, int]] = []
+        with quantized_only(model, bits, chip):
+            _, full = _outputs(model, images, with_inputs=False, pre=pre)
+        for i in range(len(layers)):
+            sums[i].noise_cumulative += float(((full[i].double() - ref[i].double()) ** 2).sum())
+            sums[i].clipped += pre[i][0]
+            sums[i].values += pre[i][1]
+    return [{"act_sqnr_db_isolated": db(s.signal, s.noise_isolated),
+             "act_sqnr_db_cumulative": db(s.signal, s.noise_cumulative),
+             "clipped_fraction": s.clipped / s.values if s.values else 0.0} for s in sums]
+
+
+def layer_table(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
+                ) -> list[dict[str, Any]]:
+    """Per chip layer: ``index``, ``mask_bits``, ``shift``, ``cap``, ``weight_sqnr_db`` and the
+    activation numbers of ``activation_sqnr``."""
+    acts = activation_sqnr(model, batches, chip)
+    out = []
+    for i, (layer, act) in enumerate(zip(chip_layers(model), acts)):
+        w_db, shift = weight_sqnr(layer, int(layer.mask_bits), chip)
+        out.append({"index": i, "mask_bits": int(layer.mask_bits), "shift": shift,
+                    "cap": float(layer.cap), "weight_sqnr_db": w_db, **act})
+    return out
