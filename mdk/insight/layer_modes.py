@@ -25,17 +25,19 @@ def mask_bits_of(model: nn.Module) -> dict[int, int]:
 
 
 @contextmanager
-def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str) -> Iterator[nn.Module]:
+def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str,
+                   activations: bool = True) -> Iterator[nn.Module]:
     """``model`` with the layers in ``mask_bits`` quantized (weights at those mask widths on
-    ``chip``, 5-bit activations at their caps) and every other layer float; the layers' own
-    switches and widths are put back afterwards. Raises ValueError for an index the model does
-    not have, a width the chip has no mask for, or a quantized layer without a cap."""
+    ``chip``, and 5-bit activations at their caps unless ``activations=False``) and every other
+    layer float; the layers' own switches and widths are put back afterwards. Raises ValueError
+    for an index the model does not have, a width the chip has no mask for, or a layer whose
+    activations are quantized without a cap."""
     layers = chip_layers(model)
     bad = sorted(set(mask_bits) - set(range(len(layers))))
     if bad:
         raise ValueError(f"layers {bad} do not exist: the model has {len(layers)} chip layers")
     wanted = {i: (int(b), chip_bits(str(chip), int(b))) for i, b in mask_bits.items()}
-    uncalibrated = [i for i in wanted if not float(layers[i].cap) > 0]
+    uncalibrated = [i for i in wanted if activations and not float(layers[i].cap) > 0]
     if uncalibrated:
         raise ValueError(f"layers {uncalibrated} have no activation cap (cap 0): the subject must "
                          "be a calibrated stage's checkpoint")
@@ -44,7 +46,7 @@ def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str) ->
     try:
         for i, layer in enumerate(layers):
             on = i in wanted
-            layer.quant_weight = layer.quant_act = on
+            layer.quant_weight, layer.quant_act = on, on and activations
             if on:
                 layer.mask_bits, layer.chip_bits = wanted[i]
         yield model

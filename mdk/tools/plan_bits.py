@@ -1,0 +1,161 @@
+"""Choose the mask width of each major layer under a coefficient-memory budget.
+
+    python -m mdk.tools.plan_bits budget_kb=900 [overrides]
+    python -m mdk.tools.plan_bits budget_kb=current images=400 by=map out=plans/small.json
+
+Reads the float stage's best.pth under ``paths.checkpoints`` (step1; the same composition as
+``python run.py``), measures what each chip width costs each major layer (only that major layer's
+weights quantized, on the first ``images`` val images: mdk/insight/bit_sensitivity.py), and picks
+the widths of least summed cost whose coefficients fit ``budget_kb`` KiB (exact: dynamic
+programming over memory, mdk/quant/bit_plan.py). ``budget_kb=current`` is the memory of the
+model's widths today. Prints the costs, the plan and the override to train with, e.g.
+
+    python run.py 'pipeline=[step2,cal,step3,step4]' 'model.net.mask_bits=[8,8,3,...]'
+
+and writes them to ``out`` (default ``plan_bits.json``). Tool keys: ``budget_kb`` (required),
+``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost),
+``out``; every other argument is a config override.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mdk.errors import error_line
+from mdk.engine.build import build_data
+from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
+from mdk.insight.scoring import EvalSet, score
+from mdk.quant.bit_plan import BitPlan, plan_bits
+from mdk.quant.bn_fold import chip_layers
+from mdk.quant.modes import QuantMode, apply_mode
+from mdk.stage import chain, stage_names, stage_spec
+from mdk.stage_checkpoint import BEST, checkpoint_root
+from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoint_model
+
+log = logging.getLogger(__name__)
+
+TOOL_KEYS = {"budget_kb": None, "images": "200", "by": "loss", "out": "plan_bits.json"}
+KIB = 8192  # bits
+
+
+def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """(tool keys, config overrides) of the command line."""
+    keys, overrides = dict(TOOL_KEYS), []
+    for a in argv:
+        name, _, value = a.partition("=")
+        if name in TOOL_KEYS:
+            keys[name] = value
+        else:
+            overrides.append(a)
+    if keys["budget_kb"] is None:
+        raise ToolError("budget_kb=<KiB> is required: the coefficient memory the plan may use "
+                        "(budget_kb=current: what the model's widths take today)")
+    if keys["by"] not in BY:
+        raise ToolError(f"by={keys['by']!r}: measure the cost by one of {', '.join(BY)}")
+    if not keys["images"].isdigit() or int(keys["images"]) < 1:
+        raise ToolError(f"images={keys['images']!r} must be a whole number >= 1 (val images scored)")
+    return keys, overrides
+
+
+def float_checkpoint(cfg: Any) -> Path:
+    """The float stage's best.pth under paths.checkpoints (the last float training stage of the
+    chain that has one)."""
+    root = checkpoint_root(cfg)
+    floats = [s for s in stage_names() if stage_spec(s).trains and stage_spec(s).quant.is_float]
+    for s in sorted(floats, key=lambda s: -len(chain(s))):
+        if (root / s / BEST).is_file():
+            return root / s / BEST
+    raise ToolError(f"no float checkpoint under paths.checkpoints={root} (looked for "
+                    f"{', '.join(f'{s}/{BEST}' for s in floats)}); train it first, e.g. python "
+                    f"run.py step={floats[0] if floats else '...'} with the same overrides")
+
+
+def budget_bits(value: str, loaded: Loaded) -> int:
+    bits = [int(layer.mask_bits) for layer in chip_layers(loaded.model)]
+    if value == "current":
+        return memory_of(loaded.model, bits)
+    try:
+        kb = float(value)
+    except ValueError:
+        raise ToolError(f"budget_kb={value!r} must be a number of KiB or 'current'") from None
+    if not kb > 0:
+        raise ToolError(f"budget_kb={value} must be > 0")
+    return int(kb * KIB)
+
+
+def per_layer(plan: BitPlan, groups: list[list[int]]) -> list[int]:
+    """One width per chip layer: each major layer's width for all of its layers."""
+    return [b for g, b in zip(groups, plan.bits) for _ in g]
+
+
+def report(costs: WidthCosts, plan: BitPlan, widths: list[int], loaded: Loaded,
+           budget: int, meta: dict[str, Any]) -> dict[str, Any]:
+    major = costs.major(loaded.model)
+    return {**meta, "by": costs.by, "budget_bits": budget, "memory_bits": plan.memory_bits,
+            "reference": costs.reference.numbers(), "widths": widths,
+            "major_layers": [{"layers": g, "weights": m.weights,
+                              "cost": {str(b): m.sensitivity[b] for b in widths},
+                              "score": {str(b): costs.scores[k][b].numbers() for b in widths},
+                              "mask_bits": plan.bits[k]}
+                             for k, (g, m) in enumerate(zip(costs.groups, major))],
+            "cost": plan.sensitivity, "mask_bits": per_layer(plan, costs.groups)}
+
+
+def table(doc: dict[str, Any]) -> str:
+    widths = doc["widths"]
+    unit = "val loss increase" if doc["by"] == "loss" else "mAP lost"
+    lines = [f"cost of each width ({unit} on {doc['images']} val images; float: mAP "
+             f"{doc['reference']['map']:.4f}, loss {doc['reference']['loss']:.4f}):",
+             "major  layers        weights  " + "  ".join(f"{b:>2}-bit cost" for b in widths)
+             + "  plan"]
+    for k, m in enumerate(doc["major_layers"]):
+        span = f"{m['layers'][0]}-{m['layers'][-1]}" if len(m["layers"]) > 1 else f"{m['layers'][0]}"
+        lines.append(f"{k:>5}  {span:<12}  {m['weights']:>7}  "
+                     + "  ".join(f"{m['cost'][str(b)]:>+11.4f}" for b in widths)
+                     + f"  {m['mask_bits']:>2}-bit")
+    lines.append(f"plan: summed cost {doc['cost']:+.4f}, coefficients {doc['memory_bits'] / KIB:.1f} "
+                 f"KiB of the budget's {doc['budget_bits'] / KIB:.1f} KiB")
+    lines.append("model.net.mask_bits=[" + ",".join(map(str, doc["mask_bits"])) + "]")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        keys, overrides = split_args(sys.argv[1:] if argv is None else argv)
+        path = float_checkpoint(compose_config(overrides))
+        loaded = load_checkpoint_model(path, overrides)
+        chip = str(loaded.cfg.chip)
+        budget = budget_bits(keys["budget_kb"], loaded)
+        apply_mode(loaded.model, QuantMode(fold_bn=True), chip, "plan_bits")  # the chip has no BN
+        _, val = build_data(loaded.cfg, loaded.model.grid)
+        data = EvalSet.from_config(loaded.cfg, val, loaded.device, images=int(keys["images"]))
+        costs = width_costs(loaded.model, chip, lambda m: score(m, data), keys["by"])
+        try:
+            plan = plan_bits(costs.major(loaded.model), budget)
+        except ValueError as e:
+            raise ToolError(f"budget_kb={keys['budget_kb']}: {e}") from None
+        doc = report(costs, plan, chip_widths(chip), loaded, budget,
+                     {"checkpoint": str(path), "chip": chip, "images": data.images})
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a user error of the library (config, data, checkpoint): one line
+        line = error_line(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 1
+    out = Path(keys["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(table(doc))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""python -m mdk.tools.plan_bits: widths per major layer measured on step1's float weights, an
+exact plan within the budget, and the override that trains it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY
+from mdk.engine.build import build_data
+from mdk.engine.runner import run_stage
+from mdk.insight.bit_sensitivity import (coefficients, major_layers, memory_of, weights_quantized,
+                                         width_costs)
+from mdk.insight.scoring import EvalSet, score
+from mdk.quant.bit_plan import plan_bits
+from mdk.quant.bn_fold import chip_layers
+from mdk.quant.modes import QuantMode, apply_mode
+from mdk.stage import stage_config
+from mdk.tools import plan_bits as tool
+from mdk.tools.evaluate import load_checkpoint_model
+
+
+@pytest.fixture(scope="module")
+def step1_done(tmp_path_factory) -> tuple[Path, list[str]]:
+    tmp = tmp_path_factory.mktemp("plan")
+    overrides = [*TINY, f"paths.data={tmp}/data", f"paths.checkpoints={tmp}/ck",
+                 "trainer.epochs=1", "trainer.limit_train_batches=3"]
+    from conftest import compose
+
+    run_stage(stage_config(compose(overrides), "step1"), tmp / "run")
+    return tmp, overrides
+
+
+def test_major_layers_end_at_each_pool_and_the_tail_is_one(step1_done):
+    _, overrides = step1_done
+    model = load_checkpoint_model(step1_done[0] / "ck" / "step1" / "best.pth", overrides).model
+    # TINY: channels [8,M,8,M,8,M,8,M,8,M,8] + the output conv: 5 pools, then 2 layers
+    assert major_layers(model) == [[0], [1], [2], [3], [4], [5, 6]]
+    assert coefficients(model, [5, 6]) == 8 * 8 * 9 + chip_layers(model)[6].conv.weight.numel()
+    assert memory_of(model, [3] * 7) == 3 * sum(l.conv.weight.numel() for l in chip_layers(model))
+
+
+def test_the_tool_plans_within_the_budget_and_prints_the_override(step1_done, capsys):
+    tmp, overrides = step1_done
+    out = tmp / "plan.json"
+    assert tool.main(["budget_kb=current", "images=8", f"out={out}", *overrides]) == 0
+    doc = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    bits = doc["mask_bits"]
+    assert f"model.net.mask_bits=[{','.join(map(str, bits))}]" in printed
+    assert doc["memory_bits"] <= doc["budget_bits"] == 3 * 216 + 3 * 576 * 5 + 8 * 720
+    assert doc["images"] == 8 and doc["widths"] == [1, 3, 8] and doc["by"] == "loss"
+    for m in doc["major_layers"]:  # one width per major layer, costs measured for every width
+        assert {bits[i] for i in m["layers"]} == {m["mask_bits"]}
+        assert set(m["cost"]) == {"1", "3", "8"}
+    # the plan is the exact optimum of the measured costs (tests/test_bit_plan.py: exactness)
+    assert doc["cost"] == pytest.approx(sum(m["cost"][str(m["mask_bits"])]
+                                            for m in doc["major_layers"]))
+
+
+def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
+    tmp, overrides = step1_done
+    loaded = load_checkpoint_model(tmp / "ck" / "step1" / "best.pth", overrides)
+    model = loaded.model
+    apply_mode(model, QuantMode(fold_bn=True), "5801")
+    # Layer 2's kernels become a strong centre tap with faint neighbours: a 3-bit or 1-bit mask
+    # (magnitudes tied to the kernel's mean |w|) shrinks the centre ninefold or smears it.
+    conv = chip_layers(model)[2].conv
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        w = torch.randn(conv.weight.shape, generator=g) * 0.01
+        w[:, :, 1, 1] = torch.randn(conv.weight.shape[:2], generator=g)
+        conv.weight.copy_(w)
+    _, val = build_data(loaded.cfg, model.grid)
+    data = EvalSet.from_config(loaded.cfg, val, loaded.device, images=16)
+    costs = width_costs(model, "5801", lambda m: score(m, data))
+    major = costs.major(model)
+    assert major[2].sensitivity[3] > max(major[k].sensitivity[3] for k in (0, 1, 3, 4))
+    # room to widen exactly one 576-weight major layer from 3 to 8 bits
+    budget = sum(m.weights * 3 for m in major) + 576 * 5
+    plan = plan_bits(major, budget)
+    assert plan.bits[2] == 8 and plan.memory_bits <= budget
+    with weights_quantized(model, {}, "5801"):  # the layers are put back after a measurement
+        assert not any(layer.quant_weight for layer in chip_layers(model))
+
+
+@pytest.mark.parametrize("args,line", [
+    (["images=8"], "budget_kb=<KiB> is required"),
+    (["budget_kb=0.01"], "is below the narrowest plan's"),
+    (["budget_kb=lots"], "budget_kb='lots' must be a number of KiB or 'current'"),
+    (["budget_kb=10", "by=speed"], "by='speed': measure the cost by one of loss, map"),
+])
+def test_bad_arguments_are_one_line(step1_done, capsys, args, line):
+    _, overrides = step1_done
+    assert tool.main([*args, *overrides]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0]
+
+
+def test_no_float_checkpoint_names_the_folder_and_what_to_run(tmp_path, capsys):
+    assert tool.main(["budget_kb=10", *TINY, f"paths.checkpoints={tmp_path}/none"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"no float checkpoint under paths.checkpoints={tmp_path}/none" in err
+    assert "python run.py step=" in err
