@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mdk.data import index
+from mdk import atomic_file
 from mdk.data.index import (build_meta, cached_records, content_key, ensure_meta, is_stale,
                             read_header, read_meta)
 from mdk.data.records import SplitRecords, make_record
@@ -123,7 +123,7 @@ def test_an_unwritable_cache_costs_a_warning_not_the_run(root, tmp_path, caplog,
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(index.tempfile, "mkstemp", full)
+    monkeypatch.setattr(atomic_file, "open", full, raising=False)  # the temporary file
     got = cached_records(voc(root), "train", tmp_path / "full")
     served = [(r.image, r.boxes.tolist()) for r in got]
     assert served == [(r.image, r.boxes.tolist()) for r in cached]

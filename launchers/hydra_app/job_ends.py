@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Collection, Optional
 
+from mdk.atomic_file import write_text
 from launchers.reports.stop_line import stop_line, stop_status
 from mdk.stop import StopRequested
 
@@ -38,11 +39,9 @@ def _record(sweep_dir: str, job_num: int) -> Path:
 def record_stopped_job(sweep_dir: str, job_num: int, job_id: str, e: StopRequested) -> None:
     """In the job: its stop, for the launching process (a requeued rerun forgets it)."""
     path = _record(sweep_dir, job_num)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")  # whole or absent: a job killed mid-write leaves no half JSON
-    tmp.write_text(json.dumps({"job": job_num, "id": job_id, "status": stop_status(e),
-                               "line": getattr(e, "line", None) or stop_line(e)}))
-    tmp.replace(path)
+    # whole or absent: a job killed mid-write leaves no half JSON
+    write_text(path, json.dumps({"job": job_num, "id": job_id, "status": stop_status(e),
+                                 "line": getattr(e, "line", None) or stop_line(e)}))
 
 
 def forget_stopped_job(sweep_dir: str, job_num: int) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from mdk.atomic_file import write_text
 from launchers.reports.sweep_results import RESULT
 from mdk.errors import ConfigError
 
@@ -186,7 +187,4 @@ def record_in_job(trial: Any, note: Optional[str] = None) -> None:
         rec = {}
     rec.setdefault("status", "failed" if trial.state.name == "FAIL" else "incomplete")
     rec["trial"] = trial_record(trial, note)
-    result_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = result_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1), encoding="utf-8")
-    tmp.replace(result_file)
+    write_text(result_file, json.dumps(rec, indent=1))

@@ -36,6 +36,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from mdk.atomic_file import write_text
 from launchers.hydra_app.job_ends import (JobsEndedError, forget_stopped_job, jobs_end_lines,
                                           record_stopped_job)
 from launchers.hydra_app.optuna_study import SWEEPER
@@ -65,10 +66,7 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
     if subdir is None:
         subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
         if record:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            tmp = marker.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"subdir": subdir, "overrides": list(overrides)}))
-            tmp.replace(marker)
+            write_text(marker, json.dumps({"subdir": subdir, "overrides": list(overrides)}))
     with read_write(cfg.hydra.sweep), open_dict(cfg.hydra.sweep):
         cfg.hydra.sweep.dir = sweep_dir
         cfg.hydra.sweep.subdir = subdir

@@ -34,6 +34,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from mdk.atomic_file import write_text
 from launchers.hydra_app.job import is_multirun
 from launchers.hydra_app.optuna_study import MARKER, SWEEPER
 from launchers.processes.env import detect
@@ -59,9 +60,7 @@ def _rank() -> int:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(data, indent=1))
 
 
 class SweepSummary(Callback):

@@ -13,11 +13,11 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
+from mdk.atomic_file import write_text
 from mdk.data.records import Record
 from mdk.data.voc import VOCReader, read_split
 
@@ -66,15 +66,7 @@ def voc_class_names(voc_root: str | Path, splits: Sequence[str]) -> list[str]:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)   # a kill never leaves a half-written annotation file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, json.dumps(doc))  # a kill never leaves a half-written annotation file
 
 
 def _place(src: Path, dst: Path, copy: bool) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Optional, Sequence
 
 from PIL import Image
 
+from mdk.atomic_file import write_text
 from mdk.data.config import POLICIES
 from mdk.errors import DataError
 from mdk.progress import bars_on, progress_bar
@@ -87,15 +87,7 @@ def _read_cache(path: Path) -> dict[str, list]:
 
 def _write_cache(path: Path, files: dict[str, list]) -> None:
     """Atomic, like the meta file: a kill never leaves a half-written cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": CACHE_VERSION, "files": files}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, json.dumps({"version": CACHE_VERSION, "files": files}))
 
 
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,

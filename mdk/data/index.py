@@ -27,12 +27,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from mdk.atomic_file import write_text
 from mdk.data.records import Reader, Record
 from mdk.errors import DataError
 
@@ -99,23 +99,11 @@ def meta_text(reader: Reader, split: str) -> str:
     return header + "\n" + "\n".join(lines) + "\n"
 
 
-def _write(out_path: Path, text: str) -> None:
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out_path)   # a kill never leaves a half-written meta file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def build_meta(reader: Reader, split: str, out_path: str | Path) -> Path:
     """Read every record of ``split`` and write the meta file atomically; return its path."""
     out_path = Path(out_path)
     text = meta_text(reader, split)
-    _write(out_path, text)
+    write_text(out_path, text)  # a kill never leaves a half-written meta file
     log.info("wrote %s (%d images)", out_path, text.count("\n") - 1)
     return out_path
 
@@ -167,7 +155,7 @@ def cached_records(reader: Reader, split: str, meta_dir: str | Path) -> list[Rec
     else:
         text = meta_text(reader, split)
         try:
-            _write(path, text)
+            write_text(path, text)
             log.info("wrote %s (%d images)", path, text.count("\n") - 1)
         except OSError as e:
             log.warning("could not write the dataset index %s (%s); the annotations are read "

@@ -12,7 +12,6 @@ the table, and sends the numbers and the figure to the metric sinks.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any, Iterator, Mapping, Optional
@@ -21,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+from mdk.atomic_file import write_json
 from mdk import dist
 from mdk.engine.context import StageContext
 from mdk.errors import ConfigError
@@ -148,7 +148,7 @@ def _assemble(rows: list[Present], subject_row: Optional[Present], merged: Mappi
 def _write(ctx: StageContext, report: dict[str, Any]) -> None:
     out = ctx.run_dir
     out.mkdir(parents=True, exist_ok=True)
-    (out / "quant_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "quant_report.json", report, indent=2)
     text = table(report)
     (out / "quant_report.txt").write_text(text + "\n")
     image = report_plot.save(report, out / "quant_report.png")

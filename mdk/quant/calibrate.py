@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from mdk import dist
+from mdk.atomic_file import write_json
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
@@ -199,11 +200,7 @@ def save_caps(model: nn.Module, path: str | Path, meta: Optional[dict] = None) -
     doc = {"meta": meta or {},
            "layers": [{"index": i, "mask_bits": int(l.mask_bits), "pool": bool(l.pool),
                        "cap": float(l.cap)} for i, l in enumerate(layers)]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json(path, doc, indent=2)
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mdk.atomic_file import write_json
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.fusion import is_fused
 from mdk.quant.chips import chip_bits
@@ -105,9 +106,7 @@ def save_chip_model(cm: ChipModel, out_dir: str | Path) -> Path:
            "output": {"scale": cm.out_scale, "formula": "output = y_last * scale"},
            "meta": cm.meta, "layers": specs}
     np.savez(out_dir / WEIGHTS_FILE, **arrays)
-    tmp = out_dir / (SPEC_FILE + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out_dir / SPEC_FILE)
+    write_json(out_dir / SPEC_FILE, doc, indent=2)
     return out_dir
 
 

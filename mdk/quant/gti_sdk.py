@@ -46,6 +46,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from mdk.atomic_file import replacing, write_text
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.chips import CHIP_INPUT_SIZES, chip_takes
 from mdk.quant.gti_converter import warn_where_the_converter_differs
@@ -155,14 +156,12 @@ def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
 
 def _write_values(path: Path, pieces: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
     """One layer at a time (GNetDet-448's filter.txt is 165 MB of text), through a temp file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with replacing(path) as f:
         first = True
         for values, negzero in pieces:
             if values.size:
                 f.write(("" if first else "\n") + _format(values, negzero))
                 first = False
-    tmp.replace(path)
 
 
 def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
@@ -238,9 +237,9 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
     _write_values(out / FILTER_FILE, ((w, nw) for w, nw, _, _ in layer_values(cm, majors, negz)))
     _write_values(out / BIAS_FILE, ((b, nb) for _, _, b, nb in layer_values(cm, majors, negz)))
     dat_name, model_name = file_names(chip, size)
-    _write_text(out / dat_name, _dump(dat_json(cm, majors)))
-    _write_text(out / model_name, _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
-    _write_text(out / CAP_FILE, f"{last_cap(cm)}\n")
+    write_text(out / dat_name, _dump(dat_json(cm, majors)))
+    write_text(out / model_name, _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
+    write_text(out / CAP_FILE, f"{last_cap(cm)}\n")
     log.info("GTI SDK hand-off (%d major layers, CAP %s) written to %s", len(majors),
              last_cap(cm), out)
     return out
@@ -249,12 +248,6 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
 def last_cap(cm: ChipModel) -> str:
     """``c_last = 31 * output.scale`` as the shortest float32 text (the caps are float32)."""
     return str(np.float32(cm.out_scale * 31.0))
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def set_dat_path(gti_dir: str | Path, dat_path: str) -> Path:
@@ -269,5 +262,5 @@ def set_dat_path(gti_dir: str | Path, dat_path: str) -> Path:
     if len(cnn) != 1:
         raise ValueError(f"{found[0]} has {len(cnn)} GTICNN layers, not 1")
     cnn[0]["data file"] = str(dat_path)
-    _write_text(found[0], _dump(doc))
+    write_text(found[0], _dump(doc))
     return found[0]

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from mdk.atomic_file import write_json
 from mdk.sinks.base import NullSink, check_image
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,7 @@ def _store_run_id(run_dir: Path, stage: str, run_id: str) -> None:
         except (OSError, ValueError):
             ids = {}
     ids[stage] = run_id
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(ids, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, p)  # atomic: a kill mid-write never leaves half a file
+    write_json(p, ids, indent=1, sort_keys=True)
 
 
 class WandbSink(NullSink):

@@ -18,12 +18,12 @@ and writes them to ``out`` (default ``plan_bits.json``). Tool keys: ``budget_kb`
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from mdk.atomic_file import write_json
 from mdk.errors import error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
@@ -149,9 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(line, file=sys.stderr)
         return 1
-    out = Path(keys["out"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out = write_json(keys["out"], doc, indent=2)
     print(table(doc))
     print(f"written: {out}")
     return 0
