@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Collection, Optional
 
-from mdk.atomic_file import write_text
 from launchers.reports.stop_line import stop_line, stop_status
+from mdk.atomic_file import write_text
 from mdk.stop import StopRequested
 
 STOPS = Path(".submitit") / "stops"

@@ -23,8 +23,8 @@ from typing import Any, Optional, Sequence
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mdk.atomic_file import write_text
 from launchers.reports.sweep_results import RESULT
+from mdk.atomic_file import write_text
 from mdk.errors import ConfigError
 
 log = logging.getLogger(__name__)

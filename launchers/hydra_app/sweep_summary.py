@@ -34,12 +34,12 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.atomic_file import write_text
 from launchers.hydra_app.job import is_multirun
 from launchers.hydra_app.optuna_study import MARKER, SWEEPER
 from launchers.processes.env import detect
 from launchers.reports.sweep_results import RESULT, collect_results, format_table, job_record
 from launchers.reports.sweep_stats import aggregate, format_aggregate
+from mdk.atomic_file import write_text
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from mdk.atomic_file import write_json
 from mdk import dist
+from mdk.atomic_file import write_json
 from mdk.engine.context import StageContext
 from mdk.errors import ConfigError
 from mdk.insight import report_plot
