@@ -3,7 +3,7 @@
 Six kinds (circle, square, triangle, star, cross, hexagon) in three fill styles (solid, outline,
 striped) make the 18 classes: ``<kind>_<style>``, so a class is told apart both by its outline
 and by its fill. Objects span 5-36 % of the image side (log-uniform, so small ones are common),
-3-10 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
+3-8 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
 half of an earlier one's box. Backgrounds are a gradient under stripes, a checkerboard or colour
 blobs, with distractors that are no class (irregular polygons, long ellipses, arcs, lines, dots)
 under the objects and lines across them, then pixel noise.
@@ -31,7 +31,7 @@ STYLES: tuple[str, ...] = ("solid", "outline", "striped")
 HARD_CLASSES: tuple[str, ...] = tuple(f"{k}_{s}" for k in KINDS for s in STYLES)
 GENERATOR, FORMAT_VERSION = "shapes_hard", 1
 MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.05, 0.36   # object extent as a fraction of the image side
-MIN_OBJECTS, MAX_OBJECTS = 3, 10            # objects per image (fewer where no place is free)
+MIN_OBJECTS, MAX_OBJECTS = 3, 8             # objects per image (fewer where no place is free)
 MAX_IOU = 0.3                               # box overlap between two objects of one image
 MAX_COVER = 0.5                             # share of an earlier object's box a later one covers
 MIN_DISTRACTORS, MAX_DISTRACTORS = 2, 8     # clutter under the objects (plus 0-2 lines over)
