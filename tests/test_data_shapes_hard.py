@@ -61,11 +61,11 @@ def test_same_parameters_are_byte_identical_other_seed_differs(tmp_path):
 
 def test_classes_match_the_yaml_and_are_all_drawn():
     yaml = OmegaConf.load(REPO / "conf/dataset/shapes_hard.yaml")
-    assert list(yaml.class_names) == list(HARD_CLASSES) and yaml.num_classes == 18
+    assert list(yaml.class_names) == list(HARD_CLASSES) and yaml.num_classes == 15
     assert yaml.generate._target_ == "mdk.data.shapes_hard.ensure_shapes_hard_dataset"
     seen = {name for i in range(40) for name, _ in render_hard_image(i, 96, 0, HARD_CLASSES)[1]}
     assert seen == set(HARD_CLASSES)
-    subset = ["star_outline", "hexagon_striped"]
+    subset = ["star_outline", "circle_striped"]
     assert {n for i in range(10) for n, _ in render_hard_image(i, 96, 0, subset)[1]} == set(subset)
 
 
@@ -84,14 +84,14 @@ def test_objects_span_a_wide_size_range_and_overlap():
             pairs += 1
             if iw > 0 and ih > 0:
                 overlapping += 1
-                # a later object hides at most half of an earlier one's box: none vanishes
+                # a later object hides at most a third of an earlier one's box: none vanishes
                 assert iw * ih / ((a[2] - a[0]) * (a[3] - a[1])) < shapes_hard.MAX_COVER
     sides = np.array(sides)
     assert sides.min() < 0.07 and sides.max() > 0.3   # small and large objects
     assert (sides < 0.12).mean() > 0.2                # small ones are common, not rare
     assert shapes_hard.MIN_OBJECTS <= min(counts) and max(counts) <= shapes_hard.MAX_OBJECTS
-    assert np.mean(counts) > 4.5
-    assert overlapping / pairs > 0.03 and overlapping > 20   # real overlap, not a rare accident
+    assert np.mean(counts) > 3.5
+    assert overlapping / pairs > 0.05 and overlapping > 20   # real overlap, not a rare accident
 
 
 def test_refuses_unknown_classes_and_bad_sizes(tmp_path):
@@ -111,7 +111,7 @@ def test_step1_trains_on_it_end_to_end(tiny_cfg, tmp_path):
     root = Path(cfg.dataset.root)
     assert root.name == "shapes_hard" and (root / "manifest.json").is_file()
     rec = parse_voc_xml(root / "Annotations/000000.xml", HARD_CLASSES)
-    assert len(rec.labels) >= 3 and (rec.width, rec.height) == (64, 64)
-    assert result.iterations == 2 * 48 // 8 and len(result.ap) == 18
+    assert len(rec.labels) >= 2 and (rec.width, rec.height) == (64, 64)
+    assert result.iterations == 2 * 48 // 8 and len(result.ap) == 15
     assert (Path(cfg.paths.checkpoints) / "step1" / "best.pth").is_file()
     assert np.isfinite(result.final_loss) and result.final_loss > 0

@@ -6,7 +6,7 @@ does not change the training images. The first ``num_train`` images form ``train
 ``num_val`` form ``val``.
 
 The whole dataset is written into a temporary sibling folder and renamed into place, and a
-change of any parameter regenerates it (:mod:`mdk.data.generated`). A harder variant with 18
+change of any parameter regenerates it (:mod:`mdk.data.generated`). A harder variant with 15
 classes, small overlapping objects and textured clutter: :mod:`mdk.data.shapes_hard`.
 """
 from __future__ import annotations

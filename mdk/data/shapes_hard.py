@@ -1,10 +1,10 @@
-"""The harder built-in dataset: 18 classes of small, overlapping shapes on textured clutter.
+"""The harder built-in dataset: 15 classes of small, overlapping shapes on textured clutter.
 
-Six kinds (circle, square, triangle, star, cross, hexagon) in three fill styles (solid, outline,
-striped) make the 18 classes: ``<kind>_<style>``, so a class is told apart both by its outline
-and by its fill. Objects span 5-36 % of the image side (log-uniform, so small ones are common),
-3-8 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
-half of an earlier one's box. Backgrounds are a gradient under stripes, a checkerboard or colour
+Five kinds (circle, square, triangle, star, cross) in three fill styles (solid, outline,
+striped) make the 15 classes: ``<kind>_<style>``, so a class is told apart both by its outline
+and by its fill. Objects span 6-40 % of the image side (log-uniform, so small ones are common),
+2-6 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
+a third of an earlier one's box. Backgrounds are a gradient under stripes, a checkerboard or colour
 blobs, with distractors that are no class (irregular polygons, long ellipses, arcs, lines, dots)
 under the objects and lines across them, then pixel noise.
 
@@ -26,25 +26,20 @@ from mdk.data.generated import bytes_for, ensure_generated, write_voc
 from mdk.data.shapes import _background, _contrasting_colour, _iou, _polygon
 from mdk.errors import DataError
 
-KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross", "hexagon")
+KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 STYLES: tuple[str, ...] = ("solid", "outline", "striped")
 HARD_CLASSES: tuple[str, ...] = tuple(f"{k}_{s}" for k in KINDS for s in STYLES)
 GENERATOR, FORMAT_VERSION = "shapes_hard", 1
-MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.05, 0.36   # object extent as a fraction of the image side
-MIN_OBJECTS, MAX_OBJECTS = 3, 8             # objects per image (fewer where no place is free)
-MAX_IOU = 0.3                               # box overlap between two objects of one image
-MAX_COVER = 0.5                             # share of an earlier object's box a later one covers
-MIN_DISTRACTORS, MAX_DISTRACTORS = 2, 8     # clutter under the objects (plus 0-2 lines over)
+MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.06, 0.40   # object extent as a fraction of the image side
+MIN_OBJECTS, MAX_OBJECTS = 2, 6             # objects per image (fewer where no place is free)
+MAX_IOU = 0.2                               # box overlap between two objects of one image
+MAX_COVER = 0.35                            # share of an earlier object's box a later one covers
+MIN_DISTRACTORS, MAX_DISTRACTORS = 1, 5     # clutter under the objects (plus 0-2 lines over)
 
 
 def _outline_points(kind: str, rng: np.random.Generator) -> np.ndarray | None:
     """Unit-scale polygon of a kind (None: a circle, drawn as an ellipse)."""
-    if kind == "circle":
-        return None
-    if kind == "hexagon":
-        ang = np.arange(6) * math.pi / 3 + rng.uniform(0, math.pi / 3)
-        return np.stack([np.cos(ang), np.sin(ang)], 1)
-    return _polygon(kind, rng)
+    return None if kind == "circle" else _polygon(kind, rng)
 
 
 def _texture(size: int, rng: np.random.Generator) -> np.ndarray:
@@ -66,10 +61,10 @@ def _texture(size: int, rng: np.random.Generator) -> np.ndarray:
         k = int(rng.integers(3, 10))
         small = rng.uniform(0, 255, (k, k, 3)).astype(np.uint8)
         blobs = np.asarray(Image.fromarray(small).resize((size, size), Image.BILINEAR), np.float32)
-        strength = rng.uniform(0.4, 0.9)
+        strength = rng.uniform(0.3, 0.7)
         return base * (1 - strength) + blobs * strength
     other = rng.uniform(0, 255, 3)
-    strength = rng.uniform(0.3, 0.8)
+    strength = rng.uniform(0.2, 0.6)
     return base + (other - base) * (strength * pattern)[..., None]
 
 
@@ -187,7 +182,7 @@ def render_hard_image(index: int, image_size: int, seed: int, class_names: Seque
     for _ in range(int(rng.integers(0, 3))):   # lines across the objects too
         draw.line([float(v) for v in rng.uniform(0, image_size, 4)],
                   fill=_contrasting_colour(mean_bg, rng), width=int(rng.integers(1, 3)))
-    noisy = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(4, 18),
+    noisy = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(4, 14),
                                                            (image_size, image_size, 3))
     return Image.fromarray(noisy.clip(0, 255).astype(np.uint8)), objects
 
