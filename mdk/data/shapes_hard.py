@@ -2,8 +2,8 @@
 
 Five kinds (circle, square, triangle, star, cross) in three fill styles (solid, outline,
 striped) make the 15 classes: ``<kind>_<style>``, so a class is told apart both by its outline
-and by its fill. Objects span 6-40 % of the image side (log-uniform, so small ones are common),
-2-6 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
+and by its fill. Objects span 7-40 % of the image side (log-uniform, so small ones are common),
+2-5 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
 a third of an earlier one's box. Backgrounds are a gradient under stripes, a checkerboard or colour
 blobs, with distractors that are no class (irregular polygons, long ellipses, arcs, lines, dots)
 under the objects and lines across them, then pixel noise.
@@ -30,11 +30,11 @@ KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 STYLES: tuple[str, ...] = ("solid", "outline", "striped")
 HARD_CLASSES: tuple[str, ...] = tuple(f"{k}_{s}" for k in KINDS for s in STYLES)
 GENERATOR, FORMAT_VERSION = "shapes_hard", 1
-MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.06, 0.40   # object extent as a fraction of the image side
-MIN_OBJECTS, MAX_OBJECTS = 2, 6             # objects per image (fewer where no place is free)
+MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.07, 0.40   # object extent as a fraction of the image side
+MIN_OBJECTS, MAX_OBJECTS = 2, 5             # objects per image (fewer where no place is free)
 MAX_IOU = 0.2                               # box overlap between two objects of one image
 MAX_COVER = 0.35                            # share of an earlier object's box a later one covers
-MIN_DISTRACTORS, MAX_DISTRACTORS = 1, 5     # clutter under the objects (plus 0-2 lines over)
+MIN_DISTRACTORS, MAX_DISTRACTORS = 1, 4     # clutter under the objects (plus 0-2 lines over)
 
 
 def _outline_points(kind: str, rng: np.random.Generator) -> np.ndarray | None:
