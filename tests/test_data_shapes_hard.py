@@ -78,7 +78,7 @@ def test_objects_span_a_wide_size_range_and_overlap():
         assert ((boxes[:, 2:] > boxes[:, :2]) & (boxes[:, :2] >= 0) & (boxes[:, 2:] <= 224)).all()
         sides += list((boxes[:, 2:] - boxes[:, :2]).max(1) / 224)
         counts.append(len(objects))
-        for (k, a), (_, b) in itertools.combinations(enumerate(boxes), 2):
+        for a, b in itertools.combinations(boxes, 2):   # a was drawn first
             iw = min(a[2], b[2]) - max(a[0], b[0])
             ih = min(a[3], b[3]) - max(a[1], b[1])
             pairs += 1
@@ -87,11 +87,11 @@ def test_objects_span_a_wide_size_range_and_overlap():
                 # a later object hides at most a third of an earlier one's box: none vanishes
                 assert iw * ih / ((a[2] - a[0]) * (a[3] - a[1])) < shapes_hard.MAX_COVER
     sides = np.array(sides)
-    assert sides.min() < 0.07 and sides.max() > 0.3   # small and large objects
+    assert sides.min() < 0.075 and sides.max() > 0.35  # small and large objects
     assert (sides < 0.12).mean() > 0.2                # small ones are common, not rare
     assert shapes_hard.MIN_OBJECTS <= min(counts) and max(counts) <= shapes_hard.MAX_OBJECTS
-    assert np.mean(counts) > 3.5
-    assert overlapping / pairs > 0.05 and overlapping > 20   # real overlap, not a rare accident
+    assert np.mean(counts) > 3
+    assert overlapping / pairs > 0.08 and overlapping > 20   # real overlap, not a rare accident
 
 
 def test_refuses_unknown_classes_and_bad_sizes(tmp_path):
