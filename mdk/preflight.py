@@ -30,7 +30,7 @@ from mdk.checkpoint import load_checkpoint
 from mdk.checkpoint_meaning import check_input, check_resume
 from mdk.data.build import check_dataset_files, meta_dir_for
 from mdk.data.config import plain
-from mdk.data.shapes import bytes_to_generate, ensure_shapes_dataset
+from mdk.data import shapes, shapes_hard
 from mdk.errors import CheckpointError, ConfigError, DataError, DiskError, import_target
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
@@ -87,6 +87,11 @@ def checkpoint_bytes(cfg: DictConfig) -> int:
     return CHECKPOINT_COPIES * weights + CHECKPOINT_EXTRA
 
 
+# The built-in generators' disk-use estimates (0 when the folder holds the data already).
+GENERATOR_SIZES = {shapes.ensure_shapes_dataset: shapes.bytes_to_generate,
+                   shapes_hard.ensure_shapes_hard_dataset: shapes_hard.bytes_to_generate}
+
+
 def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[Path, int, str]]:
     """(folder, bytes, what) the run writes: each probed, then added up per disk."""
     out = []
@@ -110,8 +115,8 @@ def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[P
         fn = import_target(gen["_target_"], "dataset.generate._target_",
                            "name a function as package.module.function", DataError)
         # Another generator's size is unknown: its folder must only take files.
-        need = bytes_to_generate(root, class_names=d["class_names"], **params) \
-            if fn is ensure_shapes_dataset else 1
+        size_of = GENERATOR_SIZES.get(fn)
+        need = size_of(root, class_names=d["class_names"], **params) if size_of else 1
         if need:
             data = resolve_path(cfg.paths.data, base)
             key, value = ("paths.data", cfg.paths.data) if root.is_relative_to(data) else \

@@ -19,7 +19,7 @@ from mdk.schema import SCHEMAS, schema_name
 
 GROUPS = {
     "model": ["gnetdet", "gnetdet_small"],
-    "dataset": ["shapes", "voc", "coco"],
+    "dataset": ["shapes", "shapes_hard", "voc", "coco"],
     "step": ["step1", "step2", "cal", "step3", "step4", "quant_report"],
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
     "optim": ["adamw", "sgd"],

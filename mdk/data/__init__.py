@@ -4,7 +4,9 @@
 - :mod:`mdk.data.voc`: Pascal VOC annotation XML / split parsing and ``VOCReader``.
 - :mod:`mdk.data.coco`: ``COCOReader`` (instances JSON); :mod:`mdk.data.coco_export`: records
   (e.g. a VOC folder's) -> COCO JSON (``python -m mdk.tools.voc2coco``).
-- :mod:`mdk.data.shapes`: the built-in generated dataset (``ensure_shapes_dataset``, VOC layout).
+- :mod:`mdk.data.shapes`: the built-in generated dataset (``ensure_shapes_dataset``, VOC layout);
+  :mod:`mdk.data.shapes_hard`: its harder 15-class variant (``dataset=shapes_hard``);
+  :mod:`mdk.data.generated`: how both are written (manifest, regeneration, staging).
 - :mod:`mdk.data.config`: the ``dataset`` group's schema, word lists and ``check``.
 - :mod:`mdk.data.index`: the records cache (one meta txt per split), for any reader
   (``python -m mdk.tools.xml2txt`` is its command-line front end for VOC).

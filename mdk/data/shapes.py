@@ -5,38 +5,27 @@ Generated on first use, never downloaded. Image ``i`` is drawn from its own RNG 
 does not change the training images. The first ``num_train`` images form ``train``, the next
 ``num_val`` form ``val``.
 
-The whole dataset is written into a temporary sibling folder and renamed into place, so a killed
-run never leaves half a dataset; ``manifest.json`` records the parameters and a change of any of
-them regenerates the folder (only a folder this module made is ever replaced). The temp folder
-of a killed run is removed by the next call (:mod:`mdk.data.staging`); a disk that is full,
-read-only or not ours is one ``disk error`` line naming the folder.
+The whole dataset is written into a temporary sibling folder and renamed into place, and a
+change of any parameter regenerates it (:mod:`mdk.data.generated`). A harder variant with 15
+classes, small overlapping objects and textured clutter: :mod:`mdk.data.shapes_hard`.
 """
 from __future__ import annotations
 
-import json
-import logging
 import math
-import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mdk.data.staging import remove_leftovers, replace, staged
-from mdk.errors import DataError, disk_error, disk_reason
-
-log = logging.getLogger(__name__)
+# voc_xml is imported by name from here too (benchmarks/bench_data.py)
+from mdk.data.generated import bytes_for, ensure_generated, voc_xml, write_voc  # noqa: F401
+from mdk.errors import DataError
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
-MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.12, 0.40   # object extent as a fraction of the image side
 MAX_IOU = 0.1                               # limited overlap between objects of one image
-# Disk use per image, for the free-space check: its JPEG (0.38-0.43 bytes per pixel at quality 92
-# at 192-640 px, 2.7 KB at 64 px) and its XML (~0.9 KB), each rounded up to a 4 KiB block.
-BYTES_PER_PIXEL, BLOCK = 0.5, 4096
 
 
 def _rotate(points: np.ndarray, angle: float) -> np.ndarray:
@@ -138,47 +127,9 @@ def render_image(index: int, image_size: int, seed: int, class_names: Sequence[s
     return Image.fromarray(noisy.clip(0, 255).astype(np.uint8)), objects
 
 
-def voc_xml(filename: str, image_size: int, objects: list[tuple[str, list[int]]]) -> bytes:
-    ann = ET.Element("annotation")
-    ET.SubElement(ann, "folder").text = "shapes"
-    ET.SubElement(ann, "filename").text = filename
-    size = ET.SubElement(ann, "size")
-    for tag, value in (("width", image_size), ("height", image_size), ("depth", 3)):
-        ET.SubElement(size, tag).text = str(value)
-    ET.SubElement(ann, "segmented").text = "0"
-    for name, box in objects:
-        obj = ET.SubElement(ann, "object")
-        ET.SubElement(obj, "name").text = name
-        ET.SubElement(obj, "pose").text = "Unspecified"
-        ET.SubElement(obj, "truncated").text = "0"
-        ET.SubElement(obj, "difficult").text = "0"
-        bb = ET.SubElement(obj, "bndbox")
-        for tag, v in zip(("xmin", "ymin", "xmax", "ymax"), box):
-            ET.SubElement(bb, tag).text = str(v)
-    ET.indent(ann)
-    return ET.tostring(ann, encoding="utf-8")
-
-
 def _generate(out: Path, params: dict) -> None:
-    for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    n_train, n_val = params["num_train"], params["num_val"]
-    ids = [f"{i:06d}" for i in range(n_train + n_val)]
-    for i, image_id in enumerate(ids):
-        img, objects = render_image(i, params["image_size"], params["seed"], params["class_names"])
-        img.save(out / "JPEGImages" / f"{image_id}.jpg", quality=92)
-        (out / "Annotations" / f"{image_id}.xml").write_bytes(
-            voc_xml(f"{image_id}.jpg", params["image_size"], objects))
-    (out / "ImageSets/Main/train.txt").write_text("".join(f"{i}\n" for i in ids[:n_train]))
-    (out / "ImageSets/Main/val.txt").write_text("".join(f"{i}\n" for i in ids[n_train:]))
-    (out / MANIFEST).write_text(json.dumps(params, indent=1, sort_keys=True))
-
-
-def _manifest(root: Path) -> dict | None:
-    try:
-        return json.loads((root / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+    write_voc(out, params, lambda i: render_image(i, params["image_size"], params["seed"],
+                                                  params["class_names"]))
 
 
 def _params(num_train: int, num_val: int, image_size: int, seed: int,
@@ -192,22 +143,14 @@ def bytes_to_generate(root: str | Path, num_train: int = 1600, num_val: int = 40
                       class_names: Sequence[str] = SHAPE_CLASSES) -> int:
     """About how many bytes :func:`ensure_shapes_dataset` writes for these parameters; 0 when
     ``root`` holds them already (the free-space check before a run)."""
-    if _manifest(Path(root).expanduser()) == _params(num_train, num_val, image_size, seed,
-                                                     class_names):
-        return 0
-    per_image = math.ceil(BYTES_PER_PIXEL * int(image_size) ** 2 / BLOCK) * BLOCK + BLOCK
-    return (int(num_train) + int(num_val)) * per_image
+    return bytes_for(_params(num_train, num_val, image_size, seed, class_names), root)
 
 
 def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int = 400,
                           image_size: int = 192, seed: int = 0,
                           class_names: Sequence[str] = SHAPE_CLASSES) -> Path:
-    """Make sure ``root`` holds the shapes dataset for these parameters; return ``root``.
-
-    Idempotent: a matching ``manifest.json`` means nothing is done. A folder this module made
-    with other parameters is regenerated; any other non-empty folder is refused (we never
-    delete user data).
-    """
+    """Make sure ``root`` holds the shapes dataset for these parameters; return ``root``
+    (idempotent; regenerates a folder it made with other parameters: :mod:`mdk.data.generated`)."""
     root = Path(root).expanduser().resolve()
     unknown = [n for n in class_names if n not in SHAPE_CLASSES]
     if unknown or not class_names:
@@ -217,30 +160,5 @@ def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int 
         raise DataError(f"shapes dataset: num_train={num_train}, num_val={num_val} must be >= 1 "
                         f"and image_size={image_size} >= 32")
     params = _params(num_train, num_val, image_size, seed, class_names)
-    remove_leftovers(root, "the shapes dataset")
-    old = _manifest(root)
-    if old == params:
-        return root
-    if root.exists() and old is None and any(root.iterdir()):
-        raise DataError(f"dataset.root={str(root)!r} exists, is not empty and is not a generated "
-                        "shapes dataset (no manifest.json); choose an empty or new folder")
-    start = time.perf_counter()
-    log.info("generating the shapes dataset (%d train + %d val, %dpx) in %s",
-             num_train, num_val, image_size, root)
-    try:
-        with staged(root) as tmp:
-            _generate(tmp, params)
-            if _manifest(root) != params:        # else another process finished first
-                try:
-                    replace(tmp, root)
-                except OSError:
-                    if _manifest(root) != params:  # lost a race to a different generation
-                        raise
-    except OSError as e:
-        if disk_reason(e) is None:
-            raise
-        need = bytes_to_generate(root, **{k: v for k, v in params.items() if k != "version"})
-        raise disk_error(e, e.filename or root.parent, "the shapes dataset is generated there "
-                         f"(about {need / 2**20:.1f} MB)", "paths.data") from None
-    log.info("shapes dataset ready in %.1f s", time.perf_counter() - start)
-    return root
+    # _generate looked up at call time: tests replace it to fake a full disk
+    return ensure_generated(root, params, lambda out, p: _generate(out, p), "shapes")

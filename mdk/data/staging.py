@@ -3,8 +3,8 @@
 A writer works in ``.<name>.tmp-<random>`` beside the target and holds an exclusive lock on a
 file inside it (``flock``) while it writes. A killed writer leaves its temp folder behind, but
 the kernel drops its lock, so the next call can tell a leftover (lock free) from a folder a live
-process is still writing (lock held) and removes only the leftovers. Used by the shapes
-generator (:mod:`mdk.data.shapes`); only folders of these names beside the target are touched.
+process is still writing (lock held) and removes only the leftovers. Used by the built-in
+generators (:mod:`mdk.data.generated`); only folders of these names beside the target are touched.
 """
 from __future__ import annotations
 
