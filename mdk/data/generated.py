@@ -17,7 +17,7 @@ import math
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from PIL import Image
 
@@ -121,3 +121,16 @@ def ensure_generated(root: Path, params: dict, generate: Callable[[Path, dict], 
                          f"(about {need / 2**20:.1f} MB)", "paths.data") from None
     log.info("%s dataset ready in %.1f s", name, time.perf_counter() - start)
     return root
+
+
+def check_request(generator: str, class_names: Sequence[str], known: Sequence[str],
+                  num_train: int, num_val: int, image_size: int) -> None:
+    """One line for a request a generator cannot draw: a class it does not know, no class, an
+    empty split or an image under 32 px."""
+    unknown = [n for n in class_names if n not in known]
+    if unknown or not class_names:
+        raise DataError(f"dataset.class_names={list(class_names)}: the {generator} generator "
+                        f"draws only {list(known)}; use a non-empty subset of those")
+    if num_train < 1 or num_val < 1 or image_size < 32:
+        raise DataError(f"{generator} dataset: num_train={num_train}, num_val={num_val} must be "
+                        f">= 1 and image_size={image_size} >= 32")

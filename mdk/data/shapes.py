@@ -19,8 +19,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 # voc_xml is imported by name from here too (benchmarks/bench_data.py)
-from mdk.data.generated import bytes_for, ensure_generated, voc_xml, write_voc  # noqa: F401
-from mdk.errors import DataError
+from mdk.data.generated import (bytes_for, check_request, ensure_generated, voc_xml,  # noqa: F401
+                                 write_voc)
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 FORMAT_VERSION = 1
@@ -152,13 +152,7 @@ def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int 
     """Make sure ``root`` holds the shapes dataset for these parameters; return ``root``
     (idempotent; regenerates a folder it made with other parameters: :mod:`mdk.data.generated`)."""
     root = Path(root).expanduser().resolve()
-    unknown = [n for n in class_names if n not in SHAPE_CLASSES]
-    if unknown or not class_names:
-        raise DataError(f"dataset.class_names={list(class_names)}: the shapes generator draws only "
-                        f"{list(SHAPE_CLASSES)}; use a non-empty subset of those")
-    if num_train < 1 or num_val < 1 or image_size < 32:
-        raise DataError(f"shapes dataset: num_train={num_train}, num_val={num_val} must be >= 1 "
-                        f"and image_size={image_size} >= 32")
+    check_request("shapes", class_names, SHAPE_CLASSES, num_train, num_val, image_size)
     params = _params(num_train, num_val, image_size, seed, class_names)
     # _generate looked up at call time: tests replace it to fake a full disk
     return ensure_generated(root, params, lambda out, p: _generate(out, p), "shapes")

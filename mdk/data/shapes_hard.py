@@ -22,9 +22,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mdk.data.generated import bytes_for, ensure_generated, write_voc
+from mdk.data.generated import bytes_for, check_request, ensure_generated, write_voc
 from mdk.data.shapes import _background, _contrasting_colour, _iou, _polygon
-from mdk.errors import DataError
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 STYLES: tuple[str, ...] = ("solid", "outline", "striped")
@@ -212,12 +211,6 @@ def ensure_shapes_hard_dataset(root: str | Path, num_train: int = 3200, num_val:
                                class_names: Sequence[str] = HARD_CLASSES) -> Path:
     """Make sure ``root`` holds the hard shapes dataset for these parameters; return ``root``."""
     root = Path(root).expanduser().resolve()
-    unknown = [n for n in class_names if n not in HARD_CLASSES]
-    if unknown or not class_names:
-        raise DataError(f"dataset.class_names={list(class_names)}: the shapes_hard generator "
-                        f"draws only {list(HARD_CLASSES)}; use a non-empty subset of those")
-    if num_train < 1 or num_val < 1 or image_size < 32:
-        raise DataError(f"shapes_hard dataset: num_train={num_train}, num_val={num_val} must be "
-                        f">= 1 and image_size={image_size} >= 32")
+    check_request(GENERATOR, class_names, HARD_CLASSES, num_train, num_val, image_size)
     params = _params(num_train, num_val, image_size, seed, class_names)
     return ensure_generated(root, params, _generate, GENERATOR)
