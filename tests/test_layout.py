@@ -37,7 +37,8 @@ FLOORS = [
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
     # checks and checkpoints of a run
-    ["mdk.stage_checkpoint", "mdk.checkpoint_meaning", "mdk.config", "mdk.preflight"],
+    ["mdk.stage_checkpoint", "mdk.checkpoint_meaning", "mdk.saved_models", "mdk.config",
+     "mdk.preflight"],
     ["mdk.engine"],                                       # one stage in one process
     # command-line tools on the library; the quantization report's measures (they reuse the
     # evaluate tool's loaders)

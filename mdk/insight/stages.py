@@ -20,9 +20,9 @@ from mdk.checkpoint import load_checkpoint
 from mdk.engine.export_stage import CHIP_MODEL_DIR
 from mdk.errors import ConfigError, MissingStageInput
 from mdk.quant.bn_fold import chip_layers
+from mdk.saved_models import ChipModelNet, with_checkpoint_model
 from mdk.stage import StageSpec, chain, stage_names, stage_spec
 from mdk.stage_checkpoint import BEST, checkpoint_root, load_model_for
-from mdk.tools.evaluate import ChipModelNet, with_checkpoint_model
 
 INTEGER = "integer"  # the waterfall's row of the exported chip model under the integer reference
 

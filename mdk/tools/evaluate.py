@@ -42,22 +42,13 @@ from mdk.engine.reports import EvalReporter
 from mdk.errors import ConfigError
 from mdk.eval.config import METRICS
 from mdk.eval.distributed import evaluate
-from mdk.quant.chip_model import load_chip_model
-from mdk.quant.export import ONNX_FILE
-from mdk.quant.integer_ref import integer_forward
+from mdk.saved_models import RUNTIMES, ChipModelNet, ToolError, with_checkpoint_model
 from mdk.sinks.base import NullSink
 from mdk.stage import stage_spec
 from mdk.stage_checkpoint import load_model_for, spec_of
 from mdk.world import World, single_process
 
 log = logging.getLogger(__name__)
-
-RUNTIMES = ("integer", "onnx")
-
-
-class ToolError(ValueError):
-    """A user error (bad path, file or override): printed as one line, exit status 1."""
-
 
 @dataclass
 class Loaded:
@@ -76,25 +67,6 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
         return compose(list(overrides))
     except ConfigError as e:
         raise ToolError(f"bad override in {list(overrides)}: {e}") from None
-
-
-def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
-    names = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
-    return any(n == k or n.startswith(k + ".") for n in names for k in keys)
-
-
-def with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -> DictConfig:
-    """``cfg`` with the checkpoint's own model/chip config unless the user overrode them."""
-    saved = ck.get("config")
-    if not isinstance(saved, dict) or _overrides_key(overrides, "model", "chip"):
-        return cfg
-    patch: dict[str, Any] = {}
-    if "model" in saved:
-        patch["model"] = saved["model"]
-    if "chip" in saved:
-        patch["chip"] = saved["chip"]
-    merged = OmegaConf.merge(cfg, {"model": None}) if "model" in patch else cfg.copy()
-    return OmegaConf.merge(merged, patch)
 
 
 def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
@@ -120,44 +92,6 @@ def _mode_name(spec: Any) -> str:
     if spec.next and stage_spec(spec.next).quant == spec.eval_quant:
         return spec.next
     return str(spec.eval_quant)
-
-
-class ChipModelNet(nn.Module):
-    """An exported chip model behind the usual ``model(images)`` call (CPU only).
-
-    ``integer``: mdk.quant.integer_ref.integer_forward (int64 throughout), output cast to float32 —
-    exact, because every output is a 5-bit level times the float32 ``out_scale``. ``onnx``: the
-    exported ``model.onnx`` in onnxruntime (one session, reused for every batch).
-    """
-
-    def __init__(self, directory: Path, runtime: str = "integer") -> None:
-        super().__init__()
-        if runtime not in RUNTIMES:
-            raise ToolError(f"--runtime {runtime!r}: use one of {RUNTIMES}")
-        self.cm = load_chip_model(directory)
-        self.runtime = runtime
-        self.session = None
-        if runtime == "onnx":
-            import onnxruntime as ort  # here: a heavy optional runtime, only for --runtime onnx
-
-            onnx_path = Path(directory) / ONNX_FILE
-            if not onnx_path.is_file():
-                raise ToolError(f"{onnx_path} is missing: export again with step=step4, or use "
-                                "--runtime integer")
-            try:
-                self.session = ort.InferenceSession(str(onnx_path),
-                                                    providers=["CPUExecutionProvider"])
-            except Exception as e:  # onnxruntime raises its own Fail/InvalidProtobuf types
-                raise ToolError(f"{onnx_path} cannot be loaded by onnxruntime ({e}); export again "
-                                "with step=step4") from None
-
-    @torch.no_grad()
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.session is not None:
-            u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
-            out = self.session.run(None, {"image_u8": u8.cpu().numpy()})[0]
-            return torch.from_numpy(out).float()
-        return integer_forward(self.cm, images.cpu())[0].float()
 
 
 def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
