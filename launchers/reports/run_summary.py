@@ -36,9 +36,10 @@ def _per_class(results: list[StageResult], class_names: list[str]) -> list[str]:
 
 
 def print_summary(results: list[StageResult], cfg: DictConfig, run_dir: Path) -> None:
-    lines = [f"{'stage':<7} {'mAP@0.5':>8} {'best ep':>7} {'loss':>8} {'time s':>7}  checkpoints"]
+    w = max([7, *(len(r.stage) for r in results)])  # a longer stage name (quant_report) widens it
+    lines = [f"{'stage':<{w}} {'mAP@0.5':>8} {'best ep':>7} {'loss':>8} {'time s':>7}  checkpoints"]
     for r in results:
-        lines.append(f"{r.stage:<7} {_fmt(r.best_map50):>8} {_fmt(r.best_epoch):>7} "
+        lines.append(f"{r.stage:<{w}} {_fmt(r.best_map50):>8} {_fmt(r.best_epoch):>7} "
                      f"{_fmt(r.final_loss):>8} {_fmt(r.time_s, '.1f'):>7}  "
                      f"{r.checkpoints or '-'}")
     metric = next((r.metric for r in results if r.metric), None)

@@ -69,7 +69,9 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
         result = StageResult.from_dict({**done, "stage": spec.name})
     else:
         result = StageResult.from_work(spec.name, _work(spec.kind)(ctx))
-    result.checkpoints, result.next, result.bar = str(checkpoints.dir), spec.next, spec.bar
+    # a stage that saves nothing (the quantization report) names no folder
+    result.checkpoints = str(checkpoints.dir) if checkpoints.dir.is_dir() else None
+    result.next, result.bar = spec.next, spec.bar
     if spec.export and world.is_main:
         result.export = str(export_best(cfg, checkpoints, val_ds))
     result.time_s = round(time.perf_counter() - t_start, 1)
