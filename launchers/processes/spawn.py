@@ -39,6 +39,10 @@ from mdk.stop import StopRequested
 from mdk.world import World, backend_for, check_local_size, make_world, single_process
 
 log = logging.getLogger(__name__)
+# torch's join() warns "Terminating process N via signal SIGTERM" when a peer of a failed rank
+# outlives the grace period (a busy machine); that SIGTERM is this module's plan, and the
+# failure's one line is rank_ends.py's: the warning would be a second, misleading line.
+logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
 
 STOP_GRACE_S = 3.0
 STOP_WAIT_S = 120.0  # after a stop signal: time for the ranks to save last.pth and end
