@@ -100,7 +100,8 @@ def main() -> None:
     wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     log = "".join(f.read_text() for f in run_dir.glob("*.log"))
     work_s = re.search(r"quantization report done in ([0-9.]+) s", log)
-    subject = re.search(r"^per layer of (\S+) ", p.stdout, re.M)
+    subject = re.search(r"^per layer: \S+ float weights \(BN folded\) at (\S+)'s ", p.stdout,
+                        re.M)
     if subject is None or work_s is None:
         sys.exit(f"the report printed no per-layer table:\n{p.stdout[-3000:]}")
     root = next(o.split("=", 1)[1] for o in reversed(over) if o.startswith("paths.checkpoints="))

@@ -3,7 +3,8 @@
 The chain (step1 fits the 48 training images; the report scores the train split as its val
 split, so its mAP is far from 0 and a change in it means something) is trained once per module.
 A planted defect (one layer's cap divided by 4 in a copy of step3's best.pth) must come out
-first by activation SQNR and by sensitivity; 1 and 2 processes must write the same JSON.
+first by activation SQNR and by sensitivity; 1 and 2 processes must write the same JSON. The
+per-layer part quantizes step1's weights at step3's widths and caps; without step1 it is left out.
 """
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, compose, run_cmd_env
 from test_sinks import read_events
 from mdk.checkpoint import load_checkpoint, save_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import ConfigError
+from mdk.models.build import build_model
 from mdk.stage import stage_config
 
 STAGES = ("step1", "step2", "cal", "step3", "step4")
@@ -73,10 +76,14 @@ def test_report_keys_types_and_waterfall(report, chain):
     # the waterfall is each checkpoint in its evaluation mode, as mdk.tools.evaluate scores it
     assert (by["integer"]["map"], by["integer"]["loss"]) == (by["step4"]["map"], by["step4"]["loss"])
     assert by["step1"]["map"] > 0.3  # a real detector, so the differences below mean something
-    assert rep["subject"] == "step3" and rep["waterfall_images"] == 48
+    assert rep["subject"] == "step3" and rep["weights"] == "step1"
+    assert rep["per_layer_missing"] is None and rep["waterfall_images"] == 48
     assert rep["sensitivity_images"] == 48 and rep["split"] == "train"
-    # the subject fully quantized on all 48 images is step3's own evaluation
-    assert rep["subject_quantized"] == {"map": by["step3"]["map"], "loss": by["step3"]["loss"]}
+    # the float reference on all 48 images is step1's own evaluation, BN folded (rounding only)
+    assert rep["float"]["loss"] == pytest.approx(by["step1"]["loss"], rel=1e-4)
+    assert rep["float"]["map"] == pytest.approx(by["step1"]["map"], abs=2e-3)
+    # step1's weights quantized before fine-tuning: below the float model, far above zero
+    assert 0.05 < rep["quantized"]["map"] < rep["float"]["map"]
     assert [d["index"] for d in rep["layers"]] == list(range(7))
     for d in rep["layers"]:
         assert set(d) == set(LAYER_KEYS)
@@ -111,12 +118,16 @@ def _planted_copy(src: Path, dst: Path, stages: tuple[str, ...]) -> None:
     save_checkpoint(ck, dst / "step3" / "best.pth")
 
 
+def _without_checkpoints(chain: dict) -> list[str]:
+    return [o for o in chain["overrides"] if not o.startswith("paths.checkpoints=")]
+
+
 def test_a_planted_defect_is_ranked_first_and_a_missing_stage_is_skipped(chain, tmp_path):
     ck = tmp_path / "ck"
-    _planted_copy(chain["ckpt"], ck, ("cal", "step3"))  # no step1, step2, step4: not listed
-    over = [o for o in chain["overrides"] if not o.startswith("paths.checkpoints=")]
-    rep = _report([*over, f"paths.checkpoints={ck}", "logger=tensorboard"], tmp_path / "run")
-    assert [s["stage"] for s in rep["stages"]] == ["cal", "step3"]
+    _planted_copy(chain["ckpt"], ck, ("step1", "cal", "step3"))  # no step2, step4: not listed
+    rep = _report([*_without_checkpoints(chain), f"paths.checkpoints={ck}", "logger=tensorboard"],
+                  tmp_path / "run")
+    assert [s["stage"] for s in rep["stages"]] == ["step1", "cal", "step3"]
     layers = rep["layers"]
     assert rep["ranking"][0] == DEFECT
     iso = [d["act_sqnr_db_isolated"] for d in layers]
@@ -128,6 +139,18 @@ def test_a_planted_defect_is_ranked_first_and_a_missing_stage_is_skipped(chain, 
     iso_tb = [(e.step, e.value) for e in ea.Scalars("quant_report/act_sqnr_db_isolated")]
     assert iso_tb == [(i, pytest.approx(v, rel=1e-6)) for i, v in enumerate(iso)]
     assert "quant_report/figure" in ea.Tags()["images"]
+
+
+def test_without_a_float_stage_the_report_has_no_per_layer_part(chain, tmp_path):
+    ck = tmp_path / "ck"
+    for s in ("cal", "step3"):
+        shutil.copytree(chain["ckpt"] / s, ck / s)
+    rep = _report([*_without_checkpoints(chain), f"paths.checkpoints={ck}"], tmp_path / "run")
+    assert [s["stage"] for s in rep["stages"]] == ["cal", "step3"]
+    assert rep["layers"] == [] and rep["ranking"] == [] and rep["weights"] is None
+    assert "step1's best.pth" in rep["per_layer_missing"]
+    assert "no per-layer part: no float stage checkpoint" in (tmp_path / "run" /
+                                                              "quant_report.txt").read_text()
 
 
 def test_one_and_two_processes_write_the_same_json(chain, tmp_path):
@@ -145,6 +168,21 @@ def test_one_and_two_processes_write_the_same_json(chain, tmp_path):
     assert out[0] == out[1]
     rep = json.loads(out[0])
     assert rep["sensitivity_images"] == 20 and len(rep["layers"]) == 7
+
+
+def test_a_float_stage_of_another_network_is_one_config_error(chain, tmp_path):
+    ck = tmp_path / "ck"
+    for s in ("step1", "cal", "step3"):
+        shutil.copytree(chain["ckpt"] / s, ck / s)
+    # step1 of another chain: 16 channels in the first layer
+    saved = load_checkpoint(ck / "step1" / "best.pth")
+    other = compose([*TINY, "model.net.channels=[16,M,8,M,8,M,8,M,8,M,8]"])
+    saved["config"]["model"] = OmegaConf.to_container(other.model, resolve=True)
+    saved["model"] = build_model(other).state_dict()
+    save_checkpoint(saved, ck / "step1" / "best.pth")
+    with pytest.raises(ConfigError, match=r"step1/best\.pth and .*step3/best\.pth are different "
+                                          r"networks .* mixes two chains"):
+        _report([*_without_checkpoints(chain), f"paths.checkpoints={ck}"], tmp_path / "run")
 
 
 def test_another_input_size_than_the_chain_is_one_config_error(chain, tmp_path):

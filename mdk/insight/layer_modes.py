@@ -1,10 +1,10 @@
 """Quantize only some chip layers of a model, at chosen mask widths: the building block of the
 per-layer sensitivity and of a bit-width plan.
 
-The model is a *subject*: a quantized stage's weights with BN folded and calibrated caps
-(mdk/insight/stages.py loads one). Its float reference is the same weights with every layer's
-``quant_weight`` and ``quant_act`` off, so a difference measures quantization alone, not other
-weights. A layer switched on gets the chip's weight quantizer for its mask width (the chip's
+The model has BN folded and calibrated caps: the float stage's weights at a quantized stage's
+widths and caps (mdk/insight/stages.py loads it). Its float reference is the same weights with
+every layer's ``quant_weight`` and ``quant_act`` off, so a difference measures quantization
+alone, not other weights. A layer switched on gets the chip's weight quantizer for its mask width (the chip's
 (weight bits, bias bits), mdk/quant/chips.py) and the 5-bit activation at its cap.
 """
 from __future__ import annotations
@@ -39,8 +39,8 @@ def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str,
     wanted = {i: (int(b), chip_bits(str(chip), int(b))) for i, b in mask_bits.items()}
     uncalibrated = [i for i in wanted if activations and not float(layers[i].cap) > 0]
     if uncalibrated:
-        raise ValueError(f"layers {uncalibrated} have no activation cap (cap 0): the subject must "
-                         "be a calibrated stage's checkpoint")
+        raise ValueError(f"layers {uncalibrated} have no activation cap (cap 0): the caps must "
+                         "come from a calibrated stage's checkpoint")
     saved = [(layer.quant_weight, layer.quant_act, layer.mask_bits, layer.chip_bits)
              for layer in layers]
     try:

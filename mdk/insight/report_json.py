@@ -1,13 +1,15 @@
 """The report as data (``quant_report.json``) and as the table printed on stdout.
 
 Keys: ``stages`` (the waterfall, ``{stage, mode, map, loss}`` per present stage, then
-``integer``), ``layers`` (per chip layer of the subject: ``index``, ``mask_bits``, ``shift``,
+``integer``), ``layers`` (per chip layer of the analysed model, the float stage's weights at the
+subject's widths and caps: ``index``, ``mask_bits``, ``shift``,
 ``cap``, ``weight_sqnr_db``, ``act_sqnr_db_isolated``, ``act_sqnr_db_cumulative``,
 ``clipped_fraction``, ``sensitivity_map``, ``sensitivity_loss``, ``left_float_map``,
 ``left_float_loss``, ``rank``), ``ranking`` (layer indices, worst first), and what they were
-measured on: ``subject``, ``metric``, ``chip``, ``split``, ``waterfall_images``,
-``sensitivity_images``, ``subject_float`` / ``subject_quantized`` ({map, loss} on the
-sensitivity images). An SQNR with no noise at all is null (infinite). Nothing in it depends on
+measured on: ``subject`` (the stage whose widths and caps), ``weights`` (the float stage whose
+weights), ``per_layer_missing`` (why there are no layers, else null), ``metric``, ``chip``,
+``split``, ``waterfall_images``, ``sensitivity_images``, ``float`` / ``quantized`` (the analysed
+model's {map, loss} on the sensitivity images). An SQNR with no noise at all is null (infinite). Nothing in it depends on
 the number of processes or on time, so the same checkpoints give the same file.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from mdk.insight.scoring import Score
 
-FORMAT, VERSION = "mdk-quant-report", 1
+FORMAT, VERSION = "mdk-quant-report", 2
 
 
 def sensitivities(float_ref: Score, quantized: Score, only: Score, left: Score
@@ -60,14 +62,13 @@ def table(report: Mapping[str, Any]) -> str:
     for s in report["stages"]:
         lines.append(f"{s['stage']:<13} {s['map']:7.4f} {s['loss']:8.4f}  {s['mode']}")
     if not report["layers"]:
-        lines.append("no per-layer part: no stage with calibrated caps (run the calibration "
-                     "stage and the next one first)")
+        lines.append(f"no per-layer part: {report['per_layer_missing']}")
         return "\n".join(lines)
-    f, q = report["subject_float"], report["subject_quantized"]
-    lines += ["", f"per layer of {report['subject']} (float reference: the same weights, BN "
-              f"folded, unquantized), sensitivity and activation SQNR on the first "
-              f"{report['sensitivity_images']} images: float mAP {f['map']:.4f} loss "
-              f"{f['loss']:.4f}, quantized mAP {q['map']:.4f} loss {q['loss']:.4f}",
+    f, q = report["float"], report["quantized"]
+    lines += ["", f"per layer: {report['weights']}'s float weights (BN folded) at "
+              f"{report['subject']}'s mask widths and caps, before fine-tuning; on the first "
+              f"{report['sensitivity_images']} images float mAP {f['map']:.4f} loss "
+              f"{f['loss']:.4f}, all quantized mAP {q['map']:.4f} loss {q['loss']:.4f}",
               f"{'layer':>5} {'bits':>4} {'shift':>5} {'cap':>7} {'w dB':>6} {'act iso':>7} "
               f"{'act cum':>7} {'clip %':>6} {'d mAP':>7} {'d loss':>7} {'fl mAP':>7} "
               f"{'fl loss':>7} {'rank':>4}"]

@@ -40,7 +40,8 @@ def render(report: Mapping[str, Any]) -> torch.Tensor:
             vals = [np.nan if d[key] is None else d[key] for d in layers]
             ax.bar(idx + shift, vals, width=0.27, label=label)
         ax.set_ylabel("SQNR (dB)")
-        ax.set_title(f"per layer of {report['subject']} (higher is better)", fontsize=10)
+        ax.set_title(f"per layer: {report['weights']}'s weights at {report['subject']}'s widths "
+                     "and caps (higher is better)", fontsize=10)
         ax.legend(fontsize=8)
         ax.set_xticks(idx)
         ax = axes[2]

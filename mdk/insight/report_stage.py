@@ -2,9 +2,10 @@
 conf/step/quant_report.yaml): run by the normal launcher, so ``dist.gpus=N``, SLURM, stop
 signals and one-line errors work as for any stage. ``python -m mdk.tools.quant_report`` runs it.
 
-The work is a list of items (a stage's evaluation on the whole val split; the subject's float
-reference and fully quantized model, each layer quantized alone and left float alone, on the
-sensitivity images; the SQNR pass). Each item is done wholly by one rank, alone (no collective
+The work is a list of items (a stage's evaluation on the whole val split; the analysed model
+(the float stage's weights at the subject's widths and caps, mdk/insight/stages.py) in float and
+fully quantized, each layer quantized alone and left float alone, on the sensitivity images; the
+SQNR pass). Each item is done wholly by one rank, alone (no collective
 inside), on the same batches whatever the split; the ranks share the items by their expected
 cost and rank 0 gathers the numbers, so 1 and N processes write the same JSON. Rank 0 writes
 ``quant_report.json``, ``quant_report.png`` and ``quant_report.txt`` into the run dir, prints
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -29,7 +30,8 @@ from mdk.insight.layer_modes import mask_bits_of, measure_quantized
 from mdk.insight.report_json import build_report, sensitivities, table
 from mdk.insight.scoring import EvalSet, Score, score
 from mdk.insight.sqnr import layer_table
-from mdk.insight.stages import Present, load_row, load_subject, present_stages, subject_of
+from mdk.insight.stages import (PerLayer, Present, load_analysed, load_row, per_layer_of,
+                                present_stages)
 from mdk.sinks.build import build_sinks
 
 log = logging.getLogger(__name__)
@@ -61,21 +63,21 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
                           "images score each layer's sensitivity)")
     chip, grid = str(cfg.chip), int(ctx.model.grid)
     rows = present_stages(cfg, ctx.spec.name)
-    subject_row = subject_of(rows)
+    part = per_layer_of(rows)
     full = EvalSet.from_config(cfg, ctx.val_ds, world.device)
     sub = EvalSet.from_config(cfg, ctx.val_ds, world.device, n_sub)
     cpu_full = EvalSet.from_config(cfg, ctx.val_ds, torch.device("cpu"))
-    subject = load_subject(cfg, subject_row, grid).to(world.device) if subject_row else None
-    bits = mask_bits_of(subject) if subject is not None else {}
+    analysed = None if part.missing else load_analysed(cfg, part, grid).to(world.device)
+    bits = mask_bits_of(analysed) if analysed is not None else {}
 
     items: list[Item] = [("stage", k) for k in range(len(rows))]
-    if subject is not None:
+    if analysed is not None:
         items += [("float",), ("quantized",), ("sqnr",)]
         items += [(kind, i) for i in bits for kind in ("only", "left")]
     costs = [_cost(it, rows, full, sub) for it in items]
     mine = share(costs, world.size)[world.rank]
-    log.info("quantization report: %d items (%d on this rank), subject %s", len(items),
-             len(mine), subject_row.stage if subject_row else None)
+    log.info("quantization report: %d items (%d on this rank), per layer: %s", len(items),
+             len(mine), part.words)
 
     def run(it: Item) -> Any:
         if it[0] == "stage":
@@ -84,10 +86,10 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
             if row.is_chip_model:  # the integer reference runs on the CPU
                 return score(model, cpu_full)
             return score(model.to(world.device), full)
-        assert subject is not None
+        assert analysed is not None
         if it[0] == "sqnr":
-            return layer_table(subject, _image_batches(sub), chip)
-        return measure_quantized(subject, _quantized_layers(it, bits), sub, chip)
+            return layer_table(analysed, _image_batches(sub), chip)
+        return measure_quantized(analysed, _quantized_layers(it, bits), sub, chip)
 
     done: dict[Item, Any] = {}
     for k in mine:
@@ -95,9 +97,9 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
         done[items[k]] = run(items[k])
         log.info("  %s: %.1f s", items[k], time.perf_counter() - t)
     merged: dict[Item, Any] = {}
-    for part in dist.all_gather_object(done):
-        merged.update(part)
-    report = _assemble(rows, subject_row, merged, full, sub, str(cfg.chip))
+    for theirs in dist.all_gather_object(done):
+        merged.update(theirs)
+    report = _assemble(rows, part, merged, full, sub, str(cfg.chip))
     if world.is_main:
         _write(ctx, report)
     log.info("quantization report done in %.1f s", time.perf_counter() - t0)
@@ -127,22 +129,24 @@ def _image_batches(data: EvalSet) -> Iterator[torch.Tensor]:
         yield images.to(data.device)
 
 
-def _assemble(rows: list[Present], subject_row: Optional[Present], merged: Mapping[Item, Any],
-              full: EvalSet, sub: EvalSet, chip: str) -> dict[str, Any]:
+def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], full: EvalSet,
+              sub: EvalSet, chip: str) -> dict[str, Any]:
     """The report's JSON document from the gathered numbers of every item."""
     stages = [{"stage": r.stage, "mode": r.mode, "map": merged[("stage", k)].map,
                "loss": merged[("stage", k)].loss} for k, r in enumerate(rows)]
     layers: list[dict[str, Any]] = []
     about: dict[str, Any] = {"metric": merged[("stage", 0)].metric, "chip": chip,
                              "split": str(full.dataset.split), "waterfall_images": full.images,
-                             "sensitivity_images": sub.images if subject_row else 0}
-    if subject_row is not None:
+                             "sensitivity_images": 0 if part.missing else sub.images,
+                             "weights": part.weights and part.weights.stage,
+                             "per_layer_missing": part.missing}
+    if part.missing is None:
         f, q = merged[("float",)], merged[("quantized",)]
-        about.update(subject_float=f.numbers(), subject_quantized=q.numbers())
+        about.update(float=f.numbers(), quantized=q.numbers())
         for d in merged[("sqnr",)]:
             i = d["index"]
             layers.append({**d, **sensitivities(f, q, merged[("only", i)], merged[("left", i)])})
-    return build_report(stages, layers, subject_row.stage if subject_row else None, about)
+    return build_report(stages, layers, part.subject and part.subject.stage, about)
 
 
 def _write(ctx: StageContext, report: dict[str, Any]) -> None:

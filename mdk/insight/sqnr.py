@@ -5,8 +5,9 @@
 * activation SQNR of a layer's output (after its activation and pool) against the float
   model's on the same images: *isolated* (the float input fed to the layer quantized alone,
   from one float pass) and *cumulative* (the fully quantized model: every error up to it);
-* clipped fraction: the share of the layer's pre-activation values above its cap in the fully
-  quantized model (they saturate at the top level).
+* clipped fraction: the share of the layer's pre-activation values above its cap in the float
+  model (quantized, they saturate at the top level): what the cap cuts off, free of the other
+  layers' errors.
 
 A ratio with no noise at all is ``None`` (infinite).
 """
@@ -94,17 +95,17 @@ def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
     bits = mask_bits_of(model)
     sums = [_Sums() for _ in layers]
     for images in batches:
+        pre: list[tuple[int, int]] = []
         with quantized_only(model, {}, chip):
-            ins, ref = _outputs(model, images, with_inputs=True)
+            ins, ref = _outputs(model, images, with_inputs=True, pre=pre)
         for i, layer in enumerate(layers):  # each layer alone on the float model's input
             with quantized_only(model, {i: bits[i]}, chip):
                 q = layer(ins[i])
             sums[i].noise_isolated += float(((q.double() - ref[i].double()) ** 2).sum())
             sums[i].signal += float((ref[i].double() ** 2).sum())
         del ins
-        pre: list[tuple[int, int]] = []
         with quantized_only(model, bits, chip):
-            _, full = _outputs(model, images, with_inputs=False, pre=pre)
+            _, full = _outputs(model, images, with_inputs=False)
         for i in range(len(layers)):
             sums[i].noise_cumulative += float(((full[i].double() - ref[i].double()) ** 2).sum())
             sums[i].clipped += pre[i][0]

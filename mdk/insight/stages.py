@@ -5,7 +5,12 @@ from the stage records (conf/step/*.yaml, mdk/stage.py).
 * a stage is *present* when ``<paths.checkpoints>/<stage>/best.pth`` exists; the exporting
   stage's chip model (``<stage>/chip_model/``) adds the integer reference's row;
 * the *subject* of the per-layer part is the latest present stage evaluated with 5-bit
-  activations at calibrated caps and not gain-fused (step3's best.pth, else cal's).
+  activations at calibrated caps and not gain-fused (step3's best.pth, else cal's): it gives the
+  mask widths and the caps;
+* the *float stage* (step1's best.pth) gives the weights the per-layer part quantizes, BN folded.
+  Not the subject's own: after quantization-aware training, the latent float weights of a
+  low-bit layer are no working model (on shapes_hard, mAP 0.00 at every layer's cap), so they
+  are no reference to measure quantization against.
 """
 from __future__ import annotations
 
@@ -13,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from mdk.checkpoint import load_checkpoint
 from mdk.engine.export_stage import CHIP_MODEL_DIR
 from mdk.errors import ConfigError, MissingStageInput
-from mdk.quant.bn_fold import chip_layers
+from mdk.quant.bn_fold import chip_layers, fold_bn
 from mdk.saved_models import ChipModelNet, with_checkpoint_model
 from mdk.stage import StageSpec, chain, stage_names, stage_spec
 from mdk.stage_checkpoint import BEST, checkpoint_root, load_model_for
@@ -69,15 +75,43 @@ def present_stages(cfg: DictConfig, exclude: str) -> list[Present]:
     return rows
 
 
-def subject_of(rows: list[Present]) -> Optional[Present]:
-    """The latest present stage with calibrated caps and no gain fusion (None: no such stage)."""
-    found = None
+@dataclass(frozen=True)
+class PerLayer:
+    """What the per-layer part measures: ``weights``' float model at ``subject``'s mask widths
+    and caps (either None: no per-layer part, ``missing`` says why)."""
+    weights: Optional[Present]
+    subject: Optional[Present]
+
+    @property
+    def missing(self) -> Optional[str]:
+        if self.subject is None:
+            return "no stage with calibrated caps (run the calibration stage first)"
+        if self.weights is None:
+            return ("no float stage checkpoint (step1's best.pth): the per-layer part quantizes "
+                    "its weights")
+        return None
+
+    @property
+    def words(self) -> str:
+        """What the per-layer part measures, or why there is none."""
+        if self.missing or self.weights is None or self.subject is None:
+            return f"none: {self.missing}"
+        return (f"{self.weights.stage}'s float weights (BN folded) at {self.subject.stage}'s "
+                "mask widths and caps")
+
+
+def per_layer_of(rows: list[Present]) -> PerLayer:
+    """The subject (the latest present stage with calibrated caps and no gain fusion) and the
+    weights (the latest present stage evaluated in float) among ``rows``."""
+    subject = weights = None
     for r in rows:
         if not r.is_chip_model:
             q = stage_spec(r.stage).eval_quant
             if q.activations and not q.fuse_gains:
-                found = r
-    return found
+                subject = r
+            if q.is_float:
+                weights = r
+    return PerLayer(weights, subject)
 
 
 def load_row(cfg: DictConfig, row: Present, grid: int) -> nn.Module:
@@ -94,11 +128,24 @@ def load_row(cfg: DictConfig, row: Present, grid: int) -> nn.Module:
     return model
 
 
-def load_subject(cfg: DictConfig, row: Present, grid: int) -> nn.Module:
-    """The subject's weights (BN folded, caps) with every chip layer float: its float reference."""
-    model = load_row(cfg, row, grid)
-    for layer in chip_layers(model):
-        layer.quant_weight = layer.quant_act = False
+def load_analysed(cfg: DictConfig, part: PerLayer, grid: int) -> nn.Module:
+    """The model the per-layer part measures: the float stage's model with BN folded, at the
+    subject's mask widths and caps, every chip layer unquantized (its float reference)."""
+    assert part.weights is not None and part.subject is not None, part.missing
+    model = load_row(cfg, part.weights, grid)
+    fold_bn(model)  # the chip has no BN; folding changes the float model by rounding only
+    mine, theirs = chip_layers(model), chip_layers(load_row(cfg, part.subject, grid))
+    shapes = [tuple(x.conv.weight.shape) for x in mine]
+    if shapes != [tuple(x.conv.weight.shape) for x in theirs]:
+        raise ConfigError(
+            f"{part.weights.path} and {part.subject.path} are different networks (conv shapes "
+            f"{shapes} against {[tuple(x.conv.weight.shape) for x in theirs]}): paths.checkpoints "
+            "mixes two chains; give the report one chain's folder")
+    with torch.no_grad():
+        for a, b in zip(mine, theirs):
+            a.cap.copy_(b.cap)
+            a.mask_bits, a.chip_bits = b.mask_bits, b.chip_bits
+            a.quant_weight = a.quant_act = False
     return model
 
 
