@@ -21,6 +21,7 @@ from PIL import Image, ImageDraw
 # voc_xml is imported by name from here too (benchmarks/bench_data.py)
 from mdk.data.generated import (bytes_for, check_request, ensure_generated, voc_xml,  # noqa: F401
                                  write_voc)
+from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 FORMAT_VERSION = 1
@@ -28,68 +29,16 @@ MIN_SIZE_FRAC, MAX_SIZE_FRAC = 0.12, 0.40   # object extent as a fraction of the
 MAX_IOU = 0.1                               # limited overlap between objects of one image
 
 
-def _rotate(points: np.ndarray, angle: float) -> np.ndarray:
-    c, s = math.cos(angle), math.sin(angle)
-    return points @ np.array([[c, s], [-s, c]])
-
-
-def _polygon(name: str, rng: np.random.Generator) -> np.ndarray:
-    """Unit-scale polygon (roughly within [-1, 1]^2) for a polygonal class."""
-    if name == "square":
-        aspect = rng.uniform(0.8, 1.25)
-        pts = np.array([[-1, -aspect], [1, -aspect], [1, aspect], [-1, aspect]], float)
-        return _rotate(pts, rng.uniform(-0.25, 0.25))
-    if name == "triangle":
-        pts = np.array([[0, -1], [0.95, 0.8], [-0.95, 0.8]], float)
-        return _rotate(pts, rng.uniform(0, 2 * math.pi))
-    if name == "star":
-        k = np.arange(10)
-        radius = np.where(k % 2 == 0, 1.0, rng.uniform(0.38, 0.5))
-        ang = k * math.pi / 5 + rng.uniform(0, 2 * math.pi)
-        return np.stack([radius * np.cos(ang), radius * np.sin(ang)], 1)
-    if name == "cross":
-        t = rng.uniform(0.25, 0.4)
-        pts = np.array([[-t, -1], [t, -1], [t, -t], [1, -t], [1, t], [t, t], [t, 1], [-t, 1],
-                        [-t, t], [-1, t], [-1, -t], [-t, -t]], float)
-        return _rotate(pts, rng.uniform(-0.4, 0.4))
-    raise ValueError(name)
-
-
-def _background(size: int, rng: np.random.Generator) -> np.ndarray:
-    """Two-colour gradient in a random direction; noise is added after the objects are drawn."""
-    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-    ang = rng.uniform(0, 2 * math.pi)
-    axis = np.linspace(-0.5, 0.5, size)
-    t = (math.cos(ang) * axis[None, :] + math.sin(ang) * axis[:, None]) + 0.5
-    return c0 + (c1 - c0) * t[..., None]
-
-
-def _contrasting_colour(bg: np.ndarray, rng: np.random.Generator) -> tuple[int, int, int]:
-    for _ in range(50):
-        colour = rng.integers(0, 256, 3)
-        if np.abs(colour - bg).sum() > 150:
-            break
-    return tuple(int(v) for v in colour)
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> float:
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union
-
-
 def render_image(index: int, image_size: int, seed: int, class_names: Sequence[str]
                  ) -> tuple[Image.Image, list[tuple[str, list[int]]]]:
     """Draw image ``index``: returns the RGB image and ``[(class name, [x1, y1, x2, y2])]``."""
     rng = np.random.default_rng([seed, index])
-    bg = _background(image_size, rng)
+    bg = background(image_size, rng)
     img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(0, 4))):   # clutter: thin lines that are not objects
         pts = rng.uniform(0, image_size, 4)
-        draw.line([float(v) for v in pts], fill=_contrasting_colour(bg.mean((0, 1)), rng),
+        draw.line([float(v) for v in pts], fill=contrasting_colour(bg.mean((0, 1)), rng),
                   width=int(rng.integers(1, 3)))
     objects: list[tuple[str, list[int]]] = []
     boxes: list[np.ndarray] = []
@@ -104,18 +53,18 @@ def render_image(index: int, image_size: int, seed: int, class_names: Sequence[s
                 pts = None
                 box = np.array([cx - rx, cy - ry, cx + rx, cy + ry])
             else:
-                pts = _polygon(name, rng)
+                pts = polygon(name, rng)
                 pts = pts / np.abs(pts).max() * half + (cx, cy)
                 box = np.concatenate([pts.min(0), pts.max(0)])
             box = np.clip(np.array([math.floor(box[0]), math.floor(box[1]),
                                     math.ceil(box[2]), math.ceil(box[3])]), 0, image_size)
-            if all(_iou(box, other) < MAX_IOU for other in boxes):
+            if all(iou(box, other) < MAX_IOU for other in boxes):
                 break
         else:
             continue   # no free place for another object: fewer objects in this image
         x0, y0 = int(box[0]), int(box[1])
         local = bg[min(y0, image_size - 1), min(x0, image_size - 1)]
-        colour = _contrasting_colour(local, rng)
+        colour = contrasting_colour(local, rng)
         if pts is None:
             draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=colour)
         else:

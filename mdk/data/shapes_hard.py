@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mdk.data.generated import bytes_for, check_request, ensure_generated, write_voc
-from mdk.data.shapes import _background, _contrasting_colour, _iou, _polygon
+from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 STYLES: tuple[str, ...] = ("solid", "outline", "striped")
@@ -38,12 +38,12 @@ MIN_DISTRACTORS, MAX_DISTRACTORS = 1, 4     # clutter under the objects (plus 0-
 
 def _outline_points(kind: str, rng: np.random.Generator) -> np.ndarray | None:
     """Unit-scale polygon of a kind (None: a circle, drawn as an ellipse)."""
-    return None if kind == "circle" else _polygon(kind, rng)
+    return None if kind == "circle" else polygon(kind, rng)
 
 
 def _texture(size: int, rng: np.random.Generator) -> np.ndarray:
     """A gradient under one of: nothing, stripes, a checkerboard, colour blobs (H x W x 3)."""
-    base = _background(size, rng)
+    base = background(size, rng)
     kind = int(rng.integers(4))
     if kind == 0:
         return base
@@ -115,7 +115,7 @@ def _place(name: str, size: int, boxes: list[np.ndarray], rng: np.random.Generat
             radii, box = None, np.concatenate([pts.min(0), pts.max(0)])
         box = np.clip(np.array([math.floor(box[0]), math.floor(box[1]),
                                 math.ceil(box[2]), math.ceil(box[3])]), 0, size)
-        if all(_iou(box, o) < MAX_IOU and _covered(o, box) < MAX_COVER for o in boxes):
+        if all(iou(box, o) < MAX_IOU and _covered(o, box) < MAX_COVER for o in boxes):
             return kind, style, pts, (cx, cy, radii), box
     return None
 
@@ -132,7 +132,7 @@ def _draw_object(canvas: np.ndarray, placed: tuple, rng: np.random.Generator) ->
     kind, style, pts, (cx, cy, radii), box = placed
     size = canvas.shape[0]
     x0, y0, x1, y1 = (int(v) for v in box)
-    colour = np.array(_contrasting_colour(canvas[y0:y1, x0:x1].mean((0, 1)), rng), np.float32)
+    colour = np.array(contrasting_colour(canvas[y0:y1, x0:x1].mean((0, 1)), rng), np.float32)
     mask_img = Image.new("L", (size, size), 0)
     draw = ImageDraw.Draw(mask_img)
     width = max(1, round((x1 - x0) * rng.uniform(0.07, 0.14)))
@@ -149,7 +149,7 @@ def _draw_object(canvas: np.ndarray, placed: tuple, rng: np.random.Generator) ->
         ang = rng.uniform(0, math.pi)
         yy, xx = np.mgrid[0:size, 0:size]
         band = ((xx * math.cos(ang) + yy * math.sin(ang)) / period) % 1 < 0.5
-        second = np.array(_contrasting_colour(colour, rng), np.float32)
+        second = np.array(contrasting_colour(colour, rng), np.float32)
         canvas[mask & ~band] = second
         mask &= band
     canvas[mask] = colour
@@ -164,7 +164,7 @@ def render_hard_image(index: int, image_size: int, seed: int, class_names: Seque
     draw = ImageDraw.Draw(img)
     mean_bg = bg.mean((0, 1))
     for _ in range(int(rng.integers(MIN_DISTRACTORS, MAX_DISTRACTORS + 1))):
-        _distractor(draw, image_size, _contrasting_colour(mean_bg, rng), rng)
+        _distractor(draw, image_size, contrasting_colour(mean_bg, rng), rng)
     canvas = np.asarray(img, dtype=np.float32).copy()
     objects: list[tuple[str, list[int]]] = []
     boxes: list[np.ndarray] = []
@@ -180,7 +180,7 @@ def render_hard_image(index: int, image_size: int, seed: int, class_names: Seque
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(0, 3))):   # lines across the objects too
         draw.line([float(v) for v in rng.uniform(0, image_size, 4)],
-                  fill=_contrasting_colour(mean_bg, rng), width=int(rng.integers(1, 3)))
+                  fill=contrasting_colour(mean_bg, rng), width=int(rng.integers(1, 3)))
     noisy = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(4, 14),
                                                            (image_size, image_size, 3))
     return Image.fromarray(noisy.clip(0, 255).astype(np.uint8)), objects
