@@ -95,7 +95,9 @@ def test_search_space_speaks_the_override_grammar():
         "scheduler=multistep"]
     assert search_space(None, ["x=choice('a b','true')"]).overrides({"x": "true"}) == ["x='true'"]
     for bad, match in [("interval(1, 0)", "low end below"), ("tag(log, interval(0, 1.5))", "low end > 0"),
-                       ("tag(log, choice(1, 2))", "needs an interval"), ("range(5, 1)", "is empty")]:
+                       ("tag(log, choice(1, 2))", "needs an interval"), ("range(5, 1)", "is empty"),
+                       ("interval(0.1,", r"could not parse 'interval\(0.1,' \(.+\); write a range as "
+                                         r"choice\(a,b\), a,b, range\(1,10,2\), interval")]:
         with pytest.raises(ConfigError, match=rf"hydra.sweeper.params.k: .*{match}"):
             search_space({"k": bad}, [])
 

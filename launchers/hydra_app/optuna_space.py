@@ -50,6 +50,8 @@ class SearchSpace:
 
 
 _PARSER = OverridesParser.create()
+RANGES = ("write a range as choice(a,b), a,b, range(1,10,2), interval(0.001,0.1) or "
+          "tag(log, interval(0.0001,0.1))")
 
 
 def value_text(value: Any) -> str:
@@ -127,8 +129,7 @@ def _distribution(o: Override, where: str) -> tuple[Any, dict[Any, str]]:
         if "int" in v.tags:
             return od.IntDistribution(int(lo), int(hi), log=log), {}
         return od.FloatDistribution(float(lo), float(hi), log=log), {}
-    raise ConfigError(f"{where}: {o.get_value_string()} is no search range; use choice(), "
-                      "range(), interval() or tag(log, interval())")
+    raise ConfigError(f"{where}: {o.get_value_string()} is no search range; {RANGES}")
 
 
 def search_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> SearchSpace:
@@ -145,7 +146,8 @@ def search_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> 
         try:
             o = _PARSER.parse_override(line)
         except HydraException as e:
-            raise ConfigError(f"{where}: {str(e).splitlines()[0]}") from None
+            raise ConfigError(f"{where}: could not parse {line.partition('=')[2]!r} "
+                              f"({str(e).splitlines()[0]}); {RANGES}") from None
         if not o.is_sweep_override():
             space.fixed.append(line)
             continue
