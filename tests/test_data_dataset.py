@@ -186,6 +186,11 @@ def test_the_reader_class_is_config(tmp_path):
     assert [r.image for r in train.records] == ["pics/000000.jpg", "pics/000001.jpg"]
     for i in range(2):
         assert torch.equal(train[i][1], full[i][1]) and torch.equal(train.image(i), full.image(i))
+    # the val split alone: the same records, and the train split's records never read
+    none, alone = build_datasets(c, SIZE, S, B, 0, tmp_path / "cache_val", train=False)
+    assert none is None and [r.image for r in alone.records] == [r.image for r in val.records]
+    # the index cache holds the val split's files only (a full build writes train.* too)
+    assert {p.name for p in (tmp_path / "cache_val").rglob("*.*")} == {"val.txt", "val.images.json"}
     with pytest.raises(DataError, match=r"^dataset.reader._target_='nowhere.Nothing' cannot be "
                                         r"imported \(No module named 'nowhere'\); name a reader "
                                         r"class as package.module.Class$"):

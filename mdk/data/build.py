@@ -92,14 +92,16 @@ def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str |
 
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
                    boxes_per_cell: int, seed: int, cache_root: str | Path,
-                   progress: Any = "auto") -> tuple[DetectionDataset, DetectionDataset]:
+                   progress: Any = "auto", train: bool = True
+                   ) -> tuple[Optional[DetectionDataset], DetectionDataset]:
     """(train, val) datasets of the folder ``dataset.root``: the reader ``dataset.reader`` reads
     each split's records (through the index cache under ``cache_root``), and a DetectionDataset
     serves them. A dataset with a ``generate`` node (``_target_``: the built-in shapes generator)
     first makes its data there (a no-op when it is already there). Any dataset is a YAML in
     conf/dataset/; its ``name`` only labels its folders (checkpoints, meta files). Under DDP call
     it on rank 0 first and barrier, so one process generates and indexes (concurrent calls are
-    still safe: writes are atomic). ``progress``: the image check's bar (trainer.progress)."""
+    still safe: writes are atomic). ``progress``: the image check's bar (trainer.progress).
+    ``train=False``: the val split alone (None for train), nothing of the train split read."""
     d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
     if d.get("generate"):
@@ -110,8 +112,9 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
                   boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,
                   cache_images=bool(d.get("cache_images", False)), seed=seed,
                   on_bad_image=str(d.get("on_bad_image", "error")), progress=progress)
-    out = []
-    for split, augment in ((d["train_split"], bool(d.get("augment", True))), (d["val_split"], False)):
+    def one(split: str, augment: bool) -> DetectionDataset:
         records = cached_records(reader, split, meta_dir)
-        out.append(DetectionDataset(split=split, records=records, augment=augment, **common))
-    return out[0], out[1]
+        return DetectionDataset(split=split, records=records, augment=augment, **common)
+
+    train_ds = one(d["train_split"], bool(d.get("augment", True))) if train else None
+    return train_ds, one(d["val_split"], False)

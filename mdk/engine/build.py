@@ -35,16 +35,17 @@ def build_loss(cfg: DictConfig) -> torch.nn.Module:
     return instantiate(cfg.loss)
 
 
-def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None) -> tuple[Any, Any]:
+def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None, train: bool = True
+               ) -> tuple[Any, Any]:
     """Datasets; rank 0 generates/indexes the built-in data first, the others wait and reuse it.
-    ``world`` None: this process alone."""
+    ``world`` None: this process alone. ``train=False``: (None, val), the train split unread."""
     world = alone(world)
     cache_root = resolve_path(cfg.paths.data, os.getcwd())
     ds_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     ds_cfg["root"] = str(resolve_path(cfg.dataset.root, os.getcwd()))
     # Only rank 0 may draw the image check's bar (the others find its cache).
     args = (ds_cfg, cfg.model.image_size, grid, cfg.model.net.boxes_per_cell, cfg.seed, cache_root,
-            cfg.trainer.progress if world.is_main else False)
+            cfg.trainer.progress if world.is_main else False, train)
     if world.is_main:
         out = build_datasets(*args)
         dist.barrier()

@@ -139,7 +139,7 @@ def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "in
 def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) -> Any:
     """The evaluation dataset: ``split`` (a split name of the dataset's reader, e.g. an
     ImageSets/Main list for VOC) or ``dataset.val_split``."""
-    # One pass reads each image once anyway; caching would also decode the whole train split.
+    # One pass reads each image once anyway: a cache would only cost its memory.
     patch: dict[str, Any] = {"cache_images": False}
     if split:
         patch["val_split"] = split
@@ -147,7 +147,7 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
     grid = getattr(model, "grid", None) or image_size // 2 ** sum(
         1 for c in cfg.model.net.channels if c == "M")
     cfg = OmegaConf.merge(cfg, {"dataset": patch})
-    _, val = build_data(cfg, grid, World())
+    _, val = build_data(cfg, grid, World(), train=False)
     return val
 
 
