@@ -16,6 +16,7 @@ and exit status 128 + the signal's number.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Callable
@@ -23,6 +24,7 @@ from typing import Callable
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.processes.env import detect
 from launchers.processes.stop_signals import stop_signals
 from launchers.reports.stop_line import stop_line, stop_status
@@ -30,6 +32,7 @@ from mdk.compose import one_line
 from mdk.errors import error_line
 from mdk.stop import StopRequested
 
+log = logging.getLogger(__name__)
 _USER = "MDK_USER_HYDRA_FULL_ERROR"  # the user's HYDRA_FULL_ERROR, carried into sweep jobs
 
 
@@ -61,6 +64,11 @@ def run_cli(main: Callable[[], object]) -> None:
     except StopRequested as e:
         print(getattr(e, "line", None) or stop_line(e), file=sys.stderr, flush=True)
         sys.exit(stop_status(e))
+    except JobsEndedError as e:  # sweep jobs without a result: how each ended, one line each
+        for line in e.lines:
+            log.error("%s", line)
+        print("\n".join(e.lines), file=sys.stderr, flush=True)
+        sys.exit(e.code)
     except OSError as e:  # Hydra making the run dir or its files there: a full/read-only disk
         line = error_line(e)
         if user == "1" or line is None:

@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -156,12 +155,10 @@ class RequeueMixin:
         except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as e:
             # A job without a result (stopped by a signal, killed): one line each, not
             # submitit's message with the job's whole stderr (launchers/hydra_app/job_ends.py).
+            # A search's sweeper fails the trial and goes on; else launchers/hydra_app/cli.py
+            # prints the lines and exits with the status.
             lines, status = jobs_end_lines(
                 sweep_dir, e, range(initial_job_idx, initial_job_idx + len(job_overrides)))
-            if not search:  # a search's sweeper fails the trial and goes on
-                for line in lines:
-                    log.error("%s", line)
-                print("\n".join(lines), file=sys.stderr, flush=True)
             raise JobsEndedError(status, lines) from None
         except StopRequested as e:  # a stop signal to this process, which only waits
             rerun = SEARCH_RERUN if search else sweep_rerun(sweep_dir, "collect or resume them")
