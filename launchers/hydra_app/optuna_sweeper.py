@@ -120,8 +120,9 @@ class SearchSweeper(Sweeper):
             raise ConfigError(f"hydra.sweeper.direction={dirs} but study {name!r} in {url} was "
                               f"made with {[d.name.lower() for d in study.directions]}; give "
                               "another study_name or hydra.sweep.dir")
-        if study.trials:
-            study.sampler = self._sampler(space, len(study.trials)) or study.sampler
+        earlier = len(study.get_trials(deepcopy=False))  # a resumed study: its sampler goes on
+        if earlier:
+            study.sampler = self._sampler(space, earlier) or study.sampler
         for number, note in fail_stale_trials(study).items():
             record_in_job(trial_by_number(study, number), note)
         before = len(finished(study))
