@@ -17,7 +17,7 @@ so a resumed step4 checkpoint is never fused twice.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from torch import nn
@@ -38,8 +38,7 @@ class QuantMode:
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> "QuantMode":
-        return cls(**{k: bool(m[k]) for k in ("fold_bn", "weights", "activations", "fuse_gains")
-                      if k in m})
+        return cls(**{f.name: bool(m[f.name]) for f in fields(cls) if f.name in m})
 
     @property
     def is_float(self) -> bool:
