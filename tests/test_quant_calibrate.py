@@ -7,8 +7,8 @@ import torch
 
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
-from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_exact, subsample
-from mdk.quant.calibrate import CapObserver
+from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_exact, sample_stride
+from mdk.quant.calibrate import CapObserver, global_sample
 from mdk.stage import apply_stage
 
 
@@ -37,6 +37,9 @@ def test_large_tensors_use_documented_odd_stride_subsample():
     g = torch.Generator().manual_seed(4)
     y = torch.randn(4, 8, 96, 96, generator=g)  # 294912 values
     sub = y.flatten()[::5]  # ceil(294912 / 65536) = 5, already odd
+    def subsample(x, max_values):  # what one process's observer reads
+        return global_sample(x, lambda n: sample_stride(n, max_values))
+
     assert torch.equal(subsample(y, 1 << 16), sub)
     assert torch.equal(subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3
     assert subsample(y, None).numel() == y.numel()

@@ -2,9 +2,9 @@
 no optimizer step.
 
 Each rank observes its slice of every global batch; the statistics are taken on the global batch
-(mdk/quant/calibrate.py), so W processes calibrate exactly like one, bit for bit. The result is saved as the stage's best.pth/last.pth
-(weights + caps, marked finished: a rerun reports it instead of calibrating again) and as a
-human-readable caps.json.
+(mdk/quant/calibrate.py), so W processes calibrate exactly like one, bit for bit. The result is
+saved as the stage's best.pth/last.pth (weights + caps, marked finished: a rerun reports it
+instead of calibrating again) and as a human-readable caps.json.
 """
 from __future__ import annotations
 

@@ -57,11 +57,6 @@ def strided(x: torch.Tensor, start: int, step: int) -> torch.Tensor:
     return torch.take(x, torch.arange(start, x.numel(), step, device=x.device))
 
 
-def subsample(x: torch.Tensor, max_values: Optional[int]) -> torch.Tensor:
-    """All values of ``x`` (flattened), or every s-th one, ``s = sample_stride(N, max_values)``."""
-    return strided(x, 0, sample_stride(x.numel(), max_values))
-
-
 def nearest_rank(p: float, n: int) -> int:
     """1-based rank ``ceil(p/100 * n)`` in exact rational arithmetic (no float ceil surprises)."""
     k = math.ceil(Fraction(str(p)) * n / 100)

@@ -60,16 +60,24 @@ def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, l
     return starts[rank], counts
 
 
+def my_share(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0, world: int = 1
+             ) -> tuple[torch.Tensor, list[int]]:
+    """This rank's part of the global batch's values at flat positions 0, s, 2s, ...
+    (``s = stride_of(global count)``), and how many of them every rank holds."""
+    stride = stride_of(y.numel() * world)
+    start, counts = rank_share(y.numel(), stride, rank, world)
+    return strided(y, start, stride), counts
+
+
 def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0,
                   world: int = 1) -> torch.Tensor:
     """The global batch's values at flat positions 0, s, 2s, ... (``s = stride_of(global count)``),
     in that order, on every rank: the tensor one process holding the whole batch would read."""
+    part, counts = my_share(y, stride_of, rank, world)
     if world == 1:
-        return strided(y, 0, stride_of(y.numel()))
-    stride = stride_of(y.numel() * world)
-    start, counts = rank_share(y.numel(), stride, rank, world)
+        return part
     # float32 is exact for every activation dtype, and every backend gathers it
-    return dist.all_gather_cat(strided(y, start, stride).float(), counts)
+    return dist.all_gather_cat(part.float(), counts)
 
 
 class CapObserver:
@@ -107,9 +115,7 @@ class CapObserver:
             sample = global_sample(y, mse_stride, self.rank, self.world)
             s, top = mse_cap(sample, self.mse_candidates), y.max()
         else:  # kl: this rank's share of the sample, counted; caps at finalize_caps
-            n = y.numel()
-            start, _ = rank_share(n, self._stride(n * self.world), self.rank, self.world)
-            sample = strided(y, start, self._stride(n * self.world))
+            sample, _ = my_share(y, self._stride, self.rank, self.world)
             top = y.max()
             span = pow2_range(sample.max() if sample.numel() else top)
             self.spans.append(span)
