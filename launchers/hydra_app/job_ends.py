@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Collection, Optional
 
 from launchers.reports.stop_line import stop_line, stop_status
-from mdk.atomic_file import write_text
+from mdk.atomic_file import write_json
 from mdk.stop import StopRequested
 
 STOPS = Path(".submitit") / "stops"
@@ -40,8 +40,8 @@ def record_stopped_job(sweep_dir: str, job_num: int, job_id: str, e: StopRequest
     """In the job: its stop, for the launching process (a requeued rerun forgets it)."""
     path = _record(sweep_dir, job_num)
     # whole or absent: a job killed mid-write leaves no half JSON
-    write_text(path, json.dumps({"job": job_num, "id": job_id, "status": stop_status(e),
-                                 "line": getattr(e, "line", None) or stop_line(e)}))
+    write_json(path, {"job": job_num, "id": job_id, "status": stop_status(e),
+                      "line": getattr(e, "line", None) or stop_line(e)})
 
 
 def forget_stopped_job(sweep_dir: str, job_num: int) -> None:

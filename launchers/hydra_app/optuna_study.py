@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from launchers.reports.sweep_results import RESULT
-from mdk.atomic_file import write_text
+from mdk.atomic_file import write_json
 from mdk.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -187,4 +187,4 @@ def record_in_job(trial: Any, note: Optional[str] = None) -> None:
         rec = {}
     rec.setdefault("status", "failed" if trial.state.name == "FAIL" else "incomplete")
     rec["trial"] = trial_record(trial, note)
-    write_text(result_file, json.dumps(rec, indent=1))
+    write_json(result_file, rec, indent=1)

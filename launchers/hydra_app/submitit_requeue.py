@@ -40,7 +40,7 @@ from launchers.hydra_app.job_ends import (JobsEndedError, forget_stopped_job, jo
 from launchers.hydra_app.optuna_study import SWEEPER
 from launchers.hydra_app.plugin_path import add_plugin_path
 from launchers.reports.stop_line import SEARCH_RERUN, sweep_rerun
-from mdk.atomic_file import write_text
+from mdk.atomic_file import write_json
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
     if subdir is None:
         subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
         if record:
-            write_text(marker, json.dumps({"subdir": subdir, "overrides": list(overrides)}))
+            write_json(marker, {"subdir": subdir, "overrides": list(overrides)})
     with read_write(cfg.hydra.sweep), open_dict(cfg.hydra.sweep):
         cfg.hydra.sweep.dir = sweep_dir
         cfg.hydra.sweep.subdir = subdir

@@ -39,7 +39,7 @@ from launchers.hydra_app.optuna_study import MARKER, SWEEPER
 from launchers.processes.env import detect
 from launchers.reports.sweep_results import RESULT, collect_results, format_table, job_record
 from launchers.reports.sweep_stats import aggregate, format_aggregate
-from mdk.atomic_file import write_text
+from mdk.atomic_file import write_json
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,6 @@ class SweepDirInUseError(SystemExit):
 
 def _rank() -> int:
     return detect().rank
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    write_text(path, json.dumps(data, indent=1))
 
 
 class SweepSummary(Callback):
@@ -92,8 +88,9 @@ class SweepSummary(Callback):
             text += "\n\n" + format_aggregate(agg)
         log.info("sweep summary (%s)\n%s", sweep_dir / "sweep_summary.txt", text)
         (sweep_dir / "sweep_summary.txt").write_text(text + "\n", encoding="utf-8")
-        _write(sweep_dir / "sweep_summary.json", {"sweep_dir": str(sweep_dir), "jobs": rows,
-                                                  **({"aggregate": agg} if agg else {})})
+        write_json(sweep_dir / "sweep_summary.json",
+                   {"sweep_dir": str(sweep_dir), "jobs": rows,
+                    **({"aggregate": agg} if agg else {})}, indent=1)
         bad = [r for r in rows if r["status"] not in ("completed", "pruned")]
         if bad and self.fail_on_error:
             raise SweepFailedError(
@@ -113,9 +110,9 @@ class SweepSummary(Callback):
                 attempts = int(json.loads(path.read_text()).get("attempts", 0))
             except (ValueError, OSError):
                 pass
-        _write(path, {"status": "running", "overrides": _overrides(config),
-                      "job_id": str(OmegaConf.select(config, "hydra.job.id")),
-                      "attempts": attempts + 1, "started": self._started})
+        write_json(path, {"status": "running", "overrides": _overrides(config),
+                          "job_id": str(OmegaConf.select(config, "hydra.job.id")),
+                          "attempts": attempts + 1, "started": self._started}, indent=1)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not is_multirun() or _rank() != 0:
@@ -127,8 +124,9 @@ class SweepSummary(Callback):
         # A search's sweeper may have recorded the trial first (a run that outlived its sweep):
         # the study's record stays.
         keep = {"trial": prev["trial"]} if "trial" in prev else {}
-        _write(path, {**rec, "job_id": prev.get("job_id"), "attempts": prev.get("attempts", 1),
-                      "started": prev.get("started", self._started), **keep})
+        write_json(path, {**rec, "job_id": prev.get("job_id"),
+                          "attempts": prev.get("attempts", 1),
+                          "started": prev.get("started", self._started), **keep}, indent=1)
 
 
 def _overrides(config: DictConfig) -> list[str]:

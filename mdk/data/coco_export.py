@@ -9,7 +9,6 @@ difficult objects as ``iscrowd=1`` (both ignored the same way). Reading the expo
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -17,7 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
-from mdk.atomic_file import write_text
+from mdk.atomic_file import write_json
 from mdk.data.records import Record
 from mdk.data.voc import VOCReader, read_split
 
@@ -65,10 +64,6 @@ def voc_class_names(voc_root: str | Path, splits: Sequence[str]) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _write_json(path: Path, doc: dict) -> None:
-    write_text(path, json.dumps(doc))  # a kill never leaves a half-written annotation file
-
-
 def _place(src: Path, dst: Path, copy: bool) -> None:
     if dst.is_symlink() or dst.exists():
         if not copy and dst.is_symlink() and os.readlink(dst) == str(src):
@@ -103,7 +98,7 @@ def export_voc_to_coco(voc_root: str | Path, out_root: str | Path,
         for rec in got.records:
             _place(voc_root / rec.image, folder / PurePosixPath(rec.image).name, copy)
         path = out_root / "annotations" / f"instances_{split}.json"
-        _write_json(path, records_to_coco(got.records, names))
+        write_json(path, records_to_coco(got.records, names))  # never half a file
         log.info("wrote %s (%d images)", path, len(got.records))
         written.append(path)
     return written

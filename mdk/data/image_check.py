@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from PIL import Image
 
-from mdk.atomic_file import write_text
+from mdk.atomic_file import write_json
 from mdk.data.config import POLICIES
 from mdk.errors import DataError
 from mdk.progress import bars_on, progress_bar
@@ -87,7 +87,7 @@ def _read_cache(path: Path) -> dict[str, list]:
 
 def _write_cache(path: Path, files: dict[str, list]) -> None:
     """Atomic, like the meta file: a kill never leaves a half-written cache."""
-    write_text(path, json.dumps({"version": CACHE_VERSION, "files": files}))
+    write_json(path, {"version": CACHE_VERSION, "files": files})
 
 
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,

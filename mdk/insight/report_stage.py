@@ -28,7 +28,7 @@ from mdk.errors import ConfigError
 from mdk.insight import report_plot
 from mdk.insight.layer_modes import mask_bits_of, measure_quantized
 from mdk.insight.report_json import build_report, sensitivities, table
-from mdk.insight.scoring import EvalSet, Score, score
+from mdk.insight.scoring import EvalSet, score
 from mdk.insight.sqnr import layer_table
 from mdk.insight.stages import (PerLayer, Present, load_analysed, load_row, per_layer_of,
                                 present_stages)
