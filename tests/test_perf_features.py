@@ -164,18 +164,22 @@ def test_channels_last_auto_resolves_per_device(value, device, amp, expect):
     assert channels_last(trainer, torch.device(device)) is expect
 
 
-@pytest.mark.parametrize("amp, device, float_model, expect", [
-    ("auto", "cpu", True, torch.bfloat16),    # step1 on the CPU: bf16 autocast (issue 18 recipe)
-    ("auto", "cpu", False, None),             # quantized stages keep float32 (cap/31 grids)
-    ("auto", "cuda", True, None),             # CUDA: float32 + TF32 stays the default
-    (True, "cuda", False, torch.float16), (True, "cpu", False, torch.bfloat16),
-    (False, "cpu", True, None),
+@pytest.mark.parametrize("amp, device, float_model, native, expect", [
+    ("auto", "cpu", True, True, torch.bfloat16),  # step1 on a bf16 CPU: bf16 autocast
+    ("auto", "cpu", True, False, None),           # an AVX2-only CPU emulates bf16 (~7x slower)
+    ("auto", "cpu", False, True, None),           # quantized stages keep float32 (cap/31 grids)
+    ("auto", "cuda", True, True, None),           # CUDA: float32 + TF32 stays the default
+    (True, "cuda", False, False, torch.float16), (True, "cpu", False, False, torch.bfloat16),
+    (False, "cpu", True, True, None),
 ])
-def test_amp_auto_resolves_per_device_and_stage(amp, device, float_model, expect):
+def test_amp_auto_resolves_per_device_and_stage(amp, device, float_model, native, expect,
+                                                monkeypatch):
     from omegaconf import OmegaConf
 
+    from mdk.engine import precision
     from mdk.engine.precision import amp_dtype, channels_last
 
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     trainer = OmegaConf.create({"amp": amp, "amp_dtype": "auto", "channels_last": "auto"})
     assert amp_dtype(trainer, torch.device(device), float_model) is expect
     # channels_last=auto follows the resolved amp on CUDA, and is on for every CPU stage
@@ -183,12 +187,14 @@ def test_amp_auto_resolves_per_device_and_stage(amp, device, float_model, expect
         device == "cpu" or expect is not None)
 
 
-def test_default_step1_trains_in_bf16_on_the_cpu_and_step2_does_not():
+def test_default_step1_trains_in_bf16_on_a_bf16_cpu_and_step2_does_not(monkeypatch):
     """The composed defaults, resolved the way train_stage resolves them."""
     from mdk.compose import compose
+    from mdk.engine import precision
     from mdk.engine.precision import amp_dtype
     from mdk.stage import StageSpec
 
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     cfg = compose(["trainer.device=cpu"])
     cpu = torch.device("cpu")
     assert cfg.trainer.amp == "auto" and cfg.trainer.epochs == 40

@@ -15,9 +15,10 @@ fast default for training; off for float32-exact comparisons.
 (with a GradScaler against gradient underflow; its state is saved and resumed) and bfloat16 on
 the CPU (no scaler needed: bf16 has float32's exponent range); ``float16`` / ``bfloat16`` force
 one. ``trainer.amp=auto`` (the default) is on for the CPU training of a float stage (step1: no
-quantizer in the model), where bf16 autocast trains the default run 1.84x faster per epoch
-(20.6 -> 11.2 s) and lets the default recipe run 40 epochs in 8 minutes on 2 cores
-(docs/experiments.md, 2026-11-23); off
+quantizer in the model) on a CPU with native bfloat16 arithmetic (AVX512-BF16 or AMX, as oneDNN
+reports it), where bf16 autocast trains the default run 1.84x faster per epoch (20.6 -> 11.2 s,
+benchmarks/README.md); off on a CPU without it (AVX2 only), where oneDNN emulates bf16 and the
+same step is ~7x slower than float32 (3.0 vs 0.43 s per batch of 16 on a 2-core AVX2 EPYC); off
 in quantized stages, whose fake-quant grids (cap/31 steps) bf16 cannot hold, and off on CUDA,
 where float32 with TF32 stays the default until fp16 accuracy is measured there. Evaluation,
 calibration and export never run under autocast.
@@ -58,11 +59,20 @@ def configure(trainer: DictConfig, device: torch.device) -> None:
         log.info("trainer.deterministic=true: deterministic kernels, no cuDNN benchmark, no TF32")
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 convolutions natively on this CPU (not emulated)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the query: assume emulation
+        return False
+
+
 def amp_enabled(trainer: DictConfig, device: torch.device, float_model: bool = False) -> bool:
-    """``trainer.amp`` resolved: ``auto`` is on for a float model trained on the CPU (see above)."""
+    """``trainer.amp`` resolved: ``auto`` is on for a float model trained on a CPU with native
+    bfloat16 (see above)."""
     value = trainer.get("amp", False)
     if value == "auto":
-        return device.type == "cpu" and float_model
+        return device.type == "cpu" and float_model and cpu_has_native_bf16()
     return bool(value)
 
 
