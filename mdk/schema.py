@@ -27,6 +27,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "scheduler": sched_config.SCHEMAS,
     "model": models_config.MODEL_SCHEMAS,
     "loss": models_config.LOSS_SCHEMAS,
+    "head": models_config.HEAD_SCHEMAS,
     "dataset": data_config.SCHEMAS,
     "logger": sinks_config.SCHEMAS,
 }

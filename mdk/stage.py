@@ -43,6 +43,7 @@ class StageSpec:
     epochs: Optional[int]
     lr_scale: float
     bar: Optional[dict[str, Any]]
+    min_iters: Optional[int] = None
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any] | DictConfig) -> "StageSpec":
@@ -55,7 +56,8 @@ class StageSpec:
                    export=bool(d.get("export", False)), quant=quant,
                    eval_quant=QuantMode.from_mapping(ev) if ev else quant,
                    epochs=d.get("epochs"), lr_scale=float(d.get("lr_scale", 1.0)),
-                   bar=dict(d["bar"]) if d.get("bar") else None)
+                   bar=dict(d["bar"]) if d.get("bar") else None,
+                   min_iters=d.get("min_iters"))
 
     @property
     def trains(self) -> bool:
@@ -148,6 +150,21 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
     if epochs is not None:
         new.trainer.epochs = epochs
     new.optim.lr = float(cfg.optim.lr) * scale
+    return new
+
+
+def lengthen(cfg: DictConfig, spec: StageSpec, iters_per_epoch: int) -> DictConfig:
+    """``cfg`` with ``trainer.epochs`` raised so the stage makes at least ``step.min_iters``
+    optimizer steps (a copy; ``cfg`` itself when nothing changes). A fine-tuning stage's length
+    is a number of steps: 8 epochs are 800 steps on the 1600 built-in images but 96 on a
+    205-image dataset, too few to win back what quantization took."""
+    if not spec.trains or not spec.min_iters or iters_per_epoch < 1:
+        return cfg
+    need = -(-int(spec.min_iters) // int(iters_per_epoch))
+    if need <= int(cfg.trainer.epochs):
+        return cfg
+    new = OmegaConf.merge(cfg, {})
+    new.trainer.epochs = need
     return new
 
 

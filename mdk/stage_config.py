@@ -46,6 +46,7 @@ class StageConf:
     eval_quant: Optional[QuantConf] = None
     epochs: Optional[int] = None
     lr_scale: float = 1.0
+    min_iters: Optional[int] = None   # train at least this many optimizer steps (more epochs)
     bar: Optional[BarConf] = None
 
 
@@ -94,6 +95,9 @@ def check_schedule(stage_cfg: DictConfig | dict, stage: str) -> tuple[Optional[i
                           "trainer.epochs")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ConfigError(f"step.lr_scale={scale!r} ({stage}) must be a number > 0")
+    least = stage_cfg.get("min_iters")
+    if least is not None and (isinstance(least, bool) or not isinstance(least, int) or least < 0):
+        raise ConfigError(f"step.min_iters={least!r} ({stage}) must be an integer >= 0, or null")
     return epochs, float(scale)
 
 

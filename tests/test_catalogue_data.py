@@ -163,11 +163,13 @@ def test_real_command_image_broken_during_the_run_ends_in_seconds(tmp_path):
     status 1, exit within seconds. (Broken before the run, the check would find it from its new
     ctime; the cache is told the broken file's stamp, as if it broke after the check read it.)"""
     from mdk.data.build import build_datasets, meta_dir_for
+    from mdk.models.heads import YoloV1Head
 
     root, args = _hand_made_voc(tmp_path)
     d = {"name": "voc", "root": str(root), "class_names": ["cat", "dog"], "num_classes": 2,
          "train_split": "train", "val_split": "val"}
-    build_datasets(d, 64, 2, 2, 0, tmp_path / "data")  # the check passes and is cached
+    head = YoloV1Head(d["num_classes"], 2)
+    build_datasets(d, 64, 2, head, 0, tmp_path / "data")  # the check passes and is cached
     bad = root / "JPEGImages" / "000005.jpg"
     st, data = bad.stat(), bad.read_bytes()
     bad.write_bytes(b"\0\0" + data[2:])  # no JPEG start marker any more

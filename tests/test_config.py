@@ -23,7 +23,8 @@ GROUPS = {
     "step": ["step1", "step2", "cal", "step3", "step4", "quant_report"],
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
     "optim": ["adamw", "sgd"],
-    "loss": ["default", "gti"],
+    "loss": ["default", "gti", "anchors"],
+    "head": ["yolov1", "anchors"],
     "dist": ["default"],
     "logger": ["tensorboard", "wandb", "none"],
     "trainer": ["default"],
@@ -40,19 +41,22 @@ def test_group_folders_match_the_list():
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option, tmp_path):
     extra = ["dataset.root=" + str(tmp_path)] if option in ("voc", "coco") else []
+    if (group, option) == ("loss", "anchors"):
+        extra.append("head=anchors")  # its loss reads the head's priors (refused with yolov1)
     cfg = compose([f"{group}={option}", *extra])
     validate(cfg)
-    if group == "model":
+    if group in ("model", "head"):
         m = instantiate(cfg.model.net)
         out = m(torch.zeros(1, 3, cfg.model.image_size, cfg.model.image_size, dtype=torch.uint8))
-        width = 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
+        b, c = m.head.boxes_per_cell, cfg.dataset.num_classes
+        width = b * (5 + c) if option == "anchors" else 5 * b + c
         assert out.shape == (1, width, m.grid, m.grid)
         assert m.grid == cfg.model.image_size // 32
     if group == "optim":
         opt = instantiate(cfg.optim)([torch.nn.Parameter(torch.zeros(2))])
         assert opt.param_groups[0]["lr"] == cfg.optim.lr
     if group == "loss":
-        width = 5 * cfg.model.net.boxes_per_cell + cfg.dataset.num_classes
+        width = instantiate(cfg.model.net.head).channels
         terms = instantiate(cfg.loss)(torch.zeros(2, width, 6, 6), torch.zeros(2, 6, 6, width))
         assert "total" in terms and torch.isfinite(terms["total"])
     if group == "scheduler":
@@ -76,7 +80,7 @@ WRONG_TYPE = {"trainer": "trainer.epochs=abc", "dist": "dist.gpus=two", "paths":
               "step": "step.epochs=many", "scheduler": "scheduler.warmup.iters=x",
               "optim": "optim.weight_decay=lots", "model": "model.image_size=big",
               "loss": "loss.lambda_cls=high", "dataset": "dataset.num_classes=five",
-              "logger": "logger.log_every=often"}
+              "logger": "logger.log_every=often", "head": "head.size_range=wide"}
 
 
 @pytest.mark.parametrize("group", sorted(WRONG_TYPE))

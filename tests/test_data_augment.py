@@ -69,3 +69,49 @@ def test_device_augmentation_run_is_deterministic_and_resumes_bit_identically(ti
     run_stage(tiny_cfg(*dev, "trainer.epochs=1", f"paths.checkpoints={tmp_path}/r"), tmp_path / "r")
     c = weights("r")
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_strengths_shape_the_draws_and_the_default_stream_is_unchanged():
+    """dataset.augmentation: the default strengths draw the same numbers as before the knobs
+    existed (four uniforms after the two coin flips, no vertical flip drawn); stronger ones
+    widen the zoom and add vertical flips, on the loader and the device paths alike."""
+    from mdk.data.augment import Strengths
+
+    rng = np.random.default_rng([3, 0, 5])
+    raw = rng.random(2), rng.uniform(0.8, 1.2), rng.uniform(-0.1, 0.1, 2), rng.uniform(0.8, 1.2, 3)
+    p = draw(np.random.default_rng([3, 0, 5]), 48)
+    assert (p.flip, p.affine, p.scale) == (raw[0][0] < 0.5, raw[0][1] < 0.5, raw[1]) and not p.vflip
+    assert p.shift == tuple((raw[2] * 48).tolist()) and p.sat == raw[3][2]
+    strong = Strengths.of({"vflip": 0.5, "affine": 1.0, "scale": [0.5, 1.5], "shift": 0.2})
+    ps = [draw(np.random.default_rng([1, 0, i]), 48, strong) for i in range(64)]
+    assert all(q.affine for q in ps) and 10 < sum(q.vflip for q in ps) < 54
+    assert min(q.scale for q in ps) < 0.7 and max(q.scale for q in ps) > 1.3
+    images = _images(len(ps))
+    got = augment_batch(images, ps)
+    want = torch.stack([augment_image(img, q) for img, q in zip(images, ps)])
+    diff = (got.int() - want.int()).abs()
+    assert diff.max() <= 2 and (diff == 0).float().mean() >= 0.98
+    vflipped = AugParams(False, False, 1.0, (0.0, 0.0), 1.0, 1.0, 1.0, vflip=True)
+    assert torch.equal(augment_batch(images[:4], [vflipped] * 4), images[:4].flip(-2))
+
+
+def test_vertical_flip_moves_the_boxes_with_the_image():
+    from mdk.data.augment import augment_boxes
+
+    boxes = torch.tensor([[4.0, 6.0, 20.0, 30.0]])
+    p = AugParams(False, False, 1.0, (0.0, 0.0), 1.0, 1.0, 1.0, vflip=True)
+    out, labels = augment_boxes(boxes, torch.tensor([2]), p, 48)
+    assert out.tolist() == [[4.0, 18.0, 20.0, 42.0]] and labels.tolist() == [2]
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("vflip", 1.5, r"dataset.augmentation.vflip=1.5 must be a number in \[0, 1\]"),
+    ("scale", [1.2, 0.8], r"dataset.augmentation.scale=\[1.2, 0.8\] must be \[low, high\]"),
+    ("jitter", 1.0, r"dataset.augmentation.jitter=1.0 must be a number in \[0, 1\)"),
+])
+def test_bad_strength_is_one_config_line(key, value, match):
+    from mdk.data.config import check_augmentation
+    from mdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^" + match):
+        check_augmentation({key: value})

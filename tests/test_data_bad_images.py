@@ -16,6 +16,7 @@ from PIL import Image
 from mdk.data import image_check
 from mdk.data.build import build_datasets
 from mdk.data.dataset import DetectionDataset
+from mdk.models.heads import YoloV1Head
 from mdk.data.image_check import check_images, decode_error
 from mdk.data.index import cached_records
 from mdk.data.voc import VOCReader
@@ -141,7 +142,7 @@ def test_unwritable_cache_only_costs_a_recheck(tmp_path, caplog):
 def dataset(root: Path, tmp_path: Path, split: str = "train", **kw) -> DetectionDataset:
     records = cached_records(VOCReader(root, CLASSES), split, tmp_path / "meta")
     args = dict(root=root, split=split, records=records, class_names=CLASSES, image_size=64,
-                grid=4, boxes_per_cell=2, augment=False, meta_dir=tmp_path / "meta")
+                grid=4, head=YoloV1Head(len(CLASSES), 2), augment=False, meta_dir=tmp_path / "meta")
     return DetectionDataset(**{**args, **kw})
 
 

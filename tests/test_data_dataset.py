@@ -11,10 +11,12 @@ from mdk.data.index import cached_records
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
 from mdk.data.voc import VOCReader
 from mdk.errors import ConfigError, DataError
+from mdk.models.heads import YoloV1Head
 from mdk.models.yolo_codec import decode
 
 CLASSES = list(SHAPE_CLASSES)
 SIZE, S, B = 64, 4, 2
+HEAD = YoloV1Head(len(CLASSES), B)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,7 @@ def root(tmp_path_factory):
 
 def make(root, tmp_path, **kw):
     args = dict(root=root, split="train", class_names=CLASSES, image_size=SIZE, grid=S,
-                boxes_per_cell=B, augment=True, meta_dir=tmp_path / "meta", cache_images=False, seed=7)
+                head=HEAD, augment=True, meta_dir=tmp_path / "meta", cache_images=False, seed=7)
     args.update(kw)
     records = cached_records(VOCReader(args["root"], CLASSES), args["split"], args["meta_dir"])
     return DetectionDataset(records=records, **args)
@@ -140,7 +142,7 @@ def cfg(tmp_path, **over):
 
 
 def test_build_datasets_shapes(tmp_path):
-    train, val = build_datasets(cfg(tmp_path), SIZE, S, B, 0, tmp_path / "cache")
+    train, val = build_datasets(cfg(tmp_path), SIZE, S, HEAD, 0, tmp_path / "cache")
     assert (len(train), len(val)) == (6, 3)
     assert train.augment and not val.augment and train.images is not None
     assert (tmp_path / "data" / "shapes" / "manifest.json").is_file()
@@ -155,14 +157,14 @@ def test_build_datasets_shapes(tmp_path):
 ])
 def test_build_datasets_bad_config(tmp_path, over, kind, match):
     with pytest.raises(kind, match=match):
-        build_datasets(cfg(tmp_path, **over), SIZE, S, B, 0, tmp_path / "cache")
+        build_datasets(cfg(tmp_path, **over), SIZE, S, HEAD, 0, tmp_path / "cache")
 
 
 def test_a_dataset_is_its_yaml_not_a_name_in_a_list(tmp_path):
     """Any name works (it labels the folders: meta files here, checkpoints by paths.checkpoints);
     the data is made by whatever ``generate._target_`` names, called with root and class_names."""
     train, _ = build_datasets(cfg(tmp_path, name="mine", root=str(tmp_path / "mine")), SIZE, S,
-                              B, 0, tmp_path / "cache")
+                              HEAD, 0, tmp_path / "cache")
     assert len(train) == 6 and (tmp_path / "mine" / "manifest.json").is_file()
     assert len(list((tmp_path / "cache" / "meta").glob("mine-*/train.txt"))) == 1
     from mdk.compose import compose
@@ -174,48 +176,48 @@ def test_a_dataset_is_its_yaml_not_a_name_in_a_list(tmp_path):
 def test_the_reader_class_is_config(tmp_path):
     """dataset.reader._target_ names the reader class (here one outside mdk, of a CSV format);
     its own keys are passed to it, and the dataset serves its records like any other's."""
-    full, full_val = build_datasets(cfg(tmp_path), SIZE, S, B, 0, tmp_path / "cache")
+    full, full_val = build_datasets(cfg(tmp_path), SIZE, S, HEAD, 0, tmp_path / "cache")
     assert type(full) is DetectionDataset
     for ds in (full, full_val):
         write_csv_dataset(ds.records, ds.root, tmp_path / "csv", ds.split, CLASSES)
     c = cfg(tmp_path, **{"reader": {"_target_": "extra_dataset.CSVReader", "limit": 2},
                          "root": str(tmp_path / "csv"), "generate": None})
-    train, val = build_datasets(c, SIZE, S, B, 0, tmp_path / "cache")
+    train, val = build_datasets(c, SIZE, S, HEAD, 0, tmp_path / "cache")
     assert type(train) is type(val) is DetectionDataset
     assert (len(train), len(val)) == (2, 2) and train.augment and not val.augment
     assert [r.image for r in train.records] == ["pics/000000.jpg", "pics/000001.jpg"]
     for i in range(2):
         assert torch.equal(train[i][1], full[i][1]) and torch.equal(train.image(i), full.image(i))
     # the val split alone: the same records, and the train split's records never read
-    none, alone = build_datasets(c, SIZE, S, B, 0, tmp_path / "cache_val", train=False)
+    none, alone = build_datasets(c, SIZE, S, HEAD, 0, tmp_path / "cache_val", train=False)
     assert none is None and [r.image for r in alone.records] == [r.image for r in val.records]
     # the index cache holds the val split's files only (a full build writes train.* too)
     assert {p.name for p in (tmp_path / "cache_val").rglob("*.*")} == {"val.txt", "val.images.json"}
     with pytest.raises(DataError, match=r"^dataset.reader._target_='nowhere.Nothing' cannot be "
                                         r"imported \(No module named 'nowhere'\); name a reader "
                                         r"class as package.module.Class$"):
-        build_datasets(cfg(tmp_path, **{"reader": {"_target_": "nowhere.Nothing"}}), SIZE, S, B,
+        build_datasets(cfg(tmp_path, **{"reader": {"_target_": "nowhere.Nothing"}}), SIZE, S, HEAD,
                        0, tmp_path / "cache")
     with pytest.raises(DataError, match=r"dataset.reader=.* must be null or a node with a _targ"):
-        build_datasets(cfg(tmp_path, **{"reader": {"_target_": None}}), SIZE, S, B, 0, tmp_path / "c")
+        build_datasets(cfg(tmp_path, **{"reader": {"_target_": None}}), SIZE, S, HEAD, 0, tmp_path / "c")
     with pytest.raises(DataError, match=r"^dataset.reader._target_='mdk.data.dataset.Detection"
                                         r"Dataset' is not a dataset reader \(it needs the methods "
                                         r"check, count, records, sources"):
         build_datasets(cfg(tmp_path, **{"reader": {"_target_": "mdk.data.dataset.DetectionDataset"}}),
-                       SIZE, S, B, 0, tmp_path / "cache")
+                       SIZE, S, HEAD, 0, tmp_path / "cache")
     with pytest.raises(DataError, match=r"^dataset.reader: mdk.data.voc.VOCReader does not take "
                                         r"these keys \(got an unexpected keyword argument 'limit'\)"):
-        build_datasets(cfg(tmp_path, **{"reader.limit": 2}), SIZE, S, B, 0, tmp_path / "cache")
+        build_datasets(cfg(tmp_path, **{"reader.limit": 2}), SIZE, S, HEAD, 0, tmp_path / "cache")
 
 
 def test_build_datasets_voc_root(tmp_path):
     voc = OmegaConf.load("conf/dataset/voc.yaml")
     assert voc.num_classes == len(voc.class_names) == 20
     with pytest.raises(DataError, match="dataset.root is not set"):
-        build_datasets(voc, 448, 14, B, 0, tmp_path)
+        build_datasets(voc, 448, 14, HEAD, 0, tmp_path)
     voc.root = str(tmp_path / "VOCdevkit/VOC2007")
     with pytest.raises(DataError, match="VOC2007' does not exist"):
-        build_datasets(voc, 448, 14, B, 0, tmp_path)
+        build_datasets(voc, 448, 14, HEAD, 0, tmp_path)
 
 
 def test_affine_boxes_follow_the_image_and_drop_mostly_outside():

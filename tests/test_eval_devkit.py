@@ -23,6 +23,7 @@ from PIL import Image
 from conftest import compose
 from launchers.processes.spawn import run_ranks
 from mdk.data.dataset import DetectionDataset
+from mdk.models.heads import YoloV1Head
 from mdk.data.voc import VOCReader
 from mdk.eval.distributed import evaluate
 from mdk.eval.metrics import evaluate_dataset, evaluate_detections
@@ -146,7 +147,7 @@ def devkit_map(detections: dict, ds: DetectionDataset, root: Path, use_07: bool)
 
 def dataset(root: Path, tmp: Path) -> DetectionDataset:
     records = VOCReader(root, CLASSES).records("val").records
-    return DetectionDataset(root, "val", records, CLASSES, MODEL_INPUT, grid=6, boxes_per_cell=2,
+    return DetectionDataset(root, "val", records, CLASSES, MODEL_INPUT, grid=6, head=YoloV1Head(len(CLASSES), 2),
                             augment=False, meta_dir=tmp / "meta")
 
 

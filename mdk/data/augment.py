@@ -1,4 +1,5 @@
-"""Training augmentation: horizontal flip, scale/shift (affine) and colour jitter, with boxes.
+"""Training augmentation: flips, scale/shift (affine) and colour jitter, with boxes; strengths
+from ``dataset.augmentation`` (:class:`Strengths`).
 
 Every random number of a sample comes from its generator, a function of (seed, epoch, index)
 only (``DetectionDataset.rng``), drawn up front in a fixed order (``draw``). So a sample is
@@ -29,11 +30,35 @@ import torch
 import torch.nn.functional as nnf
 from torchvision.transforms.v2 import functional as F
 
-# Augmentation strengths; small on purpose (the chip's 5-bit input already removes detail).
-FLIP_P, AFFINE_P = 0.5, 0.5
-SCALE_RANGE, SHIFT_FRAC, JITTER = (0.8, 1.2), 0.1, 0.2
-MIN_VISIBLE = 0.4   # an object less than 40 % inside the image after the affine is dropped
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
+
+
+@dataclass(frozen=True)
+class Strengths:
+    """``dataset.augmentation`` (mdk/data/config.py AugmentConf has the same keys and defaults).
+    The defaults are mild on purpose for the built-in data (the chip's 5-bit input already
+    removes detail); a small real dataset wants more (conf/experiment/bccd.yaml)."""
+
+    flip: float = 0.5                           # probability of a horizontal flip
+    vflip: float = 0.0                          # of a vertical flip (orientation-free images)
+    affine: float = 0.5                         # of the scale/shift
+    scale: tuple[float, float] = (0.8, 1.2)     # zoom about the centre, drawn uniformly
+    shift: float = 0.1                          # translation, a fraction of the side
+    jitter: float = 0.2                         # brightness, contrast, saturation x 1 +- jitter
+    min_visible: float = 0.4                    # an object less inside than this is dropped
+
+    @classmethod
+    def of(cls, node: Any) -> "Strengths":
+        """From a config mapping (None: the defaults)."""
+        if node is None:
+            return cls()
+        d = dict(node)
+        if "scale" in d:
+            d["scale"] = tuple(float(v) for v in d["scale"])
+        return cls(**d)
+
+
+DEFAULT = Strengths()
 
 
 @dataclass(frozen=True)
@@ -45,36 +70,43 @@ class AugParams:
     bright: float
     contrast: float
     sat: float
+    vflip: bool = False
 
 
-def draw(rng: np.random.Generator, size: int) -> AugParams:
-    """Every number of one sample, in a fixed order (the stream never depends on branches)."""
-    flip, use_affine = rng.random() < FLIP_P, rng.random() < AFFINE_P
-    scale = rng.uniform(*SCALE_RANGE)
-    shift = (rng.uniform(-SHIFT_FRAC, SHIFT_FRAC, 2) * size).tolist()
-    bright, contrast, sat = rng.uniform(1 - JITTER, 1 + JITTER, 3).tolist()
+def draw(rng: np.random.Generator, size: int, st: Strengths = DEFAULT) -> AugParams:
+    """Every number of one sample, in a fixed order (the stream never depends on a drawn value;
+    the vertical flip's number is drawn last and only when it is on, so the default stream is
+    the one runs before it existed)."""
+    flip, use_affine = rng.random() < st.flip, rng.random() < st.affine
+    scale = rng.uniform(*st.scale)
+    shift = (rng.uniform(-st.shift, st.shift, 2) * size).tolist()
+    bright, contrast, sat = rng.uniform(1 - st.jitter, 1 + st.jitter, 3).tolist()
+    vflip = bool(rng.random() < st.vflip) if st.vflip > 0 else False
     return AugParams(bool(flip), bool(use_affine), float(scale), (shift[0], shift[1]),
-                     bright, contrast, sat)
+                     bright, contrast, sat, vflip)
 
 
 def affine_boxes(boxes: torch.Tensor, labels: torch.Tensor, scale: float, shift: Sequence[float],
-                 size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 size: int, min_visible: float = DEFAULT.min_visible
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Boxes under torchvision's ``affine`` (scale about the image centre, then shift), clipped
-    to the image; an object left less than ``MIN_VISIBLE`` inside the image is dropped."""
+    to the image; an object left less than ``min_visible`` inside the image is dropped."""
     centre = size / 2
     full = (boxes - centre) * scale + centre + torch.tensor([shift[0], shift[1]] * 2)
     clipped = full.clamp(0, size)
     area = lambda b: (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)  # noqa: E731
-    keep = area(clipped) >= MIN_VISIBLE * area(full).clamp(min=1e-6)
+    keep = area(clipped) >= min_visible * area(full).clamp(min=1e-6)
     return clipped[keep], labels[keep]
 
 
-def augment_boxes(boxes: torch.Tensor, labels: torch.Tensor, p: AugParams, size: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def augment_boxes(boxes: torch.Tensor, labels: torch.Tensor, p: AugParams, size: int,
+                  min_visible: float = DEFAULT.min_visible) -> tuple[torch.Tensor, torch.Tensor]:
     if p.flip:
         boxes = torch.stack([size - boxes[:, 2], boxes[:, 1], size - boxes[:, 0], boxes[:, 3]], 1)
+    if p.vflip:
+        boxes = torch.stack([boxes[:, 0], size - boxes[:, 3], boxes[:, 2], size - boxes[:, 1]], 1)
     if p.affine:
-        boxes, labels = affine_boxes(boxes, labels, p.scale, p.shift, size)
+        boxes, labels = affine_boxes(boxes, labels, p.scale, p.shift, size, min_visible)
     return boxes, labels
 
 
@@ -82,6 +114,8 @@ def augment_image(img: torch.Tensor, p: AugParams) -> torch.Tensor:
     """One uint8 image [3, H, W] with torchvision's functional ops (the loader-side path)."""
     if p.flip:
         img = F.horizontal_flip(img)
+    if p.vflip:
+        img = F.vertical_flip(img)
     if p.affine:
         img = F.affine(img, angle=0.0, translate=list(p.shift), scale=p.scale, shear=[0.0, 0.0],
                        interpolation=F.InterpolationMode.BILINEAR)
@@ -102,15 +136,17 @@ def _blend(x: torch.Tensor, other: torch.Tensor | float, ratio: torch.Tensor) ->
 
 
 def params_tensor(params: Sequence[AugParams]) -> torch.Tensor:
-    """[B, 8] float32: flip, affine, scale, shift x, shift y, brightness, contrast, saturation."""
+    """[B, 9] float32: flip, affine, scale, shift x, shift y, brightness, contrast, saturation,
+    vertical flip."""
     return torch.tensor([[float(p.flip), float(p.affine), p.scale, p.shift[0], p.shift[1],
-                          p.bright, p.contrast, p.sat] for p in params], dtype=torch.float32)
+                          p.bright, p.contrast, p.sat, float(p.vflip)] for p in params],
+                        dtype=torch.float32)
 
 
 def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tensor
                   ) -> torch.Tensor:
     """A uint8 batch [B, 3, H, W] on any device, each sample with its own parameters (a list,
-    or ``params_tensor``'s [B, 8], best already on the images' device: no host round trip)."""
+    or ``params_tensor``'s [B, 9], best already on the images' device: no host round trip)."""
     b, _, h, w = images.shape
     dev = images.device
     pt = params if torch.is_tensor(params) else params_tensor(params)
@@ -120,11 +156,12 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
     tx = torch.where(affine, pt[:, 3], torch.zeros_like(pt[:, 3]))
     ty = torch.where(affine, pt[:, 4], torch.zeros_like(pt[:, 4]))
     f = torch.where(flip, -torch.ones_like(s), torch.ones_like(s))
-    # flip then affine, as one inverse map in grid_sample's normalised coordinates
+    fy = torch.where(pt[:, 8] > 0.5, -torch.ones_like(s), torch.ones_like(s))
+    # flips then affine, as one inverse map in grid_sample's normalised coordinates
     # (align_corners=False: pixel centres at (2i + 1) / W - 1): u_in = f * (u_out - 2t/W) / s
     zero = torch.zeros_like(s)
     theta = torch.stack([torch.stack([f / s, zero, -f * 2 * tx / (w * s)], 1),
-                         torch.stack([zero, 1.0 / s, -2 * ty / (h * s)], 1)], 1)
+                         torch.stack([zero, fy / s, -fy * 2 * ty / (h * s)], 1)], 1)
     grid = nnf.affine_grid(theta, [b, 3, h, w], align_corners=False)
     x = nnf.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros",
                         align_corners=False).round_()
@@ -151,7 +188,8 @@ class BatchAugment:
         if len(batch) > 3:
             return augment_batch(images, batch[3])
         ds = self.dataset
-        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size) for i in batch[2].tolist()])
+        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size, ds.strengths)
+                            for i in batch[2].tolist()])
         if images.is_cuda:  # pinned, so the copy is queued, not waited for
             pt = pt.pin_memory()
         return augment_batch(images, pt)

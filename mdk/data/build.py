@@ -91,7 +91,7 @@ def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str |
 
 
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
-                   boxes_per_cell: int, seed: int, cache_root: str | Path,
+                   head: Any, seed: int, cache_root: str | Path,
                    progress: Any = "auto", train: bool = True
                    ) -> tuple[Optional[DetectionDataset], DetectionDataset]:
     """(train, val) datasets of the folder ``dataset.root``: the reader ``dataset.reader`` reads
@@ -100,7 +100,8 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     first makes its data there (a no-op when it is already there). Any dataset is a YAML in
     conf/dataset/; its ``name`` only labels its folders (checkpoints, meta files). Under DDP call
     it on rank 0 first and barrier, so one process generates and indexes (concurrent calls are
-    still safe: writes are atomic). ``progress``: the image check's bar (trainer.progress).
+    still safe: writes are atomic). ``head``: the model's head (mdk.models.heads), which encodes
+    the targets. ``progress``: the image check's bar (trainer.progress).
     ``train=False``: the val split alone (None for train), nothing of the train split read."""
     d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
@@ -109,9 +110,10 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     reader = build_reader(d, root)   # its records() and sources() raise what check() would
     meta_dir = meta_dir_for(d, cache_root)
     common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
-                  boxes_per_cell=boxes_per_cell, meta_dir=meta_dir,
+                  head=head, meta_dir=meta_dir,
                   cache_images=bool(d.get("cache_images", False)), seed=seed,
-                  on_bad_image=str(d.get("on_bad_image", "error")), progress=progress)
+                  on_bad_image=str(d.get("on_bad_image", "error")), progress=progress,
+                  augmentation=d.get("augmentation"))
     def one(split: str, augment: bool) -> DetectionDataset:
         records = cached_records(reader, split, meta_dir)
         return DetectionDataset(split=split, records=records, augment=augment, **common)

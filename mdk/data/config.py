@@ -5,7 +5,7 @@ Imported early (before torch): the standard library, omegaconf and mdk.errors on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -22,6 +22,20 @@ REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_sp
 
 
 @dataclass
+class AugmentConf:
+    """``dataset.augmentation``: the strengths of the training augmentation (mdk/data/augment.py
+    Strengths: the same keys and defaults)."""
+
+    flip: float = 0.5              # probability of a horizontal flip
+    vflip: float = 0.0             # of a vertical flip (microscopy, aerial: no up or down)
+    affine: float = 0.5            # of the scale/shift
+    scale: List[float] = field(default_factory=lambda: [0.8, 1.2])  # zoom range
+    shift: float = 0.1             # translation range, a fraction of the side
+    jitter: float = 0.2            # brightness, contrast, saturation x 1 +- jitter
+    min_visible: float = 0.4       # an object less inside the image than this is dropped
+
+
+@dataclass
 class DatasetConf:
     """The keys of a conf/dataset/*.yaml (values of one format's reader are its own node)."""
 
@@ -34,6 +48,7 @@ class DatasetConf:
     reader: Any = None                   # {_target_: reader class, its own keys}; null: VOC layout
     generate: Optional[Any] = None       # {_target_: a function(root=, class_names=, ...)} or null
     augment: bool = True
+    augmentation: AugmentConf = field(default_factory=AugmentConf)
     augment_on: str = "auto"             # one of AUGMENT_ON
     cache_images: bool = False
     num_workers: Any = 0                 # an integer >= 0 or "auto"
@@ -81,6 +96,7 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
     if reader is not None and not (isinstance(reader, dict) and reader.get("_target_")):
         raise DataError(f"dataset.reader={reader!r} must be null or a node with a _target_ (the "
                         "reader class of the dataset's format, e.g. mdk.data.voc.VOCReader)")
+    check_augmentation(d.get("augmentation") or {})
     if d.get("augment_on", "auto") not in AUGMENT_ON:
         raise DataError(f"dataset.augment_on={d['augment_on']!r} must be auto, loader or device")
     nw = d.get("num_workers", 0)
@@ -96,3 +112,23 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
 def check_dataset(cfg: DictConfig) -> None:
     """The run config's ``dataset`` node (the config checks' entry; :func:`check` does the work)."""
     check(cfg.dataset)
+
+
+def check_augmentation(a: Mapping[str, Any]) -> None:
+    """``dataset.augmentation``: probabilities and fractions in range, a zoom range lo <= hi."""
+    def num(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float))
+
+    for key in ("flip", "vflip", "affine", "min_visible"):
+        v = a.get(key, 0.0)
+        if not num(v) or not 0 <= v <= 1:
+            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1]")
+    for key in ("shift", "jitter"):
+        v = a.get(key, 0.0)
+        if not num(v) or not 0 <= v < 1:
+            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1)")
+    scale = a.get("scale", [1.0, 1.0])
+    if (not isinstance(scale, (list, tuple)) or len(scale) != 2 or not all(num(v) for v in scale)
+            or not 0 < scale[0] <= scale[1]):
+        raise ConfigError(f"dataset.augmentation.scale={scale!r} must be [low, high] with "
+                          "0 < low <= high, e.g. [0.8, 1.2]")

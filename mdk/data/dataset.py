@@ -1,7 +1,8 @@
 """Detection dataset over the standard records of one split (:mod:`mdk.data.records`), whatever
 format they were read from (the reader and the index cache are :mod:`mdk.data.build`'s).
 
-Items are ``(image uint8 [3, H, W], target [S, S, 5B + C], index)`` with ``H = W = image_size``.
+Items are ``(image uint8 [3, H, W], target [S, S, D], index)`` with ``H = W = image_size`` and the
+target laid out by the model's head (mdk.models.heads: ``head.encode``).
 
 Augmentation is *split-invariant*: every random number comes from a generator seeded by
 ``(seed, epoch, index)``, never from global RNG, so a sample is augmented the same way whatever
@@ -26,11 +27,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from mdk import faults
-from mdk.data.augment import augment_boxes, augment_image, draw, params_tensor
+from mdk.data.augment import Strengths, augment_boxes, augment_image, draw, params_tensor
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
 from mdk.data.records import Record
 from mdk.errors import DataError
-from mdk.models.yolo_codec import encode_target
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,18 @@ class DetectionDataset(Dataset):
     ``progress``: its bar (trainer.progress, mdk/progress.py)."""
 
     def __init__(self, root: str | Path, split: str, records: Sequence[Record],
-                 class_names: Sequence[str], image_size: int, grid: int, boxes_per_cell: int,
+                 class_names: Sequence[str], image_size: int, grid: int, head: Any,
                  augment: bool, meta_dir: str | Path, cache_images: bool = False, seed: int = 0,
-                 on_bad_image: str = "error", progress: Any = "auto") -> None:
+                 on_bad_image: str = "error", progress: Any = "auto",
+                 augmentation: Any = None) -> None:
         self.root = Path(root).expanduser().resolve()
         self.split = split
         self.class_names = list(class_names)
-        self.image_size, self.grid, self.boxes_per_cell = int(image_size), int(grid), int(boxes_per_cell)
+        self.image_size, self.grid = int(image_size), int(grid)
+        self.head = head  # encodes the training targets (mdk.models.heads), decodes evaluations
+        self.boxes_per_cell = head.boxes_per_cell
         self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
+        self.strengths = Strengths.of(augmentation)  # dataset.augmentation
         # True: images leave un-augmented, the training device augments whole batches
         # (dataset.augment_on, mdk/data/augment.py); boxes and targets are augmented here.
         self.defer_images = False
@@ -145,12 +149,12 @@ class DetectionDataset(Dataset):
         boxes, labels = boxes[~difficult], labels[~difficult]
         p = None
         if self.augment:
-            p = draw(self.rng(index, epoch), self.image_size)
-            boxes, labels = augment_boxes(boxes, labels, p, self.image_size)
+            p = draw(self.rng(index, epoch), self.image_size, self.strengths)
+            boxes, labels = augment_boxes(boxes, labels, p, self.image_size,
+                                          self.strengths.min_visible)
             if not self.defer_images:  # else mdk.data.augment.BatchAugment on the device
                 img = augment_image(img, p)
-        target = encode_target(boxes, labels, self.grid, self.boxes_per_cell,
-                               len(self.class_names), self.image_size)
+        target = self.head.encode(boxes, labels, self.grid, self.image_size)
         if p is not None and self.defer_images:  # the device applies them to the image
             return img, target, index, params_tensor([p])[0]
         return img, target, index

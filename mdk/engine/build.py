@@ -18,6 +18,7 @@ from mdk import dist
 from mdk.data.build import build_datasets
 from mdk.data.loader import SafeLoader
 from mdk.data.samplers import EpochTagged, GlobalBatchSampler
+from mdk.models.build import build_head
 from mdk.paths import resolve_path
 from mdk.world import World, alone
 
@@ -44,7 +45,7 @@ def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None, train:
     ds_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
     ds_cfg["root"] = str(resolve_path(cfg.dataset.root, os.getcwd()))
     # Only rank 0 may draw the image check's bar (the others find its cache).
-    args = (ds_cfg, cfg.model.image_size, grid, cfg.model.net.boxes_per_cell, cfg.seed, cache_root,
+    args = (ds_cfg, cfg.model.image_size, grid, build_head(cfg), cfg.seed, cache_root,
             cfg.trainer.progress if world.is_main else False, train)
     if world.is_main:
         out = build_datasets(*args)

@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader
 from mdk import dist
 from mdk.data.samplers import ShardSampler
 from mdk.eval.metrics import evaluate_dataset
-from mdk.models.yolo_codec import decode
 from mdk.progress import progress_bar
 from mdk.world import World
 
@@ -48,8 +47,7 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
         if loss_fn is not None:  # summed on the device, read once at the end
             loss_sum += loss_fn(pred, targets.to(device))["total"].detach().double() * len(idx)
         count += len(idx)
-        dets = decode(pred.cpu(), dataset.image_size, conf_thresh, nms_iou,
-                      boxes_per_cell=dataset.boxes_per_cell)
+        dets = dataset.head.decode(pred.cpu(), dataset.image_size, conf_thresh, nms_iou)
         for i, d in zip(idx.tolist(), dets):
             out[i] = d
     model.train(was_training)

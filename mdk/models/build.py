@@ -3,13 +3,24 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from mdk.models.config import instantiate_checked
+from mdk.models.heads import YoloV1Head
 
 log = logging.getLogger(__name__)
+
+
+def build_head(cfg: DictConfig) -> Any:
+    """The model's head (``model.net.head``, conf/head/); a config without one (saved by an
+    older mdk) reads the grid as GNetDet's YOLOv1 layout with ``model.net.boxes_per_cell``."""
+    node = cfg.model.net.get("head")
+    if node is None:
+        return YoloV1Head(int(cfg.model.net.num_classes), int(cfg.model.net.boxes_per_cell))
+    return instantiate_checked(node, "head")
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:

@@ -27,6 +27,7 @@ class GNetDetConf:
     mask_bits: list[int] = MISSING     # one chip mask width per conv layer
     boxes_per_cell: int = 2
     batch_norm: bool = False
+    head: Any = None                   # how the output grid is read: ${head} (conf/head/)
 
 
 @dataclass
@@ -67,8 +68,39 @@ class GtiLossConf:
     normalizer_momentum: float = 0.9
 
 
+@dataclass
+class AnchorLossConf:
+    _target_: str = "mdk.models.anchor_loss.AnchorLoss"
+    head: Any = MISSING                # ${head}: the box priors the loss decodes with
+    lambda_box: float = 5.0
+    lambda_obj: float = 1.0
+    lambda_noobj: float = 0.5
+    lambda_cls: float = 1.0
+    beta: float = 1.0
+    ignore_iou: Optional[float] = 0.5
+
+
+@dataclass
+class YoloV1HeadConf:
+    _target_: str = "mdk.models.heads.YoloV1Head"
+    num_classes: int = MISSING
+    boxes_per_cell: int = MISSING
+
+
+@dataclass
+class AnchorHeadConf:
+    _target_: str = "mdk.models.heads.AnchorHead"
+    num_classes: int = MISSING
+    anchors: list[list[float]] = MISSING   # [width, height] per prior, fractions of the image
+    size_range: float = 4.0
+    match_ratio: float = 4.0
+    neighbours: bool = True
+
+
 MODEL_SCHEMAS: dict[str, type] = {"gnetdet": ModelConf}
-LOSS_SCHEMAS: dict[str, type] = {"yolo": YoloLossConf, "gti": GtiLossConf}
+LOSS_SCHEMAS: dict[str, type] = {"yolo": YoloLossConf, "gti": GtiLossConf,
+                                 "anchors": AnchorLossConf}
+HEAD_SCHEMAS: dict[str, type] = {"yolov1": YoloV1HeadConf, "anchors": AnchorHeadConf}
 
 
 def instantiate_checked(node: DictConfig, key: str) -> Any:
@@ -106,4 +138,12 @@ def check_loss(cfg: DictConfig) -> None:
     data is built: a bad weight is one config line, not a Hydra error from the run."""
     if cfg.get("loss") is None:
         return
-    instantiate_checked(cfg.loss, "loss")  # a few floats and a buffer: no data, no device
+    loss = instantiate_checked(cfg.loss, "loss")  # a few floats and a buffer: no data, no device
+    head = cfg.model.net.get("head")
+    wants = getattr(loss, "head_kind", None)
+    if head is not None and wants is not None:
+        has = getattr(instantiate_checked(head, "head"), "kind", None)
+        if has is not None and has != wants:
+            raise ConfigError(f"loss={cfg.loss._target_.rsplit('.', 1)[-1]} reads the {wants} "
+                              f"head's output but head is {has}; choose head={wants}, or a loss "
+                              f"of the {has} head (head=anchors: loss=anchors)")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager, nullcontext
-from typing import Iterator, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from mdk.models.heads import YoloV1Head
 from mdk.quant.layers import ChipConv
 
 LayerSpec = Sequence[Union[int, str]]
@@ -37,7 +38,7 @@ def quantize_input(images: torch.Tensor) -> torch.Tensor:
 class GNetDet(nn.Module):
     def __init__(self, num_classes: int, channels: LayerSpec, mask_bits: Sequence[int],
                  image_size: int = 448, boxes_per_cell: int = 2, batch_norm: bool = False,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, head: Optional[Any] = None) -> None:
         super().__init__()
         # trainer.activation_checkpointing: recompute activations in backward instead of storing
         # them (a plain attribute, not state: it changes memory, never the numbers).
@@ -45,10 +46,16 @@ class GNetDet(nn.Module):
         # Batch slices recomputed one at a time (1 = whole batches: trainer.deterministic, where
         # a conv on a slice could pick another kernel and change the losses' last bits).
         self.checkpoint_slices = CHECKPOINT_SLICES
+        # How the output grid is read (mdk.models.heads; conf/head/): it sets the output width.
+        self.head = head if head is not None else YoloV1Head(num_classes, boxes_per_cell)
+        if self.head.num_classes != num_classes:
+            raise ValueError(f"head.num_classes={self.head.num_classes} but the model predicts "
+                             f"{num_classes} classes; leave head.num_classes at "
+                             "${dataset.num_classes}")
         self.num_classes = num_classes
-        self.boxes_per_cell = boxes_per_cell
+        self.boxes_per_cell = self.head.boxes_per_cell
         self.image_size = image_size
-        out_ch = 5 * boxes_per_cell + num_classes
+        out_ch = self.head.channels
         convs: list[int] = [c for c in channels if c != "M"]
         if len(mask_bits) != len(convs) + 1:
             raise ValueError(f"model.net.mask_bits has {len(mask_bits)} entries but the model has "

@@ -66,6 +66,8 @@ def signed_sqrt(v: torch.Tensor, eps: float = PRED_EPS) -> torch.Tensor:
 class GtiLoss(nn.Module):
     """GTI GNetDetLoss terms and weights; returns ``loc, contain, not_contain, noobj, cls, total``."""
 
+    head_kind = "yolov1"  # reads mdk.models.heads.YoloV1Head's layout
+
     def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
                  lambda_contain: float = 2.0, lambda_not_contain: float = 1.0,
                  lambda_noobj: float = 0.005, lambda_cls: float = 1.0, beta: float = 1.0,

@@ -73,6 +73,8 @@ class YoloLoss(nn.Module):
     """Terms ``coord`` (x, y, w, h of the responsible box), ``conf_obj`` (its confidence -> 1),
     ``conf_noobj`` (every other box slot -> 0), ``cls`` (class scores of object cells), ``total``."""
 
+    head_kind = "yolov1"  # reads mdk.models.heads.YoloV1Head's layout
+
     def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
                  lambda_noobj: float = 0.5, beta: float = 1.0, lambda_obj: float = 1.0,
                  lambda_cls: float = 1.0, ignore_iou: float | None = 0.5) -> None:

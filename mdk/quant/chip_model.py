@@ -82,6 +82,8 @@ def chip_model_from(model: nn.Module, chip: str) -> ChipModel:
     core = getattr(model, "module", model)
     meta = {k: getattr(core, k) for k in ("num_classes", "boxes_per_cell", "image_size", "grid")
             if isinstance(getattr(core, k, None), int)}
+    if hasattr(getattr(core, "head", None), "config"):  # how a user's program reads the output
+        meta["head"] = core.head.config()
     return ChipModel(out, float(core.out_scale), str(chip), meta)
 
 

@@ -17,7 +17,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
-from mdk.models.yolo_codec import decode
+from mdk.models.build import build_head
 from mdk.tools.evaluate import ToolError, add_model_args, load_any
 
 log = logging.getLogger(__name__)
@@ -49,14 +49,15 @@ def read_image(path: Path) -> torch.Tensor:
 
 
 @torch.no_grad()
-def detect(model: torch.nn.Module, image: torch.Tensor, image_size: int, boxes_per_cell: int,
+def detect(model: torch.nn.Module, image: torch.Tensor, image_size: int, head: Any,
            score_thresh: float, nms_iou: float, device: torch.device) -> dict[str, torch.Tensor]:
-    """Detections on ``image`` (uint8 [3, H, W]) in its own pixel coordinates."""
+    """Detections on ``image`` (uint8 [3, H, W]) in its own pixel coordinates; ``head`` reads
+    the model's output (mdk.models.heads)."""
     h, w = image.shape[1:]
     x = image if (h, w) == (image_size, image_size) else F.resize(
         image, [image_size, image_size], interpolation=F.InterpolationMode.BILINEAR, antialias=True)
     pred = model(x.unsqueeze(0).to(device)).cpu()
-    det = decode(pred, image_size, score_thresh, nms_iou, boxes_per_cell=boxes_per_cell)[0]
+    det = head.decode(pred, image_size, score_thresh, nms_iou)[0]
     det["boxes"] = det["boxes"] * torch.tensor([w / image_size, h / image_size] * 2)
     return det
 
@@ -84,7 +85,7 @@ def run_demo(path: str | Path, image_path: str | Path, out: str | Path,
     image = read_image(Path(image_path))
     loaded = load_any(path, overrides, runtime)
     cfg = loaded.cfg
-    det = detect(loaded.model, image, int(cfg.model.image_size), int(cfg.model.net.boxes_per_cell),
+    det = detect(loaded.model, image, int(cfg.model.image_size), build_head(cfg),
                  score_thresh, float(cfg.trainer.nms_iou), loaded.device)
     drawn = draw(image, det, list(cfg.dataset.class_names))
     out = Path(out)

@@ -105,6 +105,8 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
         patch["image_size"] = int(meta["image_size"])
     if "boxes_per_cell" in meta:
         patch["net"] = {"boxes_per_cell": int(meta["boxes_per_cell"])}
+    if isinstance(meta.get("head"), dict):  # exported by an mdk that records its head
+        patch.setdefault("net", {})["head"] = meta["head"]
     cfg = OmegaConf.merge(cfg, {"model": patch})
     n_cls = meta.get("num_classes")
     if n_cls is not None and int(n_cls) != int(cfg.dataset.num_classes):

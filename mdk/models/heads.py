@@ -1,0 +1,217 @@
+"""Heads: how the last chip layer's output grid is read as boxes, and how boxes become its targets.
+
+The chip runs the conv layers only; what the output channels mean is decided on the host, so a
+head is a plain object (no weights): ``channels`` (the output conv's width), ``encode`` (one
+image's boxes -> its dense target ``[S, S, D]``, in the loader) and ``decode`` (outputs ->
+detections). The model builds its output conv from the head; the loss, the dataset and the
+evaluation read the same head (``head=`` config group, conf/head/).
+
+- :class:`YoloV1Head` (``head=yolov1``): GNetDet's YOLOv1 grid (mdk.models.yolo_codec), one object
+  per cell, class scores per cell; the GTI MDK's loss (``loss=gti``) reads this layout.
+- :class:`AnchorHead` (``head=anchors``): YOLOv2-style box priors with classes per prior; an object
+  is assigned to every prior whose shape is within ``match_ratio`` of its own, in its centre cell
+  and the two nearest neighbour cells (YOLOv5's assignment), so a cell holds several objects.
+
+Every output of :class:`AnchorHead` is trained towards [0, 1] (offsets, log-sizes scaled into
+[0, 1], confidences and class scores), because from step3 on the chip's last layer is a 5-bit
+unsigned activation with one cap for all channels: a channel whose useful range is far from the
+others' would get few of the 32 levels. Sizes are log-encoded relative to the prior
+(``w = prior * size_range ** (2 t - 1)``), so one level is the same relative size step (9 % at
+``size_range`` 4) for a platelet and for a large cell alike.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torchvision.ops import batched_nms
+
+from mdk.models import yolo_codec
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"head.{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, conf_thresh: float,
+         nms_iou: float, max_det: int) -> list[dict]:
+    """Per image: drop scores <= conf_thresh and empty boxes, per-class NMS, top ``max_det``."""
+    out = []
+    for i in range(boxes.shape[0]):
+        b = boxes[i]
+        keep = (scores[i] > conf_thresh) & (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
+        bx, sc, lb = b[keep], scores[i][keep], labels[i][keep]
+        kept = batched_nms(bx, sc, lb, nms_iou)[:max_det]
+        out.append({"boxes": bx[kept], "scores": sc[kept], "labels": lb[kept]})
+    return out
+
+
+class YoloV1Head:
+    """GNetDet's YOLOv1 layout ``[x, y, w, h, conf] * B + C`` per cell (mdk.models.yolo_codec)."""
+
+    kind = "yolov1"
+
+    def __init__(self, num_classes: int, boxes_per_cell: int = 1) -> None:
+        self.num_classes = _check_int("num_classes", num_classes, 1)
+        self.boxes_per_cell = _check_int("boxes_per_cell", boxes_per_cell, 1)
+
+    @property
+    def channels(self) -> int:
+        return 5 * self.boxes_per_cell + self.num_classes
+
+    def encode(self, boxes: torch.Tensor, labels: torch.Tensor, grid: int,
+               image_size: float) -> torch.Tensor:
+        return yolo_codec.encode_target(boxes, labels, grid, self.boxes_per_cell,
+                                        self.num_classes, image_size)
+
+    def decode(self, pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
+               nms_iou: float = 0.5, max_det: int = 100) -> list[dict]:
+        return yolo_codec.decode(pred, image_size, conf_thresh, nms_iou, max_det,
+                                 boxes_per_cell=self.boxes_per_cell)
+
+    def config(self) -> dict[str, Any]:
+        """What rebuilds this head (saved with an exported chip model)."""
+        return {"_target_": f"{__name__}.YoloV1Head", "num_classes": self.num_classes,
+                "boxes_per_cell": self.boxes_per_cell}
+
+
+class AnchorHead:
+    """Box priors per cell; per prior ``[x, y, w, h, conf, class scores...]`` (see the module)."""
+
+    kind = "anchors"
+
+    def __init__(self, num_classes: int, anchors: Sequence[Sequence[float]],
+                 size_range: float = 4.0, match_ratio: float = 4.0,
+                 neighbours: bool = True) -> None:
+        self.num_classes = _check_int("num_classes", num_classes, 1)
+        try:
+            a = np.asarray(anchors, dtype=np.float64)
+        except (TypeError, ValueError):
+            a = np.zeros((0,))
+        if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] != 2 or not (
+                np.isfinite(a).all() and (a > 0).all() and (a <= 1).all()):
+            raise ValueError(f"head.anchors must be a list of [width, height] pairs, fractions of "
+                             f"the image in (0, 1], e.g. [[0.1,0.1],[0.3,0.3]]; got {anchors!r}")
+        for key, v in (("size_range", size_range), ("match_ratio", match_ratio)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1:
+                raise ValueError(f"head.{key} must be a number > 1, got {v!r}")
+        self.anchors = a
+        self.size_range, self.match_ratio = float(size_range), float(match_ratio)
+        self.neighbours = bool(neighbours)
+        self.boxes_per_cell = int(a.shape[0])
+        self._log_range = math.log(self.size_range)
+        self._anchor_t: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    @property
+    def channels(self) -> int:
+        return self.boxes_per_cell * (5 + self.num_classes)
+
+    def config(self) -> dict[str, Any]:
+        return {"_target_": f"{__name__}.AnchorHead", "num_classes": self.num_classes,
+                "anchors": self.anchors.tolist(), "size_range": self.size_range,
+                "match_ratio": self.match_ratio, "neighbours": self.neighbours}
+
+    # --- the grid's values <-> boxes -------------------------------------------------------
+    def _offset(self, t: torch.Tensor) -> torch.Tensor:
+        """Encoded x/y in [0, 1] -> offset from the cell's corner, in cells."""
+        return t * 2 - 0.5 if self.neighbours else t
+
+    def _anchors(self, like: torch.Tensor) -> torch.Tensor:
+        key = (str(like.device), like.dtype)
+        if key not in self._anchor_t:
+            self._anchor_t[key] = torch.as_tensor(self.anchors, dtype=like.dtype, device=like.device)
+        return self._anchor_t[key]
+
+    def boxes(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` ``[N, S, S, B, >=4]`` (encoded x, y, w, h) -> normalised xyxy ``[N, S, S, B, 4]``."""
+        s = t.shape[1]
+        idx = torch.arange(s, dtype=t.dtype, device=t.device)
+        cx = (idx.view(1, 1, s, 1) + self._offset(t[..., 0])) / s
+        cy = (idx.view(1, s, 1, 1) + self._offset(t[..., 1])) / s
+        a = self._anchors(t)
+        w = a[:, 0] * torch.exp((t[..., 2] * 2 - 1) * self._log_range)
+        h = a[:, 1] * torch.exp((t[..., 3] * 2 - 1) * self._log_range)
+        return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
+
+    def per_prior(self, grid_out: torch.Tensor) -> torch.Tensor:
+        """Model output ``[N, B*(5+C), S, S]`` -> ``[N, S, S, B, 5+C]``."""
+        n, _, s, _ = grid_out.shape
+        return grid_out.permute(0, 2, 3, 1).reshape(n, s, s, self.boxes_per_cell,
+                                                    5 + self.num_classes)
+
+    def encode(self, boxes: torch.Tensor, labels: torch.Tensor, grid: int,
+               image_size: float) -> torch.Tensor:
+        """One image's boxes ``[K, 4]`` xyxy (pixels of an ``image_size`` square; 1 for
+        normalised) and labels -> target ``[S, S, B*(5+C)]``. Each object goes to every prior of
+        ratio < ``match_ratio`` (its best prior if none), in its centre cell and, with
+        ``neighbours``, the nearer horizontal and vertical neighbour. Where two objects claim one
+        (cell, prior) the centre-cell claim wins, then the better-fitting shape; so the result
+        does not depend on annotation order."""
+        s, nb, c = int(grid), self.boxes_per_cell, self.num_classes
+        target = np.zeros((s, s, nb, 5 + c), dtype=np.float32)
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) / float(image_size)
+        lab = np.asarray(labels, dtype=np.int64).reshape(-1)
+        if b.shape[0] != lab.shape[0]:
+            raise ValueError(f"encode: {b.shape[0]} boxes but {lab.shape[0]} labels")
+        if lab.size and (lab.min() < 0 or lab.max() >= c):
+            raise ValueError(f"encode: labels {lab.tolist()} outside 0..{c - 1}")
+        wh = np.clip(b[:, 2:] - b[:, :2], 1e-6, 1.0)
+        centre = np.clip((b[:, :2] + b[:, 2:]) / 2, 0, 1 - 1e-6) * s
+        # shape ratio of each object to each prior (1 = same shape), [K, B]
+        r = wh[:, None, :] / self.anchors[None]
+        ratio = np.maximum(r, 1 / r).max(-1)
+        claims = []  # (priority..., k, row, col, prior)
+        for k in range(b.shape[0]):
+            priors = np.flatnonzero(ratio[k] < self.match_ratio)
+            if priors.size == 0:
+                priors = np.array([int(ratio[k].argmin())])
+            col, row = int(centre[k, 0]), int(centre[k, 1])
+            cells = [(row, col, 1)]
+            if self.neighbours:
+                fx, fy = centre[k, 0] - col, centre[k, 1] - row
+                nx = col - 1 if fx < 0.5 else col + 1
+                ny = row - 1 if fy < 0.5 else row + 1
+                if 0 <= nx < s:
+                    cells.append((row, nx, 0))
+                if 0 <= ny < s:
+                    cells.append((ny, col, 0))
+            for (rr, cc, centre_cell) in cells:
+                for p in priors.tolist():
+                    claims.append((centre_cell, -ratio[k, p], -k, k, rr, cc, p))
+        for centre_cell, _, _, k, rr, cc, p in sorted(claims):  # best claim written last
+            ox, oy = centre[k, 0] - cc, centre[k, 1] - rr
+            if self.neighbours:
+                ox, oy = (ox + 0.5) / 2, (oy + 0.5) / 2
+            tw, th = (np.log(wh[k] / self.anchors[p]) / self._log_range + 1) / 2
+            cell = target[rr, cc, p]
+            cell[:5] = (ox, oy, min(max(tw, 0.0), 1.0), min(max(th, 0.0), 1.0), 1.0)
+            cell[5:] = 0
+            cell[5 + lab[k]] = 1
+        return torch.from_numpy(target.reshape(s, s, nb * (5 + c)))
+
+    @torch.no_grad()
+    def decode(self, pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
+               nms_iou: float = 0.5, max_det: int = 100) -> list[dict]:
+        """Outputs ``[N, B*(5+C), S, S]`` -> per image ``{"boxes" [K, 4] xyxy pixels, "scores"
+        [K] in [0, 1], "labels" [K]}``: ``score = conf x class score`` of the prior's best class,
+        each clamped to [0, 1]; then per-class NMS and the top ``max_det``."""
+        n, ch, s, s2 = pred.shape
+        if s != s2 or ch != self.channels:
+            raise ValueError(f"decode: expected [N, {self.channels}, S, S] for {self.boxes_per_cell} "
+                             f"priors and {self.num_classes} classes, got {list(pred.shape)}")
+        p = self.per_prior(pred.float())
+        xyxy = (self.boxes(p) * image_size).clamp(0, image_size).reshape(n, -1, 4)
+        cls_score, cls = p[..., 5:].clamp(0, 1).max(-1)
+        scores = (p[..., 4].clamp(0, 1) * cls_score).reshape(n, -1)
+        return _nms(xyxy, scores, cls.reshape(n, -1), conf_thresh, nms_iou, max_det)
+
+
+def head_of(model: torch.nn.Module) -> Any:
+    """The head a model's output is read with (a DDP or compiled wrapper is looked through)."""
+    core = getattr(model, "module", model)
+    core = getattr(core, "_orig_mod", core)
+    return core.head
