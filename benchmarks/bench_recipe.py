@@ -89,12 +89,12 @@ def main() -> None:
 
         root = ensure_shapes_dataset(common.smoke_dir() / "voc", num_train=32, num_val=8,
                                      image_size=64, seed=0)
-        args.root, args.seeds, args.out = str(root), [0, 1], str(common.smoke_dir() / "runs")
+        args.root, args.seeds, args.out = str(root), [0], str(common.smoke_dir() / "runs")
         names = list(SHAPE_CLASSES)
         overrides = [f"dataset.class_names=[{','.join(names)}]", f"dataset.num_classes={len(names)}",
                      *[o for o in common.SMOKE if not o.startswith(("dataset.generate", "dist."))],
                      "trainer.epochs=1", "trainer.limit_train_batches=2",
-                     "trainer.limit_val_batches=1", "head.anchors=[[0.2,0.2],[0.5,0.5]]",
+                     "trainer.limit_val_batches=1",
                      f"paths.data={common.smoke_dir()}/data", "logger=none", *overrides]
     if not args.root:
         ap.error("--root is required (the dataset folder the recipe runs on)")

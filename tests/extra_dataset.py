@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mdk.data.records import Record, SplitRecords, clip_to_image, make_record
+from mdk.data.records import Record, SplitRecords, clip_to_image, make_record, zero_area
 from mdk.errors import DataError
 
 FIELDS = ["image", "width", "height", "x1", "y1", "x2", "y2", "class"]
@@ -70,7 +70,7 @@ class CSVReader:
                 if not row["x1"]:
                     continue
                 box, changed = clip_to_image([float(row[k]) for k in ("x1", "y1", "x2", "y2")], w, h)
-                if box is None:
+                if zero_area(box):  # this format leaves them out (the shipped readers keep them)
                     out.dropped += 1
                     continue
                 out.clipped += changed

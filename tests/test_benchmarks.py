@@ -40,6 +40,8 @@ RESULTS = {
     "bench_quant_report.py": [rf"one evaluation pass \(\S+, \d+ val images\): {NUM} s",
                               rf"quant_report command: {NUM} s wall \(report work {NUM} s\) = "
                               rf"{NUM} x one evaluation pass"],
+    "bench_recipe.py": [rf"step1\s+{NUM} ± {NUM}(\s+{NUM})+", rf"step4\s+{NUM} ± {NUM}",
+                        rf"all seeds: {NUM} s wall"],
     "bench_startup.py": [rf"command -> first iteration: {NUM} s wall", rf"median {NUM} s",
                          r"slowest imports of `run\.py --help`"],
 }

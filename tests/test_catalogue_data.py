@@ -105,7 +105,8 @@ def test_box_outside_or_zero_area_is_a_counted_warning(voc, tmp_path, capsys):
     before = snapshot(voc)
     status, out, err = cli(tmp_path, *voc_args(voc), capsys=capsys)
     assert status == 0, err[-2000:]
-    assert "split 'train': 1 boxes were clipped to the image and 1 zero-area boxes dropped" in out
+    assert ("split 'train', reading the annotations: 1 boxes clipped to the image, 1 zero-area "
+            "boxes kept for evaluation only") in out
     assert_intact(before)
     assert (tmp_path / "ck" / "step1" / "last.pth").is_file()
 

@@ -23,6 +23,7 @@ from mdk.data.voc import VOCReader
 from mdk.errors import DataError
 
 CLASSES = ["cat", "dog"]
+HEAD = YoloV1Head(len(CLASSES), 2)
 
 
 def jpeg_bytes(size: int, seed: int) -> bytes:
@@ -142,7 +143,7 @@ def test_unwritable_cache_only_costs_a_recheck(tmp_path, caplog):
 def dataset(root: Path, tmp_path: Path, split: str = "train", **kw) -> DetectionDataset:
     records = cached_records(VOCReader(root, CLASSES), split, tmp_path / "meta")
     args = dict(root=root, split=split, records=records, class_names=CLASSES, image_size=64,
-                grid=4, head=YoloV1Head(len(CLASSES), 2), augment=False, meta_dir=tmp_path / "meta")
+                grid=4, head=HEAD, augment=False, meta_dir=tmp_path / "meta")
     return DetectionDataset(**{**args, **kw})
 
 
@@ -217,10 +218,10 @@ def test_build_datasets_passes_the_policy_and_rejects_a_bad_value(tmp_path):
     truncate(root / "JPEGImages" / "000013.jpg")  # a val image
     cfg = {"name": "voc", "root": str(root), "class_names": CLASSES, "num_classes": 2,
            "train_split": "train", "val_split": "val", "on_bad_image": "skip"}
-    train, val = build_datasets(cfg, 64, 4, 2, 0, tmp_path / "cache")
+    train, val = build_datasets(cfg, 64, 4, HEAD, 0, tmp_path / "cache")
     assert (len(train), len(val)) == (12, 3)
     with pytest.raises(DataError, match=r"dataset.on_bad_image='ignore' must be one of "
                                         r"\['error', 'skip'\]"):
-        build_datasets({**cfg, "on_bad_image": "ignore"}, 64, 4, 2, 0, tmp_path / "cache")
+        build_datasets({**cfg, "on_bad_image": "ignore"}, 64, 4, HEAD, 0, tmp_path / "cache")
     with pytest.raises(DataError, match="000013.jpg: cannot decode image"):
-        build_datasets({**cfg, "on_bad_image": "error"}, 64, 4, 2, 0, tmp_path / "cache")
+        build_datasets({**cfg, "on_bad_image": "error"}, 64, 4, HEAD, 0, tmp_path / "cache")

@@ -18,6 +18,7 @@ from mdk.data.coco import COCOReader
 from mdk.data.coco_export import export_voc_to_coco
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
 from mdk.data.voc import VOCReader
+from mdk.models.heads import YoloV1Head
 from mdk.tools.voc2coco import main as voc2coco
 
 CLASSES = list(SHAPE_CLASSES)
@@ -29,7 +30,7 @@ EXTRA = ("<object><name>star</name><difficult>1</difficult><bndbox><xmin>3</xmin
          "<object><name>circle</name><bndbox><xmin>50</xmin><ymin>40</ymin><xmax>90</xmax>"
          "<ymax>60</ymax></bndbox></object>"                                   # clipped at 64
          "<object><name>square</name><bndbox><xmin>9</xmin><ymin>9</ymin><xmax>9</xmax>"
-         "<ymax>30</ymax></bndbox></object>")                                  # zero area: dropped
+         "<ymax>30</ymax></bndbox></object>")                                  # zero area: kept
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +63,14 @@ def test_coco_export_read_back_equals_the_voc_records(voc_root, tmp_path):
         voc = VOCReader(voc_root, CLASSES).records(split)
         coco = COCOReader(tmp_path / "coco", CLASSES).records(split)
         assert_same_records(coco.records, voc.records, split)
-        assert (coco.clipped, coco.dropped) == (0, 0)          # exported as mdk read them
         if split == "train":
-            assert (voc.clipped, voc.dropped) == (1, 1)
+            assert (voc.clipped, voc.zero_area) == (1, 1)
+            assert (coco.clipped, coco.zero_area) == (0, 1)    # exported as mdk read them
             rec = coco.records[1]
-            assert rec.difficult.tolist()[-3:] == [True, False, False]   # VOC difficult = crowd
-            assert rec.boxes[-2].tolist() == [10.5, 0.25, 33.75, 17.125]
-            assert rec.boxes[-1].tolist() == [50.0, 40.0, 64.0, 60.0]
+            assert rec.difficult.tolist()[-4:] == [True, False, False, False]  # difficult = crowd
+            assert rec.boxes[-3].tolist() == [10.5, 0.25, 33.75, 17.125]
+            assert rec.boxes[-2].tolist() == [50.0, 40.0, 64.0, 60.0]
+            assert rec.boxes[-1].tolist() == [9.0, 9.0, 9.0, 30.0]             # zero area
     images = sorted((tmp_path / "coco" / "train").iterdir())
     assert len(images) == 10 and all(p.is_symlink() for p in images)
     assert images[0].resolve() == (voc_root / "JPEGImages" / "000000.jpg").resolve()
@@ -151,7 +153,7 @@ def test_preflight_counts_from_a_fresh_cache_without_parsing_the_json(voc_root, 
          "num_classes": 5, "train_split": "train", "val_split": "val",
          "reader": {"_target_": "mdk.data.coco.COCOReader"}}
     assert check_dataset_files(d, tmp_path) == 10                      # no cache yet: parsed
-    build_datasets(d, 64, 4, 1, 0, tmp_path / "cache")                 # the caches are built
+    build_datasets(d, 64, 4, YoloV1Head(len(CLASSES), 1), 0, tmp_path / "cache")  # caches built
     loads = []
     real = coco_module.json.load
     monkeypatch.setattr(coco_module.json, "load", lambda f: loads.append(f.name) or real(f))

@@ -34,7 +34,7 @@ def test_meta_matches_annotations(root, tmp_path):
     assert lines[0].startswith("# mdk-meta ") and len(lines) == 1 + 5
     header, entries = read_meta(out)
     assert header["classes"] == CLASSES and header["split"] == "train"
-    assert (header["clipped"], header["dropped"]) == (0, 0)
+    assert (header["clipped"], header["zero_area"]) == (0, 0)
     for image_id, line, e in zip(read_split(root, "train"), lines[1:], entries):
         rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", CLASSES)
         fields = line.split()
@@ -45,7 +45,7 @@ def test_meta_matches_annotations(root, tmp_path):
         assert not e.difficult.any()
 
 
-def test_counts_clipped_and_dropped(root, tmp_path, caplog):
+def test_counts_clipped_and_zero_area(root, tmp_path, caplog):
     xml = root / "Annotations" / "000000.xml"
     text = xml.read_text()
     first = text.index("<xmin>")
@@ -53,8 +53,9 @@ def test_counts_clipped_and_dropped(root, tmp_path, caplog):
     xml.write_text(text.replace("</annotation>", "<object><name>star</name><bndbox><xmin>5</xmin>"
                                 "<ymin>5</ymin><xmax>5</xmax><ymax>9</ymax></bndbox></object></annotation>"))
     out = build_meta(voc(root), "train", tmp_path / "m.txt")
-    assert (read_header(out)["clipped"], read_header(out)["dropped"]) == (1, 1)
-    assert "1 boxes clipped" in caplog.text and "1 zero-area boxes dropped" in caplog.text
+    assert (read_header(out)["clipped"], read_header(out)["zero_area"]) == (1, 1)
+    assert "1 boxes clipped" in caplog.text and "1 zero-area boxes kept for evaluation only" \
+        in caplog.text
 
 
 def test_staleness(root, tmp_path):
@@ -160,7 +161,7 @@ class ListReader:
         return len(self.recs)
 
     def records(self, split):
-        return SplitRecords(self.recs, clipped=1, dropped=0)
+        return SplitRecords(self.recs, clipped=1, dropped=2)
 
     def sources(self, split):
         return [self.source]
@@ -187,8 +188,8 @@ def test_the_cache_holds_any_readers_records_and_keys_on_reader_and_sources(tmp_
     assert got[1].boxes.shape == (0, 4)
     meta = tmp_path / "meta" / "train.txt"
     assert read_header(meta)["reader"] == "test_data_meta.ListReader"
-    assert "split 'train': 1 boxes were clipped to the image and 0 zero-area boxes dropped" \
-        in caplog.text
+    assert "split 'train', reading the annotations: 1 boxes clipped to the image, 2 boxes dropped " \
+        "by the reader" in caplog.text
     assert not is_stale(reader, "train", meta)
     # A reader key naming another annotation file, older than the cache, still rebuilds it.
     old = tmp_path / "old.csv"

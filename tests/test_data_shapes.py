@@ -21,7 +21,7 @@ def test_layout_and_valid_annotations(tmp_path):
         rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", SHAPE_CLASSES)
         assert 1 <= len(rec.labels) <= 4
         assert (rec.width, rec.height) == (64, 64)
-        assert (rec.clipped, rec.dropped) == (0, 0)
+        assert (rec.clipped, rec.zero_area) == (0, 0)
         assert (rec.boxes[:, 2:] > rec.boxes[:, :2]).all()
         n_objects += len(rec.labels)
     assert n_objects > 9

@@ -32,7 +32,7 @@ def test_good_xml(tmp_path):
     assert rec.boxes.dtype == np.float32
     assert rec.labels.tolist() == [0, 1]
     assert rec.difficult.tolist() == [False, True]
-    assert (rec.clipped, rec.dropped) == (0, 0)
+    assert (rec.clipped, rec.zero_area) == (0, 0)
 
 
 def test_no_objects_is_fine(tmp_path):
@@ -43,15 +43,18 @@ def test_no_objects_is_fine(tmp_path):
 def test_box_outside_is_clipped_and_counted(tmp_path):
     rec = parse_voc_xml(write(tmp_path, xml(obj(box=(-5, 10, 120, 90)))), CLASSES)
     np.testing.assert_array_equal(rec.boxes, [[0, 10, 100, 80]])
-    assert (rec.clipped, rec.dropped) == (1, 0)
+    assert (rec.clipped, rec.zero_area) == (1, 0)
     assert "clipped" in rec.notes[0]
 
 
 @pytest.mark.parametrize("box", [(10, 10, 10, 30), (30, 10, 20, 40), (150, 10, 200, 40)])
-def test_zero_area_box_is_dropped_and_counted(tmp_path, box):
+def test_zero_area_box_is_kept_for_evaluation_and_counted(tmp_path, box):
+    """The VOC devkit counts a zero-area object (no detection can match it); training leaves it
+    out (test_data_dataset.py); clipped to the image like any box."""
     rec = parse_voc_xml(write(tmp_path, xml(obj(box=box) + obj("dog"))), CLASSES)
-    assert rec.labels.tolist() == [1]
-    assert (rec.clipped, rec.dropped) == (0, 1)
+    assert rec.labels.tolist() == [0, 1]
+    assert rec.boxes[0].tolist() == [min(v, lim) for v, lim in zip(box, (100, 80, 100, 80))]
+    assert (rec.clipped, rec.zero_area) == (0, 1)
 
 
 @pytest.mark.parametrize("text, problem", [

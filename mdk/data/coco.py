@@ -11,8 +11,8 @@ optional ``iscrowd``), in the file's order per image; ``categories`` (``id``, ``
 category is matched to ``dataset.class_names`` by its **name** (its id and order do not matter).
 
 * ``bbox [x, y, w, h]`` becomes ``[x, y, x + w, y + h]``, with the bad-box policy of every format
-  (:func:`mdk.data.records.clip_to_image`): clipped to the image and counted, zero area dropped
-  and counted;
+  (:func:`mdk.data.records.clip_to_image`): clipped to the image and counted; a zero-area box is
+  counted and kept for evaluation only (training leaves it out);
 * ``iscrowd=1`` regions become **difficult** objects: left out of training targets and ignored
   (neither a hit nor a miss) in evaluation, exactly as VOC ``<difficult>`` objects are;
 * everything else that is wrong (the JSON missing or malformed, a missing key, a category used by
@@ -26,7 +26,7 @@ import logging
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
-from mdk.data.records import SplitRecords, clip_to_image, make_record
+from mdk.data.records import SplitRecords, clip_to_image, make_record, zero_area
 from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -172,12 +172,11 @@ class COCOReader:
             box = [x, y, x + w, y + h]
             _, width, height = images[iid]
             fixed, changed = clip_to_image(box, width, height)
-            if fixed is None:
-                out.dropped += 1
-                log.debug("%s: %s box %s has zero area inside %dx%d: dropped", path, where, box,
-                          width, height)
-                continue
-            if changed:
+            if zero_area(fixed):
+                out.zero_area += 1
+                log.debug("%s: %s box %s has zero area inside %dx%d: kept for evaluation only",
+                          path, where, box, width, height)
+            elif changed:
                 out.clipped += 1
                 log.debug("%s: %s box %s outside %dx%d: clipped to %s", path, where, box, width,
                           height, fixed)

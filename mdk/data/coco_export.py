@@ -90,9 +90,9 @@ def export_voc_to_coco(voc_root: str | Path, out_root: str | Path,
     written = []
     for split in splits:
         got = reader.records(split)
-        if got.clipped or got.dropped:
-            log.warning("%s split %r: %d boxes clipped to the image, %d zero-area boxes dropped "
-                        "(exported as mdk reads them)", voc_root, split, got.clipped, got.dropped)
+        if got.clipped or got.zero_area:
+            log.warning("%s split %r: %d boxes clipped to the image, %d of zero area (exported as "
+                        "mdk reads them)", voc_root, split, got.clipped, got.zero_area)
         folder = out_root / split
         folder.mkdir(parents=True, exist_ok=True)
         for rec in got.records:

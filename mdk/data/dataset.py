@@ -10,7 +10,8 @@ the batch split, world size or worker count (needed for single- vs multi-process
 Call :meth:`DetectionDataset.set_epoch` each epoch (as with ``DistributedSampler``).
 
 Objects flagged ``difficult`` (VOC difficult objects, COCO crowd regions) are left out of training
-targets (the VOC convention: they are ignored, not counted, in evaluation);
+targets (the VOC convention: they are ignored, not counted, in evaluation), and so are boxes of
+zero area (evaluation counts them, as the devkit does: mdk.data.records.clip_to_image);
 :meth:`DetectionDataset.gt` (boxes in the model-input frame) and
 :meth:`DetectionDataset.gt_original` (boxes in the image's original pixels) return them with their
 flag.
@@ -146,7 +147,8 @@ class DetectionDataset(Dataset):
         faults.at("item")  # MDK_FAULT=raise:item:N:<rank>:<Class> (tests); a lookup when off
         img = self.image(index)
         boxes, labels, difficult = self.gt(index)
-        boxes, labels = boxes[~difficult], labels[~difficult]
+        train = ~difficult & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        boxes, labels = boxes[train], labels[train]
         p = None
         if self.augment:
             p = draw(self.rng(index, epoch), self.image_size, self.strengths)

@@ -2,10 +2,11 @@
 any reader, in one meta txt file (the seed MDK's ``tools/xml_2_txt.py`` step), and reading it back.
 ``python -m mdk.tools.xml2txt`` is its command-line front end for VOC folders.
 
-Meta file format (v1). The first line is a header, ``# mdk-meta {json}``, recording the root,
+Meta file format (v2). The first line is a header, ``# mdk-meta {json}``, recording the root,
 split, class list, reader class, the key of the reader's source files (``content``) and how many
 boxes were clipped/dropped (see :func:`mdk.data.records.clip_to_image` for that policy), so
-staleness can be checked and the counts reported whenever the file is used. Then one line per
+staleness can be checked and the counts reported whenever the file is used. Version 2 keeps
+zero-area boxes (version 1 dropped them): a version-1 file is rebuilt. Then one line per
 image, space separated::
 
     relative/image/path width height x1 y1 x2 y2 cls difficult x1 y1 x2 y2 cls difficult ...
@@ -39,7 +40,7 @@ from mdk.errors import DataError
 log = logging.getLogger(__name__)
 
 HEADER = "# mdk-meta "
-VERSION = 1
+VERSION = 2
 # Header keys that must match for the file to describe what the reader would read now.
 KEY = ("version", "root", "split", "classes", "reader", "content")
 CHUNK = 1 << 20  # a large source (a COCO JSON of 450 MB) is hashed in pieces, not read whole
@@ -92,10 +93,11 @@ def meta_text(reader: Reader, split: str) -> str:
         for box, label, diff in zip(rec.boxes, rec.labels, rec.difficult):
             fields += [f"{v:g}" for v in box] + [str(int(label)), str(int(diff))]
         lines.append(" ".join(fields))
-    if got.clipped or got.dropped:
-        log.warning("%s split %r: %d boxes clipped to the image, %d zero-area boxes dropped "
-                    "(run with DEBUG logging to see each)", root, split, got.clipped, got.dropped)
-    header = HEADER + json.dumps({**header, "clipped": got.clipped, "dropped": got.dropped})
+    counts = {"clipped": got.clipped, "dropped": got.dropped, "zero_area": got.zero_area}
+    if any(counts.values()):
+        log.warning("%s split %r: %s (run with DEBUG logging to see each)", root, split,
+                    box_counts(counts))
+    header = HEADER + json.dumps({**header, **counts})
     return header + "\n" + "\n".join(lines) + "\n"
 
 
@@ -146,7 +148,7 @@ def fresh_count(reader: Reader, split: str, meta_path: str | Path) -> Optional[i
 
 def cached_records(reader: Reader, split: str, meta_dir: str | Path) -> list[Record]:
     """The records of ``split`` through the cache ``<meta_dir>/<split>.txt`` (built when stale);
-    the boxes clipped/dropped while reading them are reported each time (they are data loss).
+    the boxes clipped or of zero area are reported each time (they are data loss).
     A cache that cannot be written (a full or read-only disk) costs a warning and a rebuild next
     time, not the run: the records are the same, parsed from the text that was to be written."""
     path = Path(meta_dir) / f"{split}.txt"
@@ -161,11 +163,21 @@ def cached_records(reader: Reader, split: str, meta_dir: str | Path) -> list[Rec
             log.warning("could not write the dataset index %s (%s); the annotations are read "
                         "again next time", path, e.strerror or e)
         header, records = parse_meta(text, path)
-    if header.get("clipped") or header.get("dropped"):
-        log.warning("%s split %r: %d boxes were clipped to the image and %d zero-area boxes "
-                    "dropped when reading the annotations", header.get("root"), split,
-                    header.get("clipped", 0), header.get("dropped", 0))
+    if any(header.get(k) for k in ("clipped", "dropped", "zero_area")):
+        log.warning("%s split %r, reading the annotations: %s", header.get("root"), split,
+                    box_counts(header))
     return records
+
+
+def box_counts(counts: dict) -> str:
+    """What the bad-box policy did to a split, in words (mdk.data.records.clip_to_image)."""
+    parts = [f"{counts.get('clipped', 0)} boxes clipped to the image"]
+    if counts.get("zero_area"):
+        parts.append(f"{counts['zero_area']} zero-area boxes kept for evaluation only (the VOC "
+                     "devkit counts them: no detection can match one; training leaves them out)")
+    if counts.get("dropped"):
+        parts.append(f"{counts['dropped']} boxes dropped by the reader")
+    return ", ".join(parts)
 
 
 def read_meta(path: str | Path) -> tuple[dict, list[Record]]:

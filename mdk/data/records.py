@@ -13,8 +13,10 @@ Readers of this repository: :class:`mdk.data.voc.VOCReader` (Pascal VOC layout, 
 data) and :class:`mdk.data.coco.COCOReader` (COCO instances JSON).
 
 The bad-box policy is the same for every format (:func:`clip_to_image`): a box partly outside
-the image is clipped to it and counted, a box of zero area (after clipping) is dropped and
-counted; anything else wrong is a :class:`~mdk.errors.DataError` naming the file.
+the image is clipped to it and counted; a box of zero area (after clipping) is counted and kept
+for evaluation only, as the VOC devkit (and detectron2's voc_eval) count it: an object no
+detection can match; the training targets leave it out (:class:`~mdk.data.dataset.DetectionDataset`);
+anything else wrong is a :class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 
@@ -40,11 +42,13 @@ class Record:
 @dataclass
 class SplitRecords:
     """What a reader gives for one split: the records in the format's own order, and how many
-    boxes the bad-box policy clipped and dropped on the way (reported once per split)."""
+    boxes the bad-box policy clipped and kept at zero area (reported once per split); ``dropped``:
+    boxes a reader of your own left out (the shipped readers drop none)."""
 
     records: list[Record]
     clipped: int = 0
     dropped: int = 0
+    zero_area: int = 0
 
 
 READER_METHODS = ("check", "count", "records", "sources")
@@ -74,16 +78,19 @@ class Reader(Protocol):
         one changes or the list does, the cache is rebuilt)."""
 
 
-def clip_to_image(box: list[float], width: int, height: int) -> tuple[Optional[list[float]], bool]:
-    """The bad-box policy: ``(box clipped to [0, width] x [0, height], whether it changed)``;
-    ``(None, ...)`` when the clipped box has zero area (then it is dropped). VOC itself has boxes
-    touching the border with 1-based ``xmax == width``, so clipping is the sane fix and losing
-    them would cost recall; a zero-area box carries no object to learn or evaluate."""
+def clip_to_image(box: list[float], width: int, height: int) -> tuple[list[float], bool]:
+    """The bad-box policy: ``(box clipped to [0, width] x [0, height], whether it changed)``. VOC
+    itself has boxes touching the border with 1-based ``xmax == width``, so clipping is the sane
+    fix and losing them would cost recall. A result of zero area (:func:`zero_area`) is kept:
+    the devkit counts it as an object, so dropping it would score higher than published tools."""
     fixed = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
              min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
-    if fixed[2] <= fixed[0] or fixed[3] <= fixed[1]:
-        return None, True
     return fixed, fixed != box
+
+
+def zero_area(box: Sequence[float]) -> bool:
+    """``xmax <= xmin`` or ``ymax <= ymin``: nothing to learn, and no detection can match it."""
+    return box[2] <= box[0] or box[3] <= box[1]
 
 
 def make_record(image: str, width: int, height: int, boxes: Sequence[Sequence[float]],

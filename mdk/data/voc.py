@@ -7,8 +7,8 @@ Bad-box policy (one place for every format, :func:`mdk.data.records.clip_to_imag
   VOC itself has boxes touching the border with 1-based ``xmax == width``, so clipping to
   ``[0, width] x [0, height]`` is the sane fix and losing them would cost recall;
 * a box of zero area (``xmax <= xmin`` or ``ymax <= ymin``, after clipping; this includes a box
-  entirely outside the image) is **dropped** and counted (``VOCRecord.dropped``); it carries no
-  object to learn or evaluate;
+  entirely outside the image) is counted (``VOCRecord.zero_area``) and kept for evaluation only:
+  the VOC devkit counts it as an object no detection can match; training leaves it out;
 * everything else that is wrong (malformed XML, a missing field, a non-numeric coordinate, a class
   name not in the class list, a non-positive image size) raises :class:`DataError` naming the file,
   because guessing would silently train on the wrong labels.
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mdk.data.records import SplitRecords, clip_to_image, make_record
+from mdk.data.records import SplitRecords, clip_to_image, make_record, zero_area
 from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 @dataclass
 class VOCRecord:
     """One annotation file: boxes ``[N, 4]`` float32 xyxy pixels, labels ``[N]`` int64,
-    difficult ``[N]`` bool, the image size, and how many boxes were clipped / dropped."""
+    difficult ``[N]`` bool, the image size, and how many boxes were clipped / of zero area."""
 
     path: Path
     width: int
@@ -45,7 +45,7 @@ class VOCRecord:
     labels: np.ndarray
     difficult: np.ndarray
     clipped: int = 0
-    dropped: int = 0
+    zero_area: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -89,7 +89,7 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
         raise DataError(f"{path}: image size {width}x{height} is not positive; fix <size>")
     index = {name: i for i, name in enumerate(class_names)}
     boxes, labels, difficult, notes = [], [], [], []
-    clipped = dropped = 0
+    clipped = flat = 0
     for k, obj in enumerate(root.findall("object")):
         where = f"<object> #{k}"
         name = _text(obj, "name", path, where)
@@ -103,11 +103,11 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
         diff_node = obj.find("difficult")
         is_difficult = diff_node is not None and (diff_node.text or "0").strip() not in ("0", "")
         fixed, changed = clip_to_image(box, width, height)
-        if fixed is None:
-            dropped += 1
-            notes.append(f"{where} ({name}) box {box} has zero area inside {width}x{height}: dropped")
-            continue
-        if changed:
+        if zero_area(fixed):
+            flat += 1
+            notes.append(f"{where} ({name}) box {box} has zero area inside {width}x{height}: "
+                         "kept for evaluation only")
+        elif changed:
             clipped += 1
             notes.append(f"{where} ({name}) box {box} outside {width}x{height}: clipped to {fixed}")
         boxes.append(fixed)
@@ -118,7 +118,7 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
         boxes=np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
         labels=np.asarray(labels, dtype=np.int64),
         difficult=np.asarray(difficult, dtype=bool),
-        clipped=clipped, dropped=dropped, notes=notes)
+        clipped=clipped, zero_area=flat, notes=notes)
 
 
 def check_root(root: str | Path) -> Path:
@@ -191,7 +191,7 @@ class VOCReader:
             rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", self.class_names)
             for note in rec.notes:
                 log.debug("%s: %s", rec.path, note)
-            out.clipped, out.dropped = out.clipped + rec.clipped, out.dropped + rec.dropped
+            out.clipped, out.zero_area = out.clipped + rec.clipped, out.zero_area + rec.zero_area
             out.records.append(make_record(image.relative_to(root).as_posix(), rec.width,
                                            rec.height, rec.boxes, rec.labels, rec.difficult))
         return out
