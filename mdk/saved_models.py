@@ -4,9 +4,11 @@ usual ``model(images)`` call (``ChipModelNet``: the integer reference or onnxrun
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
@@ -27,17 +29,26 @@ def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
 
 
 def with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -> DictConfig:
-    """``cfg`` with the checkpoint's own model/chip config unless the user overrode them."""
+    """``cfg`` with the checkpoint's own model/chip config unless the user overrode them, and
+    its head and loss (they read the model's output) unless the user named a head or loss."""
     saved = ck.get("config")
     if not isinstance(saved, dict) or _overrides_key(overrides, "model", "chip"):
         return cfg
-    patch: dict[str, Any] = {}
-    if "model" in saved:
-        patch["model"] = saved["model"]
-    if "chip" in saved:
-        patch["chip"] = saved["chip"]
-    merged = OmegaConf.merge(cfg, {"model": None}) if "model" in patch else cfg.copy()
+    keys = ["model", "chip"]
+    if not _overrides_key(overrides, "head", "loss"):
+        keys += ["head", "loss"]
+    patch = {k: saved[k] for k in keys if k in saved}
+    # nodes replaced whole (another head's schema has other keys), plain values merged
+    merged = OmegaConf.merge(cfg, {k: None for k in patch if OmegaConf.is_dict(cfg.get(k))})
     return OmegaConf.merge(merged, patch)
+
+
+def head_kind(node: Any) -> Optional[str]:
+    """The ``kind`` of the head a config node builds (its conf/head/ option name), or None."""
+    try:
+        return getattr(instantiate(node), "kind", None)
+    except InstantiationException:  # a head of a package this machine lacks: keep the command's
+        return None
 
 
 class ChipModelNet(nn.Module):

@@ -42,7 +42,7 @@ from mdk.engine.reports import EvalReporter
 from mdk.errors import ConfigError
 from mdk.eval.config import METRICS
 from mdk.eval.distributed import evaluate
-from mdk.saved_models import RUNTIMES, ChipModelNet, ToolError, with_checkpoint_model
+from mdk.saved_models import RUNTIMES, ChipModelNet, ToolError, head_kind, with_checkpoint_model
 from mdk.sinks.base import NullSink
 from mdk.stage import stage_spec
 from mdk.stage_checkpoint import load_model_for, spec_of
@@ -98,16 +98,22 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
                         runtime: str = "integer") -> Loaded:
     """An exported chip model directory as a model; the geometry comes from its meta."""
     net = ChipModelNet(directory, runtime)
-    cfg = compose_config(overrides)
     meta = net.cm.meta
+    head = meta.get("head")  # exported by an mdk that records its head
+    kind = head_kind(head) if isinstance(head, dict) else None
+    if kind and not any(o.split("=", 1)[0].lstrip("+~") == "head" for o in overrides):
+        overrides = [*overrides, f"head={kind}"]  # its group also picks the head's loss
+    cfg = compose_config(overrides)
     patch: dict[str, Any] = {}
     if "image_size" in meta:
         patch["image_size"] = int(meta["image_size"])
     if "boxes_per_cell" in meta:
         patch["net"] = {"boxes_per_cell": int(meta["boxes_per_cell"])}
-    if isinstance(meta.get("head"), dict):  # exported by an mdk that records its head
-        patch.setdefault("net", {})["head"] = meta["head"]
     cfg = OmegaConf.merge(cfg, {"model": patch})
+    if kind and kind == head_kind(cfg.head):  # the exported values (priors ...) over the YAML's
+        cfg = OmegaConf.merge(cfg, {"head": {k: v for k, v in head.items()
+                                             if k not in ("_target_", "num_classes",
+                                                          "boxes_per_cell")}})
     n_cls = meta.get("num_classes")
     if n_cls is not None and int(n_cls) != int(cfg.dataset.num_classes):
         raise ToolError(f"chip model {directory} predicts {n_cls} classes but "
