@@ -147,10 +147,16 @@ def check_paths(cfg: DictConfig, base: str | Path, run_dir: Optional[Path] = Non
                             "point these paths at another disk")
 
 
+def train_images(cfg: DictConfig) -> int:
+    """The number of train images (through the dataset's reader and its index cache; a
+    generated dataset's configured size), checking the files of both splits on the way."""
+    base = os.getcwd()
+    return check_dataset_files(cfg.dataset, base, resolve_path(cfg.paths.data, base))
+
+
 def _check_dataset(cfg: DictConfig) -> None:
     # The files of both splits through the dataset's reader (any format).
-    base = os.getcwd()
-    n_train = check_dataset_files(cfg.dataset, base, resolve_path(cfg.paths.data, base))
+    n_train = train_images(cfg)
     generated = bool(cfg.dataset.get("generate"))
     batch = int(cfg.trainer.batch_size)
     if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in KINDS:

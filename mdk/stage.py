@@ -15,6 +15,7 @@ on the search path (``hydra.searchpath``) is found like a built-in one.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -27,6 +28,8 @@ from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, QuantMode, apply_mode
 from mdk.stage_config import (check_calibration, check_kind, check_schedule, check_stages,
                                running_stages)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,10 @@ def apply_stage(model: nn.Module, stage: str | StageSpec, chip: str = "5801",
     return apply_mode(model, spec.eval_quant if evaluate else spec.quant, str(chip), spec.name)
 
 
-def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
+def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
     """The config ``stage`` runs with: ``cfg`` with its ``step`` node replaced by the stage's
-    record (``cfg`` itself is not mutated).
+    record (``cfg`` itself is not mutated). ``train_images``: the train split's size, for a
+    record's ``min_iters`` (:func:`min_epochs`; the launcher counts it when a stage has one).
 
     ``step.*`` overrides reach only the stage named by ``step``; ``stages.<stage>`` (e.g.
     ``+stages.step3.epochs=12``) is merged into that stage's record. The stage's own ``epochs``
@@ -143,6 +147,12 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
     check_kind(new.step.kind, stage)
     check_calibration(new.step, stage)
     epochs, scale = check_schedule(new.step, stage)
+    least = min_epochs(cfg, new.step, train_images)
+    if least is not None and least > (epochs or int(cfg.trainer.epochs)):
+        log.info("%s: %d epochs of %d iterations, for step.min_iters=%d (instead of %d)", stage,
+                 least, int(train_images) // int(cfg.trainer.batch_size), new.step.min_iters,
+                 epochs or int(cfg.trainer.epochs))
+        epochs = least
     if epochs is None and scale == 1.0:
         return new
     if new is cfg:
@@ -153,19 +163,17 @@ def stage_config(cfg: DictConfig, stage: str) -> DictConfig:
     return new
 
 
-def lengthen(cfg: DictConfig, spec: StageSpec, iters_per_epoch: int) -> DictConfig:
-    """``cfg`` with ``trainer.epochs`` raised so the stage makes at least ``step.min_iters``
-    optimizer steps (a copy; ``cfg`` itself when nothing changes). A fine-tuning stage's length
-    is a number of steps: 8 epochs are 800 steps on the 1600 built-in images but 96 on a
-    205-image dataset, too few to win back what quantization took."""
-    if not spec.trains or not spec.min_iters or iters_per_epoch < 1:
-        return cfg
-    need = -(-int(spec.min_iters) // int(iters_per_epoch))
-    if need <= int(cfg.trainer.epochs):
-        return cfg
-    new = OmegaConf.merge(cfg, {})
-    new.trainer.epochs = need
-    return new
+def min_epochs(cfg: DictConfig, stage_cfg: DictConfig, train_images: Optional[int]) -> Optional[int]:
+    """The epochs a stage needs for its ``min_iters`` optimizer steps on ``train_images`` images
+    (None: no minimum, the count unknown, or ``trainer.limit_train_batches`` set: a quick run
+    keeps its length). A fine-tuning stage's length is a number of steps: 8 epochs are 800 steps
+    on the 1600 built-in images but 96 on a 205-image dataset, too few to win back what
+    quantization took."""
+    least = stage_cfg.get("min_iters")
+    if not least or not train_images or cfg.trainer.get("limit_train_batches"):
+        return None
+    per_epoch = int(train_images) // int(cfg.trainer.batch_size)
+    return -(-int(least) // per_epoch) if per_epoch > 0 else None
 
 
 def check_pipeline(cfg: DictConfig) -> None:

@@ -1,33 +1,43 @@
 """step.min_iters: a stage trains at least that many optimizer steps, more epochs on a small
-dataset (a recipe's fine-tuning stages, conf/experiment/bccd.yaml)."""
+dataset (a recipe's fine-tuning stages, conf/experiment/bccd.yaml). The launcher counts the train
+split and every interpolation (the cosine T_max) follows the longer stage."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
+from conftest import REPO, TINY, run_cmd_env
 from mdk.errors import ConfigError
-from mdk.stage import StageSpec, lengthen, stage_config
+from mdk.stage import stage_config
 
 
-def test_lengthen_rounds_up_to_whole_epochs_and_leaves_long_stages(tiny_cfg):
-    cfg = stage_config(tiny_cfg("step.min_iters=13", "trainer.epochs=1"), "step1")
-    spec = StageSpec.from_node(cfg.step)
-    assert lengthen(cfg, spec, 6).trainer.epochs == 3          # ceil(13 / 6)
-    assert lengthen(cfg, spec, 13) is cfg                       # one epoch is enough
-    assert cfg.trainer.epochs == 1                              # a copy: cfg is not changed
-    off = stage_config(tiny_cfg("trainer.epochs=1"), "step1")
-    assert lengthen(off, StageSpec.from_node(off.step), 6) is off   # null: off
+def test_min_iters_rounds_up_to_whole_epochs_and_leaves_long_stages(tiny_cfg):
+    cfg = tiny_cfg("step.min_iters=13", "trainer.epochs=1")
+    assert stage_config(cfg, "step1", train_images=48).trainer.epochs == 3   # 6 steps an epoch
+    assert stage_config(cfg, "step1", train_images=13 * 8).trainer.epochs == 1
+    assert stage_config(cfg, "step1").trainer.epochs == 1                     # count unknown
+    assert cfg.trainer.epochs == 1                                            # not mutated
+    quick = tiny_cfg("step.min_iters=13", "trainer.epochs=1", "trainer.limit_train_batches=2")
+    assert stage_config(quick, "step1", train_images=48).trainer.epochs == 1  # a quick run
+    longer = stage_config(tiny_cfg("+stages.step2.min_iters=60"), "step2", train_images=48)
+    assert longer.trainer.epochs == 10 and longer.scheduler.T_max == 10       # was 8 x 6 = 48
 
 
-def test_a_stage_with_min_iters_runs_that_many_steps(tiny_cfg, tmp_path):
-    from mdk.engine.runner import run_stage
-
-    # 48 images / batch 8 = 6 steps per epoch: 13 steps need 3 epochs
-    res = run_stage(tiny_cfg("step.min_iters=13", "trainer.epochs=1"), tmp_path / "run")
-    assert res.iterations == 18
-    quick = run_stage(tiny_cfg("step.min_iters=13", "trainer.epochs=1",
-                               "trainer.limit_train_batches=2", f"paths.checkpoints={tmp_path}/q"),
-                      tmp_path / "q")
-    assert quick.iterations == 2     # a capped quick run keeps its length
+@pytest.mark.slow
+def test_a_command_with_min_iters_trains_that_many_steps_on_the_longer_schedule(tmp_path,
+                                                                                shared_data):
+    argv = [sys.executable, str(REPO / "run.py"), *TINY, f"paths.data={shared_data}",
+            f"paths.checkpoints={tmp_path}/ck", f"hydra.run.dir={tmp_path}/run",
+            "step.min_iters=13", "trainer.epochs=1", "dist.cpu_threads=1"]
+    p = subprocess.run(argv, cwd=REPO, env=run_cmd_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout + p.stderr
+    assert "step1: 3 epochs of 6 iterations, for step.min_iters=13 (instead of 1)" in out
+    assert "=== step1 ===  3 epochs" in out
+    assert "epoch 3/3" in out
 
 
 def test_bad_min_iters_is_one_line(tiny_cfg):

@@ -26,7 +26,7 @@ from mdk.config import validate
 from mdk.engine.result import StageResult
 from mdk.engine.runner import stage_on_rank
 from mdk.paths import register_resolvers
-from mdk.preflight import preflight
+from mdk.preflight import preflight, train_images
 from mdk.stage import StageSpec, stage_config
 from mdk.stage_config import running_stages
 from mdk.stop import StopRequested, stop_requested
@@ -85,7 +85,10 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     stages = running_stages(cfg)
     # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
     # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
-    configs = [_resolved(stage_config(cfg, s)) for s in stages]
+    # a stage's step.min_iters turns into epochs from the train split's size
+    n_train = train_images(cfg) if any(stage_config(cfg, s).step.get("min_iters")
+                                       for s in stages) else None
+    configs = [_resolved(stage_config(cfg, s, n_train)) for s in stages]
     trial = trial_hook(cfg, stages)  # a search's trial reports from its objective stage
     if trial is not None and trial[0] in stages:
         configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]

@@ -9,7 +9,6 @@ kind of stage needs no change here. It returns a mapping of ``StageResult`` fiel
 """
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -26,11 +25,9 @@ from mdk.engine.export_stage import export_best
 from mdk.engine.result import StageResult
 from mdk.engine.train import train_stage
 from mdk.eval.distributed import evaluate
-from mdk.stage import StageSpec, apply_stage, lengthen
+from mdk.stage import StageSpec, apply_stage
 from mdk.stage_checkpoint import StageCheckpointer
 from mdk.world import World, alone
-
-log = logging.getLogger(__name__)
 
 WORK: dict[str, Callable[[StageContext], Mapping[str, Any]]] = {
     "train": train_stage, "calibrate": calibrate_stage}
@@ -53,7 +50,6 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     build.seed_everything(cfg.seed + world.rank)
     model = build_model(cfg)
     train_ds, val_ds = build.build_data(cfg, model.grid, world)
-    cfg = _at_least_min_iters(cfg, spec, train_ds)
     checkpoints = StageCheckpointer(cfg, spec, world)
     start = checkpoints.start(model)
     apply_stage(model, spec, str(cfg.chip))
@@ -80,19 +76,6 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
         result.export = str(export_best(cfg, checkpoints, val_ds))
     result.time_s = round(time.perf_counter() - t_start, 1)
     return result
-
-
-def _at_least_min_iters(cfg: DictConfig, spec: StageSpec, train_ds: Any) -> DictConfig:
-    """The stage's config with enough epochs for ``step.min_iters`` optimizer steps; not with
-    ``trainer.limit_train_batches`` (a quick run or a test asks for a short stage)."""
-    if train_ds is None or cfg.trainer.limit_train_batches:
-        return cfg
-    per_epoch = len(train_ds) // int(cfg.trainer.batch_size)
-    longer = lengthen(cfg, spec, per_epoch)
-    if longer is not cfg:
-        log.info("%s: %d epochs of %d iterations, for step.min_iters=%d (instead of %d epochs)",
-                 spec.name, longer.trainer.epochs, per_epoch, spec.min_iters, cfg.trainer.epochs)
-    return longer
 
 
 def stage_on_rank(cfg: DictConfig, run_dir: Path, world: World, **kw: Any) -> dict[str, Any]:
