@@ -27,7 +27,7 @@ def test_anchor_head_chain_exports_its_head_and_the_tools_read_it(tmp_path, shar
     chip = tmp_path / "ckpt" / "step4" / "chip_model"
     meta = json.loads((chip / "chip_model.json").read_text())["meta"]
     assert meta["head"] == {"_target_": "mdk.models.heads.AnchorHead", "num_classes": 5,
-                            "anchors": [[0.3, 0.3]], "size_range": 4.0, "match_ratio": 4.0,
+                            "anchors": [[0.3, 0.3]], "size_range": 6.0, "match_ratio": 4.0,
                             "neighbours": False}
     assert json.loads((chip / "chip_model.json").read_text())["layers"][-1]["out_channels"] == 10
     fake = evaluate.evaluate_path(tmp_path / "ckpt" / "step4" / "best.pth", [*common, *ANCHORS])

@@ -60,7 +60,7 @@ def test_assignment_counts_and_order_independence():
     t = head(match_ratio=2.0, neighbours=False).encode(box, torch.tensor([1]), S, SIZE)
     pos = t.view(S, S, 3, 5 + C)[..., 4] > 0
     assert pos.sum() == 1 and pos[1, 1, 1]
-    t = head(match_ratio=2.0).encode(box, torch.tensor([1]), S, SIZE)
+    t = head(match_ratio=2.0, neighbours=True).encode(box, torch.tensor([1]), S, SIZE)
     pos = t.view(S, S, 3, 5 + C)[..., 4] > 0
     assert pos.sum() == 3 and pos[1, 1, 1] and pos[1, 2, 1] and pos[2, 1, 1]  # centre (1.81, 1.94)
     t = head(match_ratio=1.01, neighbours=False).encode(torch.tensor([[0.0, 0.0, 224.0, 224.0]]),
@@ -71,13 +71,13 @@ def test_assignment_counts_and_order_independence():
     boxes = torch.cat([xy, xy + 10 + torch.rand(30, 2, generator=g) * 40], 1)
     labels = torch.randint(0, C, (30,), generator=g)
     perm = torch.randperm(30, generator=g)
-    h = head()
+    h = head(neighbours=True)
     assert torch.equal(h.encode(boxes, labels, S, SIZE), h.encode(boxes[perm], labels[perm], S, SIZE))
 
 
 def test_sizes_are_log_coded_so_a_level_is_a_relative_step():
     """One 5-bit level of the output (1/31 at cap 1) changes a small and a large box by the same
-    factor: size_range ** (2/31), 9 % at size_range 4."""
+    factor: size_range ** (2/31), 12 % at the default size_range 6."""
     h = head(neighbours=False)
     for box, prior in (([100.0, 100.0, 113.0, 118.0], 0), ([50.0, 50.0, 126.0, 140.0], 2)):
         t = h.encode(torch.tensor([box]), torch.tensor([0]), S, SIZE).view(S, S, 3, 5 + C)
@@ -86,7 +86,7 @@ def test_sizes_are_log_coded_so_a_level_is_a_relative_step():
         t[cell[0], cell[1], prior, 2] += 1 / 31
         b = h.boxes(t.unsqueeze(0))[0, cell[0], cell[1], prior]
         ratio = (b[2] - b[0]) / (a[2] - a[0])
-        assert ratio.item() == pytest.approx(4.0 ** (2 / 31), rel=1e-4)
+        assert ratio.item() == pytest.approx(6.0 ** (2 / 31), rel=1e-4)
 
 
 def test_bad_priors_and_ranges_are_one_line():
@@ -99,7 +99,7 @@ def test_bad_priors_and_ranges_are_one_line():
 
 
 def test_loss_is_zero_for_the_target_and_split_invariant():
-    h = head()
+    h = head(neighbours=True)
     g = torch.Generator().manual_seed(1)
     targets = []
     for n in (3, 7, 1, 0):
@@ -123,10 +123,12 @@ def test_loss_is_zero_for_the_target_and_split_invariant():
 def test_ignore_rule_spares_a_good_duplicate():
     """A prior that is no object's but whose box overlaps one by more than ignore_iou gets no
     confidence target; with ignore_iou=null every such prior is pushed to 0."""
-    h = head(neighbours=False)
-    t = h.encode(torch.tensor([[40.0, 40.0, 76.0, 84.0]]), torch.tensor([1]), S, SIZE)[None]
+    h = head(neighbours=False, match_ratio=1.01)   # the object is its best prior's only
+    box = torch.tensor([[40.0, 40.0, 76.0, 84.0]])
+    t = h.encode(box, torch.tensor([1]), S, SIZE)[None]
     pred = t.clone().view(1, S, S, 3, 5 + C)
-    pred[0, 1, 1, 2, :4] = pred[0, 1, 1, 1, :4]   # prior 2 of the object's cell: nearly its box
+    alone = AnchorHead(C, PRIORS[2:]).encode(box, torch.tensor([1]), S, SIZE).view(S, S, 5 + C)
+    pred[0, 1, 1, 2, :4] = alone[1, 1, :4]        # prior 2 of the object's cell: exactly its box
     pred[..., 4] = torch.where(pred[..., 4] > 0, 1.0, 0.8)
     pred = pred.view(1, S, S, -1).permute(0, 3, 1, 2)
     spared = AnchorLoss(h, ignore_iou=0.2)(pred, t)["conf_noobj"]

@@ -92,9 +92,9 @@ class AnchorHeadConf:
     _target_: str = "mdk.models.heads.AnchorHead"
     num_classes: int = MISSING
     anchors: list[list[float]] = MISSING   # [width, height] per prior, fractions of the image
-    size_range: float = 4.0
+    size_range: float = 6.0
     match_ratio: float = 4.0
-    neighbours: bool = True
+    neighbours: bool = False
 
 
 MODEL_SCHEMAS: dict[str, type] = {"gnetdet": ModelConf}
