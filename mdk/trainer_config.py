@@ -28,6 +28,7 @@ class EMAConf:
 @dataclass
 class TrainerConf:
     epochs: int = 40
+    finetune_min_iters: Optional[int] = None  # step2-step4's min_iters (conf/step/)
     batch_size: int = 16
     limit_train_batches: Optional[int] = None
     limit_val_batches: Optional[int] = None
@@ -89,6 +90,7 @@ def check_trainer(cfg: DictConfig) -> None:
         check_min(cfg, f"trainer.{key}", lo)
     for key in ("limit_train_batches", "limit_val_batches"):
         check_min(cfg, f"trainer.{key}", 1, optional=True)
+    check_min(cfg, "trainer.finetune_min_iters", 0, optional=True)
     if get(cfg, "trainer.num_workers") != "auto":
         check_min(cfg, "trainer.num_workers", 0, optional=True)
     check_positive(cfg, "trainer.grad_clip", optional=True)

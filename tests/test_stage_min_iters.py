@@ -40,6 +40,18 @@ def test_a_command_with_min_iters_trains_that_many_steps_on_the_longer_schedule(
     assert "epoch 3/3" in out
 
 
+def test_trainer_finetune_min_iters_reaches_the_fine_tuning_stages_only(tiny_cfg):
+    cfg = tiny_cfg("trainer.finetune_min_iters=60", "trainer.epochs=2")
+    assert [stage_config(cfg, s, train_images=48).trainer.epochs
+            for s in ("step1", "step2", "step3", "step4")] == [2, 10, 10, 10]
+    cal = stage_config(cfg, "cal", train_images=48)
+    assert cal.step.get("min_iters") is None   # cal makes no optimizer steps
+
+
 def test_bad_min_iters_is_one_line(tiny_cfg):
+    from mdk.config import validate
+
     with pytest.raises(ConfigError, match=r"^step.min_iters=-1 \(step1\) must be an integer >= 0"):
         stage_config(tiny_cfg("step.min_iters=-1"), "step1")
+    with pytest.raises(ConfigError, match=r"^trainer.finetune_min_iters=-5 must be >= 0"):
+        validate(tiny_cfg("trainer.finetune_min_iters=-5"))
