@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig
 
 from mdk.errors import ConfigError
@@ -136,10 +137,28 @@ def check_stages(cfg: DictConfig, declared: list[str]) -> None:
     for s in cfg.pipeline:
         if s not in declared:
             raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {declared}")
+    typed = _typed_stages()
     for s in extra:
         if s not in declared:
             raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(declared)}")
-        if s not in running:
+        if s not in running and (typed is None or s in typed):
             raise ConfigError(f"stages.{s}.* is set but {s} does not run in this command "
                               f"(stages: {', '.join(running)}); add it to pipeline=[...] or "
                               "drop the override")
+
+
+def _typed_stages() -> Optional[set[str]]:
+    """The stages a ``stages.*`` override on the command line names (None: not known, outside a
+    running Hydra app). A recipe's ``stages:`` (conf/experiment/) holds its stages' settings
+    whether or not the command runs them; an override typed for a stage that does not run is a
+    slip, and an error."""
+    if not HydraConfig.initialized():
+        return None
+    names: set[str] = set()
+    for o in HydraConfig.get().overrides.task:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "stages":
+            return None
+        if key.startswith("stages."):
+            names.add(key.split(".")[1])
+    return names
