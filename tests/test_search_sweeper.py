@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import StageResults
 from launchers.hydra_app.optuna_space import search_space
-from launchers.hydra_app.optuna_study import (claim_sweep_dir, directions, make_pruner, open_storage, storage_url,
+from launchers.hydra_app.optuna_study import (claim_sweep_dir, directions, group_node, make_pruner, open_storage, storage_url,
                                               write_best)
 from launchers.hydra_app.optuna_sweeper import SearchConfigError, SearchFailedError, SearchSweeper
 from mdk.engine.result import StageResult
@@ -90,6 +90,13 @@ def test_the_studys_own_config_errors_name_the_key():
         make_pruner(OmegaConf.create({"_target_": "optuna.samplers.TPESampler"}))
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner: Number of startup trials cannot be negative, "):
         make_pruner(OmegaConf.create({"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": -1}))
+    # a value where the group is meant (hydra.sweeper.pruner=median): how to choose one
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner='median' is a value where a "
+                                          r"config is meant; choose one with "
+                                          r"hydra/sweeper/pruner=median \(one of: hyperband, median"):
+        make_pruner("median")
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.sampler='tpe' .* hydra/sweeper/sampler=tpe"):
+        group_node("tpe", "sampler")
 
 
 def test_a_sweep_dir_of_another_study_and_a_study_of_other_directions_are_refused(tmp_path):

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from launchers.reports.sweep_results import RESULT
 from mdk.atomic_file import write_json
+from mdk.compose import CONF_DIR
 from mdk.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,22 @@ def directions(direction: Any) -> list[str]:
     return [str(d) for d in dirs]
 
 
+def group_node(node: Any, key: str) -> Any:
+    """``hydra.sweeper.<key>`` must be a node (a config of the group ``hydra/sweeper/<key>``); a
+    plain value there (``hydra.sweeper.pruner=median``) is one line saying how to choose one."""
+    if node is None or OmegaConf.is_dict(node) or isinstance(node, dict):
+        return node
+    options = ", ".join(sorted(p.stem for p in (CONF_DIR / "hydra" / "sweeper" / key).glob("*.yaml")))
+    raise ConfigError(f"hydra.sweeper.{key}={node!r} is a value where a config is meant; choose "
+                      f"one with hydra/sweeper/{key}={node} (one of: {options}), and set its "
+                      f"arguments as hydra.sweeper.{key}.<name>=...")
+
+
 def make_pruner(node: Any) -> Any:
     """``hydra.sweeper.pruner`` (a node with Optuna's ``_target_`` and arguments) as a pruner."""
     import optuna  # optuna: only in a search (see top)
 
+    node = group_node(node, "pruner")
     if node is None or not node.get("_target_"):
         return optuna.pruners.NopPruner()
     try:

@@ -37,9 +37,9 @@ from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import PRUNED, StageResults
 from launchers.hydra_app.optuna_space import SearchSpace, search_space, value_text
 from launchers.hydra_app.optuna_study import (JOB_DIR, claim_sweep_dir, directions, fail_stale_trials,
-                                              finished, instantiate_error, make_pruner, open_storage,
-                                              record_in_job, storage_url, trial_by_number,
-                                              write_best)
+                                              finished, group_node, instantiate_error, make_pruner,
+                                              open_storage, record_in_job, storage_url,
+                                              trial_by_number, write_best)
 from launchers.reports.stop_line import SEARCH_RERUN
 from launchers.reports.sweep_results import RESULT
 from mdk.errors import ConfigError
@@ -135,7 +135,7 @@ class SearchSweeper(Sweeper):
             write_best(study, sweep_dir / "optimization_results.yaml", dirs)
 
     def _sampler(self, space: SearchSpace, trials_before: int = 0) -> Any:
-        node = self.sampler_node
+        node = group_node(self.sampler_node, "sampler")
         if node is None or not node.get("_target_"):
             return None  # Optuna's default (TPE; NSGA-II for several objectives)
         extra: dict[str, Any] = {}
