@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from mdk.errors import ConfigError
 
@@ -137,7 +137,7 @@ def check_stages(cfg: DictConfig, declared: list[str]) -> None:
     for s in cfg.pipeline:
         if s not in declared:
             raise ConfigError(f"pipeline entry {s!r} is not a stage; use some of {declared}")
-    typed = _typed_stages()
+    typed = _typed_stages(cfg)
     for s in extra:
         if s not in declared:
             raise ConfigError(f"stages.{s} is not a stage; use one of {', '.join(declared)}")
@@ -147,15 +147,18 @@ def check_stages(cfg: DictConfig, declared: list[str]) -> None:
                               "drop the override")
 
 
-def _typed_stages() -> Optional[set[str]]:
-    """The stages a ``stages.*`` override on the command line names (None: not known, outside a
-    running Hydra app). A recipe's ``stages:`` (conf/experiment/) holds its stages' settings
-    whether or not the command runs them; an override typed for a stage that does not run is a
-    slip, and an error."""
-    if not HydraConfig.initialized():
+def _typed_stages(cfg: DictConfig) -> Optional[set[str]]:
+    """The stages a ``stages.*`` override on the command line names (None: not known: no
+    ``hydra`` node and outside a running Hydra app). A recipe's ``stages:`` (conf/experiment/)
+    holds its stages' settings whether or not the command runs them; an override typed for a
+    stage that does not run is a slip, and an error."""
+    task = OmegaConf.select(cfg, "hydra.overrides.task")  # a sweep job's own config
+    if task is None and HydraConfig.initialized():
+        task = HydraConfig.get().overrides.task
+    if task is None:
         return None
     names: set[str] = set()
-    for o in HydraConfig.get().overrides.task:
+    for o in task:
         key = o.split("=", 1)[0].lstrip("+~")
         if key == "stages":
             return None

@@ -52,3 +52,8 @@ def test_a_recipe_runs_step1_alone_but_a_typed_override_for_a_stage_left_out_is_
     p = run("+stages.step3.epochs=2")
     assert p.returncode == 1
     assert "config error: stages.step3.* is set but step3 does not run in this command" in p.stderr
+    # a sweep checks each job the same way before it starts any (launchers/hydra_app/sweep_check.py)
+    p = run("-m", f"hydra.sweep.dir={tmp_path}/sweep", "seed=0,1", "trainer.limit_train_batches=1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = run("-m", f"hydra.sweep.dir={tmp_path}/sweep2", "seed=0,1", "+stages.step3.epochs=2")
+    assert p.returncode == 1 and "stages.step3.* is set but step3 does not run" in p.stderr
