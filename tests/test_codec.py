@@ -108,3 +108,16 @@ def test_decode_max_det_batch_and_clipping():
     assert out[2]["labels"].tolist() == [1]
     with pytest.raises(ValueError, match="expected"):
         decode(torch.zeros(1, 10, S, S), SIZE, boxes_per_cell=B)
+
+
+def test_scores_are_in_zero_to_one_when_outputs_overshoot():
+    """A linear output regressed to 0/1 overshoots; each factor is clamped, so a score is 0..1
+    and an overshooting detection ranks with a sure one, not above it."""
+    p = torch.zeros(1, 5 * B + C, S, S)
+    p[0, 0:5, 1, 1] = torch.tensor([0.5, 0.5, 0.2, 0.2, 1.6])   # conf 1.6
+    p[0, 5 * B + 2, 1, 1] = 1.3                                  # class score 1.3
+    p[0, 0:5, 3, 3] = torch.tensor([0.5, 0.5, 0.2, 0.2, 0.5])
+    p[0, 5 * B + 1, 3, 3] = 0.8
+    det = decode(p, SIZE, boxes_per_cell=B)[0]
+    assert det["scores"].tolist() == pytest.approx([1.0, 0.4])
+    assert det["labels"].tolist() == [2, 1]
