@@ -42,14 +42,18 @@ def test_a_recipe_runs_step1_alone_but_a_typed_override_for_a_stage_left_out_is_
     base = [sys.executable, str(REPO / "run.py"), "experiment=bccd", f"dataset.root={root}",
             f"dataset.class_names=[{','.join(names)}]", f"dataset.num_classes={len(names)}",
             *[o for o in TINY if not o.startswith("dataset.generate")], "trainer.epochs=1",
-            f"paths.data={tmp_path}/data", f"paths.checkpoints={tmp_path}/ck",
-            f"hydra.run.dir={tmp_path}/run", "pipeline=[step1]", "dist.cpu_threads=1"]
-    run = lambda *extra: subprocess.run([*base, *extra], cwd=REPO, env=run_cmd_env(),  # noqa: E731
-                                        capture_output=True, text=True, timeout=600)
-    p = run()
+            f"paths.data={tmp_path}/data", f"hydra.run.dir={tmp_path}/run", "pipeline=[step1]",
+            "dist.cpu_threads=1"]
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        flags = [e for e in extra if e.startswith("-") and "=" not in e]   # before overrides
+        args = [*base[:2], *flags, *base[2:], *[e for e in extra if e not in flags]]
+        return subprocess.run(args, cwd=REPO, env=run_cmd_env(), capture_output=True, text=True,
+                              timeout=600)
+
+    p = run(f"paths.checkpoints={tmp_path}/ck")
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "ck" / "step1" / "best.pth").is_file()
-    p = run("+stages.step3.epochs=2")
+    p = run(f"paths.checkpoints={tmp_path}/ck", "+stages.step3.epochs=2")
     assert p.returncode == 1
     assert "config error: stages.step3.* is set but step3 does not run in this command" in p.stderr
     # a sweep checks each job the same way before it starts any (launchers/hydra_app/sweep_check.py)
