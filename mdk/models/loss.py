@@ -11,10 +11,9 @@ lambda_noobj * conf_noobj + lambda_cls * cls``; defaults 5, 1, 0.5, 1 (YOLOv1's)
 ``ignore_iou`` (default 0.5, YOLOv3's ignore threshold): the box slot of an object cell that is
 not responsible gets no confidence target when its box already overlaps the object by more than
 this IoU. Without it (``null``, YOLOv1) the two slots of a cell that predict the same box are
-told "1" and "0" by turns as the responsibility flips between them, and their confidences
-settle at ~0.5: on the default run of the time (gnetdet_small then had two slots; it has one
-now) one seed in three spent its whole run there (``conf_obj``
-and ``conf_noobj`` flat at ~0.25 from epoch 3 on, val mAP 0.858 against 0.893 and 0.897).
+told "1" and "0" by turns as the responsibility flips between them, and their confidences can
+settle at ~0.5 for a whole run (docs/experiments.md, second round). With one box per cell
+(gnetdet_small) no other slot exists and it has nothing to act on.
 """
 from __future__ import annotations
 
