@@ -68,10 +68,11 @@ _APP_DEFAULT = object()
 
 
 def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
-            config_dir: Optional[Path] = None) -> DictConfig:
+            config_dir: Optional[Path] = None, hydra_config: bool = False) -> DictConfig:
     """``conf/`` (or ``config_dir``) composed with ``overrides`` (Hydra override syntax);
     Hydra's own errors (an unknown key or option, a wrong type) become ConfigError with one
-    line naming the key. ``config_name=None`` composes groups without a primary config."""
+    line naming the key. ``config_name=None`` composes groups without a primary config;
+    ``hydra_config=True`` keeps the ``hydra`` node (a tool's run dir: ``hydra.run.dir``)."""
     over = list(overrides)
     sp, app_config = _app()
     if config_name is _APP_DEFAULT:
@@ -80,7 +81,7 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
         over.append("hydra.searchpath=[" + ",".join(sp) + "]")
     with _hydra_context(config_dir):
         try:
-            return hydra_compose(config_name, overrides=over)
+            return hydra_compose(config_name, overrides=over, return_hydra_config=hydra_config)
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(one_line(e)) from None
 

@@ -60,6 +60,17 @@ def test_the_tool_plans_within_the_budget_and_prints_the_override(step1_done, ca
                                             for m in doc["major_layers"]))
 
 
+def test_without_out_the_plan_lands_in_the_run_dir(step1_done, tmp_path, monkeypatch, capsys):
+    """Like the quantization report: into hydra.run.dir, not the current directory."""
+    tmp, overrides = step1_done
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "plan"
+    assert tool.main(["budget_kb=current", "images=8", f"hydra.run.dir={run}", *overrides]) == 0
+    assert json.loads((run / "plan_bits.json").read_text())["mask_bits"]
+    assert not (tmp_path / "plan_bits.json").exists()
+    assert f"written: {run / 'plan_bits.json'}" in capsys.readouterr().out
+
+
 def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
     tmp, overrides = step1_done
     loaded = load_checkpoint_model(tmp / "ck" / "step1" / "best.pth", overrides)

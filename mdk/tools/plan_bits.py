@@ -12,7 +12,8 @@ model's widths today. Prints the costs, the plan and the override to train with,
 
     python run.py 'pipeline=[step2,cal,step3,step4]' 'model.net.mask_bits=[8,8,3,...]'
 
-and writes them to ``out`` (default ``plan_bits.json``). Tool keys: ``budget_kb`` (required),
+and writes them to ``out`` (default: ``plan_bits.json`` in the run dir, Hydra's ``hydra.run.dir``
+as for ``python run.py``, printed at the end). Tool keys: ``budget_kb`` (required),
 ``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost),
 ``out``; every other argument is a config override.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mdk.atomic_file import write_json
+from mdk.compose import compose
 from mdk.errors import error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
@@ -37,7 +39,7 @@ from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoin
 
 log = logging.getLogger(__name__)
 
-TOOL_KEYS = {"budget_kb": None, "images": "200", "by": "loss", "out": "plan_bits.json"}
+TOOL_KEYS = {"budget_kb": None, "images": "200", "by": "loss", "out": None}
 KIB = 8192  # bits
 
 
@@ -122,6 +124,11 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_dir(overrides: Sequence[str]) -> Path:
+    """The run dir ``python run.py`` would use with ``overrides`` (``hydra.run.dir``)."""
+    return Path(str(compose(list(overrides), hydra_config=True).hydra.run.dir))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
@@ -149,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(line, file=sys.stderr)
         return 1
-    out = write_json(keys["out"], doc, indent=2)
+    out = write_json(keys["out"] or run_dir(overrides) / "plan_bits.json", doc, indent=2)
     print(table(doc))
     print(f"written: {out}")
     return 0
