@@ -60,6 +60,16 @@ def test_the_tool_plans_within_the_budget_and_prints_the_override(step1_done, ca
                                             for m in doc["major_layers"]))
 
 
+def test_a_fraction_budget_is_that_fraction_of_the_current_widths_memory(step1_done, tmp_path):
+    tmp, overrides = step1_done
+    current, half = tmp_path / "current.json", tmp_path / "half.json"
+    assert tool.main(["budget_kb=current", "images=8", f"out={current}", *overrides]) == 0
+    assert tool.main(["budget=0.5", "images=8", f"out={half}", *overrides]) == 0
+    full, doc = json.loads(current.read_text()), json.loads(half.read_text())
+    assert doc["budget_bits"] == int(0.5 * full["budget_bits"])
+    assert doc["memory_bits"] <= doc["budget_bits"] < full["memory_bits"]
+
+
 def test_without_out_the_plan_lands_in_the_run_dir(step1_done, tmp_path, monkeypatch, capsys):
     """Like the quantization report: into hydra.run.dir, not the current directory."""
     tmp, overrides = step1_done
@@ -98,7 +108,10 @@ def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
 
 
 @pytest.mark.parametrize("args,line", [
-    (["images=8"], "budget_kb=<KiB> is required"),
+    (["images=8"], "give one of budget_kb=<KiB>"),
+    (["budget_kb=10", "budget=0.5"], "give one of budget_kb=<KiB>"),
+    (["budget=-1"], "budget='-1' must be a fraction > 0 of the memory today's widths take"),
+    (["budget=0.001"], "budget=0.001: "),
     (["budget_kb=0.01"], "is below the narrowest plan's"),
     (["budget_kb=lots"], "budget_kb='lots' must be a number of KiB or 'current'"),
     (["budget_kb=10", "by=speed"], "by='speed': measure the cost by one of loss, map"),

@@ -2,18 +2,19 @@
 
     python -m mdk.tools.plan_bits budget_kb=900 [overrides]
     python -m mdk.tools.plan_bits budget_kb=current images=400 by=map out=plans/small.json
+    python -m mdk.tools.plan_bits budget=0.75          # 75 % of the memory today's widths take
 
 Reads the float stage's best.pth under ``paths.checkpoints`` (step1; the same composition as
 ``python run.py``), measures what each chip width costs each major layer (only that major layer's
 weights quantized, on the first ``images`` val images: mdk/insight/bit_sensitivity.py), and picks
 the widths of least summed cost whose coefficients fit ``budget_kb`` KiB (exact: dynamic
 programming over memory, mdk/quant/bit_plan.py). ``budget_kb=current`` is the memory of the
-model's widths today. Prints the costs, the plan and the override to train with, e.g.
+model's widths today, ``budget=F`` instead of ``budget_kb`` the fraction F of it. Prints the costs, the plan and the override to train with, e.g.
 
     python run.py 'pipeline=[step2,cal,step3,step4]' 'model.net.mask_bits=[8,8,3,...]'
 
 and writes them to ``out`` (default: ``plan_bits.json`` in the run dir, Hydra's ``hydra.run.dir``
-as for ``python run.py``, printed at the end). Tool keys: ``budget_kb`` (required),
+as for ``python run.py``, printed at the end). Tool keys: ``budget_kb`` or ``budget`` (one of them),
 ``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost),
 ``out``; every other argument is a config override.
 """
@@ -39,7 +40,7 @@ from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoin
 
 log = logging.getLogger(__name__)
 
-TOOL_KEYS = {"budget_kb": None, "images": "200", "by": "loss", "out": None}
+TOOL_KEYS = {"budget_kb": None, "budget": None, "images": "200", "by": "loss", "out": None}
 KIB = 8192  # bits
 
 
@@ -52,9 +53,10 @@ def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
             keys[name] = value
         else:
             overrides.append(a)
-    if keys["budget_kb"] is None:
-        raise ToolError("budget_kb=<KiB> is required: the coefficient memory the plan may use "
-                        "(budget_kb=current: what the model's widths take today)")
+    if (keys["budget_kb"] is None) == (keys["budget"] is None):
+        raise ToolError("give one of budget_kb=<KiB> (the coefficient memory the plan may use; "
+                        "budget_kb=current: what the model's widths take today) or budget=<fraction "
+                        "of what today's widths take>, e.g. budget=0.75")
     if keys["by"] not in BY:
         raise ToolError(f"by={keys['by']!r}: measure the cost by one of {', '.join(BY)}")
     if not keys["images"].isdigit() or int(keys["images"]) < 1:
@@ -75,8 +77,19 @@ def float_checkpoint(cfg: Any) -> Path:
                     f"run.py step={floats[0] if floats else '...'} with the same overrides")
 
 
-def budget_bits(value: str, loaded: Loaded) -> int:
+def budget_bits(keys: dict[str, str], loaded: Loaded) -> int:
+    """The budget in bits: ``budget_kb`` KiB, or ``budget`` times today's widths' memory."""
     bits = [int(layer.mask_bits) for layer in chip_layers(loaded.model)]
+    if keys["budget"] is not None:
+        try:
+            fraction = float(keys["budget"])
+        except ValueError:
+            fraction = float("nan")
+        if not fraction > 0:
+            raise ToolError(f"budget={keys['budget']!r} must be a fraction > 0 of the memory "
+                            "today's widths take (budget=0.75: three quarters of it)")
+        return int(fraction * memory_of(loaded.model, bits))
+    value = keys["budget_kb"]
     if value == "current":
         return memory_of(loaded.model, bits)
     try:
@@ -136,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         path = float_checkpoint(compose_config(overrides))
         loaded = load_checkpoint_model(path, overrides)
         chip = str(loaded.cfg.chip)
-        budget = budget_bits(keys["budget_kb"], loaded)
+        budget = budget_bits(keys, loaded)
         apply_mode(loaded.model, QuantMode(fold_bn=True), chip, "plan_bits")  # the chip has no BN
         _, val = build_data(loaded.cfg, loaded.model.grid, train=False)  # scored ~19 times: cached
         data = EvalSet.from_config(loaded.cfg, val, loaded.device, images=int(keys["images"]))
@@ -144,7 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             plan = plan_bits(costs.major(loaded.model), budget)
         except ValueError as e:
-            raise ToolError(f"budget_kb={keys['budget_kb']}: {e}") from None
+            given = "budget_kb" if keys["budget"] is None else "budget"
+            raise ToolError(f"{given}={keys[given]}: {e}") from None
         doc = report(costs, plan, chip_widths(chip), loaded, budget,
                      {"checkpoint": str(path), "chip": chip, "images": data.images})
     except ToolError as e:
