@@ -105,11 +105,17 @@ def check_trainer(cfg: DictConfig) -> None:
                           "supported (the checkpointed slices do not compile); choose one")
     ema = cfg.trainer.get("ema")
     if ema is not None and ema.enabled:
-        if not 0 < float(ema.decay) < 1:
-            raise ConfigError(f"trainer.ema.decay={ema.decay} must be in (0, 1), e.g. 0.9999")
-        if float(ema.tau) < 0:
-            raise ConfigError(f"trainer.ema.tau={ema.tau} must be >= 0 (0: constant decay)")
-        check_one_of(cfg, "trainer.ema.dtype", EMA_DTYPES)
+        check_ema(ema.decay, ema.tau, ema.dtype)
+
+
+def check_ema(decay: Any, tau: Any, dtype: Any) -> None:
+    """``trainer.ema``'s values: the one check, for the config and for mdk/engine/ema.py."""
+    if not 0 < float(decay) < 1:
+        raise ConfigError(f"trainer.ema.decay={decay} must be in (0, 1), e.g. 0.9999")
+    if float(tau) < 0:
+        raise ConfigError(f"trainer.ema.tau={tau} must be >= 0 (0: constant decay)")
+    if str(dtype) not in EMA_DTYPES:
+        raise ConfigError(f"trainer.ema.dtype={dtype!r} must be one of {', '.join(EMA_DTYPES)}")
 
 
 def check_optim(cfg: DictConfig) -> None:

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import TINY, compose
 from mdk.engine.ema import EMAHook, ModelEMA, ema_from_config, unwrap
 from mdk.engine.loop import HookBase, Trainer
+from mdk.errors import ConfigError
+from mdk.trainer_config import check_trainer
 
 
 def tiny_net(seed: int = 0) -> nn.Module:
@@ -151,8 +154,24 @@ def test_structure_change_and_bad_settings_are_named():
         ModelEMA(nn.Linear(2, 2)).load_state_dict(ema.state_dict())
 
 
+@pytest.mark.parametrize("key,value,line", [
+    ("decay", "1.0", "trainer.ema.decay=1.0 must be in (0, 1), e.g. 0.9999"),
+    ("decay", "0.0", "trainer.ema.decay=0.0 must be in (0, 1), e.g. 0.9999"),
+    ("tau", "-1", "trainer.ema.tau=-1.0 must be >= 0 (0: constant decay)"),
+    ("dtype", "half", "trainer.ema.dtype='half' must be one of float32, float64"),
+])
+def test_the_config_and_the_class_give_the_same_line(key, value, line):
+    """One check of trainer.ema's values (mdk/trainer_config.py), whoever meets a bad one first."""
+    cfg = compose(["trainer.ema.enabled=true"])
+    OmegaConf.update(cfg, f"trainer.ema.{key}", float(value) if key != "dtype" else value)
+    with pytest.raises(ConfigError) as from_config:
+        check_trainer(cfg)
+    with pytest.raises(ConfigError) as from_class:
+        ema_from_config(cfg.trainer.ema, tiny_net())
+    assert str(from_config.value) == str(from_class.value) == line
+
+
 def test_built_from_the_trainer_ema_node():
-    from omegaconf import OmegaConf
 
     net = tiny_net()
     assert ema_from_config(None, net) is None

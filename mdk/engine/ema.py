@@ -50,6 +50,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from mdk.engine.loop import HookBase
+from mdk.trainer_config import check_ema
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,7 @@ class ModelEMA:
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0,
                  dtype: torch.dtype = torch.float32) -> None:
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"trainer.ema.decay={decay} must be in [0, 1)")
-        if tau < 0:
-            raise ValueError(f"trainer.ema.tau={tau} must be >= 0 (0: no warm-up)")
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"trainer.ema.dtype={dtype} must be float32 or float64")
+        check_ema(decay, tau, str(dtype).removeprefix("torch."))
         self.decay, self.tau, self.dtype = float(decay), float(tau), dtype
         self.updates = 0
         m = unwrap(model)
@@ -177,12 +173,10 @@ def ema_from_config(node: Any, model: nn.Module) -> Optional[ModelEMA]:
     absent or ``enabled`` is false."""
     if node is None or not node.get("enabled", False):
         return None
-    dtypes = {"float32": torch.float32, "float64": torch.float64}
+    decay, tau = float(node.get("decay", 0.9999)), float(node.get("tau", 2000.0))
     name = str(node.get("dtype", "float32"))
-    if name not in dtypes:
-        raise ValueError(f"trainer.ema.dtype={name!r} must be float32 or float64")
-    return ModelEMA(model, decay=float(node.get("decay", 0.9999)),
-                    tau=float(node.get("tau", 2000.0)), dtype=dtypes[name])
+    check_ema(decay, tau, name)
+    return ModelEMA(model, decay=decay, tau=tau, dtype=getattr(torch, name))
 
 
 class EMAHook(HookBase):
