@@ -172,7 +172,6 @@ def test_the_config_and_the_class_give_the_same_line(key, value, line):
 
 
 def test_built_from_the_trainer_ema_node():
-
     net = tiny_net()
     assert ema_from_config(None, net) is None
     assert ema_from_config(OmegaConf.create({"enabled": False, "decay": 0.9}), net) is None
