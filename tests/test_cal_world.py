@@ -12,7 +12,7 @@ from launchers.processes.spawn import run_ranks
 from mdk.config import validate
 from mdk.engine.runner import run_stage, stage_on_rank
 from mdk.errors import ConfigError
-from mdk.quant.calibrate import rank_share
+from mdk.quant.calibrate import CapObserver, rank_share
 from mdk.stage import stage_config
 from test_ddp_helpers import tiny_cfg
 
@@ -72,3 +72,7 @@ def test_a_bad_calibration_value_is_one_config_error_before_anything_runs(tmp_pa
         with pytest.raises(ConfigError) as e:
             validate(tiny_cfg(tmp_path, *cmd))
         assert f"step.calibration.{key}=" in str(e.value) and "(cal)" in str(e.value)
+    # the observers check with the same code: the same line, without the stage
+    with pytest.raises(ConfigError) as direct:
+        CapObserver(**{key: value if key == "method" else int(value)})
+    assert str(direct.value) == str(e.value).replace(" (cal)", "")

@@ -44,11 +44,10 @@ from mdk.atomic_file import write_json
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
-from mdk.stage_config import CALIBRATION_METHODS as METHODS
+from mdk.stage_config import MAX_VALUES as DEFAULT_MAX_VALUES, check_calibration_values
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_VALUES = 1 << 20
 
 
 def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, list[int]]:
@@ -86,12 +85,7 @@ class CapObserver:
     def __init__(self, method: str = "percentile", percentile: float = 99.0,
                  mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
                  rank: int = 0, world: int = 1) -> None:
-        if method not in METHODS:
-            raise ValueError(f"calibration method={method!r} is unknown; use one of {METHODS}")
-        if not 0 < float(percentile) <= 100:
-            raise ValueError(f"calibration percentile={percentile} must be in (0, 100]")
-        if max_values is not None and max_values < 1:
-            raise ValueError(f"calibration max_values={max_values} must be >= 1 or null (all)")
+        check_calibration_values(method, percentile, max_values)
         self.method, self.percentile, self.mse_candidates = method, float(percentile), mse_candidates
         self.max_values = max_values
         self.rank, self.world = rank, world  # this process's slice of each global batch
