@@ -41,15 +41,20 @@ def check_dist_url(url: str) -> None:
                           "(e.g. dist.dist_url=10.0.0.1:29500), or auto on one machine")
 
 
+def check_batch_divides(batch: int, world: int, where: str = "the world size") -> None:
+    """The global batch splits evenly over the processes (the config check and the sampler's)."""
+    if batch % world:
+        raise ConfigError(f"trainer.batch_size={batch} is the global batch and must divide by "
+                          f"{where}={world}")
+
+
 def check_world(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     """The checks that depend on the world size: the real one when the launcher knows it (torchrun
     or SLURM decide it, not ``dist.gpus * dist.nodes``), else the configured one."""
     world = int(world_size or cfg.dist.gpus * cfg.dist.nodes)
     where = ("the world size dist.gpus*dist.nodes" if world_size is None
              else "the world size (processes started by the launcher)")
-    if cfg.trainer.batch_size % world:
-        raise ConfigError(f"trainer.batch_size={cfg.trainer.batch_size} is the global batch and "
-                          f"must divide by {where}={world}")
+    check_batch_divides(int(cfg.trainer.batch_size), world, where)
     chunk = cfg.dist.get("exact_chunk")
     if chunk is not None and (cfg.trainer.batch_size // world) % chunk:
         raise ConfigError(

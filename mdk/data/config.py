@@ -102,10 +102,7 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
     nw = d.get("num_workers", 0)
     if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
         raise DataError(f"dataset.num_workers={nw!r} must be an integer >= 0 or auto")
-    if d.get("on_bad_image", "error") not in POLICIES:
-        raise DataError(f"dataset.on_bad_image={d['on_bad_image']!r} must be one of "
-                        f"{list(POLICIES)} (error: stop naming the file; skip: leave bad images "
-                        "out of the index and list them in the log)")
+    check_bad_image_policy(d.get("on_bad_image", "error"))
     return d
 
 
@@ -132,3 +129,11 @@ def check_augmentation(a: Mapping[str, Any]) -> None:
             or not 0 < scale[0] <= scale[1]):
         raise ConfigError(f"dataset.augmentation.scale={scale!r} must be [low, high] with "
                           "0 < low <= high, e.g. [0.8, 1.2]")
+
+
+def check_bad_image_policy(policy: Any) -> None:
+    """``dataset.on_bad_image``: the config check's and the dataset's (mdk/data/image_check.py)."""
+    if policy not in POLICIES:
+        raise DataError(f"dataset.on_bad_image={policy!r} must be one of {list(POLICIES)} "
+                        "(error: stop naming the file; skip: leave bad images out of the index "
+                        "and list them in the log)")

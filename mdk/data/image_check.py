@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 from PIL import Image
 
 from mdk.atomic_file import write_json
-from mdk.data.config import POLICIES
+from mdk.data.config import check_bad_image_policy
 from mdk.errors import DataError
 from mdk.progress import bars_on, progress_bar
 
@@ -148,8 +148,7 @@ def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], po
                            total: int) -> set[str]:
     """``error``: raise DataError naming the first bad file. ``skip``: log every bad file once
     and return the relative paths to leave out of the index."""
-    if policy not in POLICIES:
-        raise DataError(f"dataset.on_bad_image={policy!r} must be one of {list(POLICIES)}")
+    check_bad_image_policy(policy)
     if not bad:
         return set()
     if policy == "error":

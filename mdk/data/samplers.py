@@ -14,16 +14,14 @@ from typing import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from mdk.dist_config import check_batch_divides
 from mdk.errors import DataError
-from mdk.errors import ConfigError
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
     def __init__(self, num_samples: int, global_batch: int, rank: int, world: int, seed: int,
                  shuffle: bool = True, limit_batches: int | None = None) -> None:
-        if global_batch % world:
-            raise ConfigError(f"trainer.batch_size={global_batch} is not divisible by the world "
-                             f"size {world}; choose a batch size that is a multiple of {world}")
+        check_batch_divides(global_batch, world)
         self.n, self.B, self.rank, self.world = num_samples, global_batch, rank, world
         self.local = global_batch // world
         self.seed, self.shuffle = seed, shuffle
