@@ -33,12 +33,18 @@ SCHEMAS: dict[str, type] = {"dist": DistConf}
 
 
 def check_dist_url(url: str) -> None:
-    if url == "auto":
-        return
-    host, sep, port = url.removeprefix("tcp://").rpartition(":")
+    if url != "auto":
+        parse_dist_url(url)
+
+
+def parse_dist_url(url: str) -> tuple[str, int]:
+    """``host:port`` (optionally ``tcp://host:port``) -> (host, port): the one parser of
+    ``dist.dist_url``, for the config check and the rendezvous."""
+    host, sep, port = str(url).removeprefix("tcp://").rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"dist.dist_url={url!r} must be host:port with a port in 1..65535 "
                           "(e.g. dist.dist_url=10.0.0.1:29500), or auto on one machine")
+    return host, int(port)
 
 
 def check_batch_divides(batch: int, world: int, where: str = "the world size") -> None:

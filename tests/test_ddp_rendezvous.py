@@ -11,8 +11,10 @@ import torch
 
 from launchers.processes import spawn
 from launchers.processes.join import join_external
-from launchers.processes.rendezvous import RendezvousError, check_in, connect, host_store, parse_url
+from launchers.processes.rendezvous import RendezvousError, check_in, connect, host_store
 from mdk.data.samplers import GlobalBatchSampler
+from mdk.dist_config import check_dist_url, parse_dist_url
+from mdk.errors import ConfigError
 
 
 def _closed_port() -> int:
@@ -88,8 +90,13 @@ def test_two_runs_at_once_get_different_ports():
 
 @pytest.mark.parametrize("url", ["localhost", "10.0.0.1:", "h:99999", "h:port"])
 def test_bad_dist_url_names_the_key(url):
-    with pytest.raises(RendezvousError, match="dist.dist_url"):
-        parse_url(url)
+    """One parser for the config check and the rendezvous: the same line from both."""
+    with pytest.raises(ConfigError, match="dist.dist_url") as parsed:
+        parse_dist_url(url)
+    with pytest.raises(ConfigError) as checked:
+        check_dist_url(url)
+    assert str(parsed.value) == str(checked.value)
+    assert parse_dist_url("tcp://10.0.0.1:29500") == ("10.0.0.1", 29500)
 
 
 def test_small_dev_shm_warns_with_the_fix(monkeypatch, caplog, tmp_path):

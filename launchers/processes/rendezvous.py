@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch.distributed as tdist
 
+from mdk.dist_config import parse_dist_url
 from mdk.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -37,16 +38,6 @@ class RendezvousError(UserError, RuntimeError):
     """The ranks of a run could not meet; the message says where and what to check."""
 
     label = "distributed setup error"
-
-
-def parse_url(url: str) -> tuple[str, int]:
-    """``host:port`` (optionally ``tcp://host:port``) -> (host, port); a clear error otherwise."""
-    u = str(url).removeprefix("tcp://")
-    host, sep, port = u.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise RendezvousError(f"dist.dist_url={url!r} is not host:port (e.g. "
-                              "dist.dist_url=10.0.0.1:29500, or auto on one machine)")
-    return host, int(port)
 
 
 def port_is_free(port: int, host: str = "") -> bool:
@@ -67,7 +58,7 @@ def host_store(url: str, nodes: int, timeout_s: float) -> tuple[tdist.TCPStore, 
     if str(url) == "auto":
         host, port = "127.0.0.1", 0
     else:
-        host, port = parse_url(url)
+        host, port = parse_dist_url(url)
         if nodes == 1 and not port_is_free(port):
             log.warning("dist.dist_url=%s: port %d is in use; using a free port instead (one "
                         "machine, so nobody else needs to know it)", url, port)

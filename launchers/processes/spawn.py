@@ -31,9 +31,10 @@ from launchers.processes.env import ProcessEnv, detect, leave_process
 from launchers.processes.join import StageFn, join_external
 from launchers.processes.rank_ends import lost_peer, ranks_outcome, record_failure, record_stop
 from launchers.processes.rank_logs import remove_rank_file_handler, setup_worker_logging
-from launchers.processes.rendezvous import connect, host_store, init_group, parse_url
+from launchers.processes.rendezvous import connect, host_store, init_group
 from launchers.processes.stop_signals import (forwarding_to, hold_stop_signals, received,
                                               signals_held, stop_signals)
+from mdk.dist_config import parse_dist_url
 from mdk.engine.build import die_with_parent
 from mdk.stop import StopRequested
 from mdk.world import World, backend_for, check_local_size, make_world, single_process
@@ -174,7 +175,7 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     if cfg.dist.rank == 0:  # machine 0 hosts the rendezvous for the whole run
         store, addr, port = host_store(str(cfg.dist.dist_url), int(cfg.dist.nodes), timeout)
     else:
-        addr, port = parse_url(str(cfg.dist.dist_url))
+        addr, port = parse_dist_url(str(cfg.dist.dist_url))
         connect(addr, port, timeout)  # fail here, once, with the address, not in every worker
     if cfg.dist.gpus == 1:  # one rank on this machine: this process is it (no spawn)
         return _run_inline(cfg, run_dir, fn, addr, port, store)
