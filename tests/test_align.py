@@ -6,7 +6,7 @@ import torch
 
 from mdk.tools import ckpt_diff
 from launchers.align import alignment_config, compose_config, run_alignment
-from test_ddp_helpers import TINY
+from helpers.ddp import TINY
 
 
 def _tiny(tmp_path, *extra):

@@ -14,7 +14,7 @@ from mdk.engine.runner import run_stage, stage_on_rank
 from mdk.errors import ConfigError
 from mdk.quant.calibrate import CapObserver, rank_share
 from mdk.stage import stage_config
-from test_ddp_helpers import tiny_cfg
+from helpers.ddp import tiny_cfg
 
 # (method, max_values): 10007 is odd and prime, so the sample stride is > 1 on the tiny model's
 # larger layers and its positions fall across the boundary of the two ranks' slices

@@ -1,6 +1,6 @@
 """2-process gloo runs on CPU: whole runs through run.py / torchrun, exact eval, a crashing rank.
 
-Tiny model and data (see test_ddp_helpers.TINY) so each run is dominated by process start-up.
+Tiny model and data (see helpers/ddp.py TINY) so each run is dominated by process start-up.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mdk.world import World
-from test_ddp_helpers import REPO, TINY, eval_rank, raise_on_rank1, tiny_cfg
+from helpers.ddp import REPO, TINY, eval_rank, raise_on_rank1, tiny_cfg
 
 pytestmark = pytest.mark.ddp
 PY = sys.executable

@@ -124,7 +124,7 @@ def test_global_batch_is_split_into_contiguous_rank_slices(world):
 
 
 def test_sync_bn_converts_the_bn_preset(tmp_path):
-    from test_ddp_helpers import tiny_cfg
+    from helpers.ddp import tiny_cfg
 
     from mdk import dist
     from mdk.models.build import build_model
@@ -154,7 +154,7 @@ def test_env_started_rank_that_cannot_meet_the_others_names_master_addr(rank, mo
     port, or rank 0 left alone, ends in one RendezvousError naming the address and what to
     check, after dist.timeout_s, not a torch traceback or a hang."""
     from launchers.processes.env import ProcessEnv
-    from test_ddp_helpers import tiny_cfg
+    from helpers.ddp import tiny_cfg
 
     port = _closed_port()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

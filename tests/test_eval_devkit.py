@@ -28,7 +28,7 @@ from mdk.data.voc import VOCReader
 from mdk.eval.distributed import evaluate
 from mdk.eval.metrics import evaluate_dataset, evaluate_detections
 from mdk.world import World
-from test_ddp_helpers import TINY, Oracle, eval_rank
+from helpers.ddp import TINY, Oracle, eval_rank
 
 CLASSES = ["cat", "dog", "person", "car", "bird"]
 SIZES = [(500, 375), (333, 500), (375, 500), (500, 333), (480, 360), (353, 500)]

@@ -9,7 +9,7 @@ from mdk.config import validate
 from mdk.engine.align_rank import _double_inputs
 from mdk.errors import ConfigError
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
-from test_ddp_helpers import ORDER_SENSITIVE, ordered_sum_rank, tiny_cfg
+from helpers.ddp import ORDER_SENSITIVE, ordered_sum_rank, tiny_cfg
 
 
 def _model_and_batch(tmp_path, dtype: torch.dtype):
@@ -96,7 +96,7 @@ def test_align_exact_mode_is_bit_identical_for_worlds_1_2_4(tmp_path):
     """The alignment bar in float32: 1x8, 2x4 and 4x2 end with the same bits (difference 0)."""
     from mdk.tools import ckpt_diff
     from launchers.align import compose_config, run_alignment
-    from test_ddp_helpers import TINY
+    from helpers.ddp import TINY
 
     cfg = compose_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
                           f"paths.data={tmp_path}/data"])
@@ -114,7 +114,7 @@ def test_sync_bn_on_gloo_equals_one_process_batchnorm(tmp_path):
     """dist.sync_bn on CPU: 2 ranks with 4 images each normalise, back-propagate and update
     running statistics exactly as one BatchNorm2d on all 8 (float64, two steps)."""
     from launchers.processes.spawn import run_ranks
-    from test_ddp_helpers import bn_batch, global_bn_rank
+    from helpers.ddp import bn_batch, global_bn_rank
 
     (tmp_path / "run").mkdir()
     res = run_ranks(tiny_cfg(tmp_path, "dist.gpus=2"), tmp_path / "run", global_bn_rank)

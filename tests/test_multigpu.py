@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from mdk.world import World
-from test_ddp_helpers import ORDER_SENSITIVE, TINY, eval_rank, ordered_sum_rank, tiny_cfg
+from helpers.ddp import ORDER_SENSITIVE, TINY, eval_rank, ordered_sum_rank, tiny_cfg
 
 pytestmark = [pytest.mark.multigpu, pytest.mark.gpu]
 CUDA = ("trainer.device=cuda", "trainer.deterministic=true")

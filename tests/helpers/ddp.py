@@ -1,6 +1,4 @@
-"""Rank functions for the DDP tests (importable by spawned workers, which unpickle them by name).
-
-No tests here; pytest collects nothing from this file."""
+"""Rank functions for the DDP tests (importable by spawned workers, which unpickle them by name)."""
 from __future__ import annotations
 
 import time
@@ -11,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mdk.world import World
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
         "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.image_size=64",
         "dataset.generate.num_train=64", "trainer.epochs=1", "trainer.limit_train_batches=3",

@@ -1,0 +1,2 @@
+"""Helpers shared by the test modules (no tests here): test modules import these, never each
+other."""
