@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mdk import checkpoint
-from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot
+from helpers.catalogue import assert_intact, cli, one_error_line, snapshot
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from conftest import REPO
 from launchers.hydra_app.user_error_line import user_error_line
 from mdk.errors import user_errors
-from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot
+from helpers.catalogue import assert_intact, cli, one_error_line, snapshot
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Catalogue, data entries (issue 2's list): what `python run.py` says for each bad dataset input.
 
 Each test breaks a private copy of a tiny VOC folder, runs the command (in-process, see
-test_catalogue_cli.py), and asserts the one stderr line, exit status 1, and that no file of the
+tests/helpers/catalogue.py), and asserts the one stderr line, exit status 1, and that no file of the
 dataset or the checkpoint folder was changed. The bad-image entries run the real command on a
 hand-made VOC tree with the VOC loader defaults (4 workers).
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, compose, run_cmd_env
-from test_catalogue_cli import _argv, _proc
-from test_catalogue_cli import assert_intact, cli, one_error_line, snapshot, voc, voc_args  # noqa: F401
-from test_catalogue_cli import voc_master  # noqa: F401  (fixture)
+from helpers.catalogue import argv_of, proc
+from helpers.catalogue import assert_intact, cli, one_error_line, snapshot, voc, voc_args  # noqa: F401
+from helpers.catalogue import voc_master  # noqa: F401  (fixture)
 from test_data_bad_images import make_voc, truncate
 
 
@@ -125,7 +125,7 @@ def test_real_command_corrupt_jpeg_is_one_line(tmp_path):
     bad = root / "JPEGImages" / "000003.jpg"
     truncate(bad)
     before = snapshot(root)
-    p = _proc(tmp_path, *args)
+    p = proc(tmp_path, *args)
     one_error_line(p.returncode, p.stderr, f"data error: {bad}: cannot decode image (image file is "
                    "truncated", "replace the file or set dataset.on_bad_image=skip")
     assert_intact(before)
@@ -138,7 +138,7 @@ def test_real_command_corrupt_jpeg_skipped_trains(tmp_path):
     truncate(root / "JPEGImages" / "000003.jpg")
     (root / "JPEGImages" / "000017.jpg").write_bytes(b"not a picture")  # a val image
     before = snapshot(root)
-    p = _proc(tmp_path, *args, "dataset.on_bad_image=skip")
+    p = proc(tmp_path, *args, "dataset.on_bad_image=skip")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "split 'train': skipping 1 bad image(s) of 16 (dataset.on_bad_image=skip): " \
            "JPEGImages/000003.jpg (image file is truncated" in p.stdout
@@ -180,7 +180,7 @@ def test_real_command_image_broken_during_the_run_ends_in_seconds(tmp_path):
     now = bad.stat()
     doc["files"]["JPEGImages/000005.jpg"][:3] = [now.st_size, now.st_mtime_ns, now.st_ctime_ns]
     cache.write_text(json.dumps(doc))
-    argv = [sys.executable, str(REPO / "run.py"), *_argv(tmp_path, tuple(args))]
+    argv = [sys.executable, str(REPO / "run.py"), *argv_of(tmp_path, tuple(args))]
     proc = subprocess.Popen(argv, cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -17,7 +17,7 @@ import torch
 
 from conftest import REPO, run_cmd_env
 from mdk.folder_lock import LOCK_NAME
-from test_catalogue_cli import _argv, assert_intact, cli, one_error_line, snapshot
+from helpers.catalogue import argv_of, assert_intact, cli, one_error_line, snapshot
 
 SWAPPED = "dataset.class_names=[square,circle,triangle,star,cross]"  # same count, other order
 STEP = "scheduler=step"  # no decay within these few iterations: the lr shows the base lr
@@ -50,7 +50,7 @@ def _start(tmp: Path, fault: str, *args: str) -> tuple[subprocess.Popen, Path]:
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT=fault)
     log = tmp / "first.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *_argv(tmp, args),
+        proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *argv_of(tmp, args),
                                  f"hydra.run.dir={tmp / 'first_run'}"], cwd=REPO, env=env,
                                 stdout=f, stderr=subprocess.STDOUT, text=True)
     return proc, log

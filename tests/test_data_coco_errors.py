@@ -1,6 +1,6 @@
 """Catalogue, COCO entries (docs/errors.md): what `python run.py dataset=coco` says for each bad
 COCO input. Each test breaks a private copy of a tiny COCO folder (the built-in data exported with
-voc2coco, images copied), runs the command in-process (test_catalogue_cli.py), and asserts the
+voc2coco, images copied), runs the command in-process (tests/helpers/catalogue.py), and asserts the
 one stderr line naming the file and what to do, exit status 1, and that no file was changed."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from test_catalogue_cli import CLASSES, assert_intact, cli, one_error_line, snapshot
-from test_catalogue_cli import voc_master  # noqa: F401  (fixture)
+from helpers.catalogue import CLASSES, assert_intact, cli, one_error_line, snapshot
+from helpers.catalogue import voc_master  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

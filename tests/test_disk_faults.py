@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cmd_env
-from test_catalogue_cli import SHAPES, TINY_CLI, one_error_line
+from helpers.catalogue import SHAPES, TINY_CLI, one_error_line
 
 FULL = "the disk is full"
 
@@ -39,7 +39,7 @@ def _mount_reason() -> str:
 mounts = pytest.mark.skipif(bool(_mount_reason()), reason=_mount_reason() or "-")
 
 
-def _argv(tmp: Path, *args: str, run_dir: Path | None = None) -> list[str]:
+def argv_of(tmp: Path, *args: str, run_dir: Path | None = None) -> list[str]:
     return [sys.executable, str(REPO / "run.py"), *TINY_CLI, *SHAPES,
             f"paths.data={tmp / 'data'}", f"paths.checkpoints={tmp / 'ck'}",
             f"hydra.run.dir={run_dir or tmp / 'run'}", *args]
@@ -73,7 +73,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 def data(tmp_path_factory) -> Path:
     """The tiny generated dataset, made once (read-only tests need it in place beforehand)."""
     tmp = tmp_path_factory.mktemp("disk")
-    status, out, err = _run(_argv(tmp, "trainer.epochs=1"))
+    status, out, err = _run(argv_of(tmp, "trainer.epochs=1"))
     assert status == 0, err[-2000:]
     return tmp / "data"
 
@@ -83,7 +83,7 @@ def test_real_command_run_dir_without_space_is_one_line(tmp_path, data):
     """A run dir on a nearly full disk: one line before anything is built or trained."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    argv = _argv(tmp_path, f"paths.data={data}", run_dir=mnt / "run")
+    argv = argv_of(tmp_path, f"paths.data={data}", run_dir=mnt / "run")
     status, _, err = _run(_in_namespace(f"mount -t tmpfs -o size=1M tmpfs {mnt}", argv))
     line = one_error_line(status, err, f"disk error: {mnt / 'run'}: not enough free space:",
                           "MB free, this run writes about 4.0 MB on that disk (the run dir: 4 MB "
@@ -99,7 +99,7 @@ def test_real_command_disk_filling_during_the_run_warns_once_and_finishes(tmp_pa
     summary.txt each warn once, training finishes (status 0) and its checkpoints are written."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    argv = _argv(tmp_path, f"paths.data={data}", "logger=tensorboard", "trainer.epochs=2",
+    argv = argv_of(tmp_path, f"paths.data={data}", "logger=tensorboard", "trainer.epochs=2",
                  "trainer.limit_train_batches=null", run_dir=mnt / "run")
     proc = _popen(_in_namespace(f"mount -t tmpfs -o size=6M tmpfs {mnt}", argv))
     lines, filled = [], False
@@ -130,7 +130,7 @@ def test_real_command_read_only_data_folder_is_one_line(tmp_path):
     work (before: Hydra's 'Error in call to target ... OSError(30, ...)' block)."""
     ro = tmp_path / "ro"
     ro.mkdir()
-    argv = _argv(tmp_path, f"paths.data={ro}")
+    argv = argv_of(tmp_path, f"paths.data={ro}")
     status, _, err = _run(_in_namespace(f"mount -o bind,ro {ro} {ro}", argv))
     line = one_error_line(status, err, f"config error: paths.data='{ro}': {ro} is not writable "
                           "(creating a file there failed: Read-only file system); choose a folder "
@@ -142,7 +142,7 @@ def test_real_command_read_only_data_folder_is_one_line(tmp_path):
 def test_real_command_read_only_data_folder_with_everything_in_place_runs(tmp_path, data):
     """A read-only paths.data holding the generated data and its caches needs no write: it
     runs (the probe asks for writing only what the run writes)."""
-    argv = _argv(tmp_path, f"paths.data={data}")
+    argv = argv_of(tmp_path, f"paths.data={data}")
     status, out, err = _run(_in_namespace(f"mount -o bind,ro {data} {data}", argv))
     assert status == 0, err[-2000:]
     assert "Traceback" not in err
@@ -153,7 +153,7 @@ def test_real_command_read_only_run_dir_is_one_line(tmp_path):
     """Hydra cannot even make the run dir: one disk line naming it (before: Hydra's traceback)."""
     ro = tmp_path / "ro"
     ro.mkdir()
-    argv = _argv(tmp_path, run_dir=ro / "run")
+    argv = argv_of(tmp_path, run_dir=ro / "run")
     status, _, err = _run(_in_namespace(f"mount -o bind,ro {ro} {ro}", argv))
     line = one_error_line(status, err, f"disk error: {ro / 'run'}: the file system is read-only; "
                           "set paths.checkpoints, paths.data or hydra.run.dir to a folder you can "
@@ -166,7 +166,7 @@ def test_real_command_with_stdout_closed_early_ends_as_usual(tmp_path, data, gpu
     """``python run.py | head -2``: the reader goes away, the run trains to its end, exits 0 and
     prints no '--- Logging error ---' (it printed one per log line before)."""
     extra = ["dataset.num_workers=0"] + ([f"dist.gpus={gpus}"] if gpus > 1 else [])
-    proc = _popen(_argv(tmp_path, f"paths.data={data}", *extra))
+    proc = _popen(argv_of(tmp_path, f"paths.data={data}", *extra))
     for _ in range(2):
         proc.stdout.readline()
     proc.stdout.close()  # what `head` does after its lines
@@ -186,7 +186,7 @@ def test_real_command_removes_the_folder_of_a_killed_generation(tmp_path):
     """kill -9 while the dataset is generated leaves ``.shapes.tmp-*``; the next run removes it
     (with a warning) and generates the data again."""
     data = tmp_path / "data"
-    proc = _popen(_argv(tmp_path, f"paths.data={data}", "dataset.generate.num_train=4000"))
+    proc = _popen(argv_of(tmp_path, f"paths.data={data}", "dataset.generate.num_train=4000"))
     try:
         deadline = time.monotonic() + 120
         while not any(data.glob(".shapes.tmp-*/Annotations/*.xml")):
@@ -197,7 +197,7 @@ def test_real_command_removes_the_folder_of_a_killed_generation(tmp_path):
         proc.wait()
     left = list(data.glob(".shapes.tmp-*"))
     assert len(left) == 1 and not (data / "shapes").exists()
-    status, out, err = _run(_argv(tmp_path, f"paths.data={data}"))
+    status, out, err = _run(argv_of(tmp_path, f"paths.data={data}"))
     assert status == 0, err[-2000:]
     assert f"removing {left[0]}: writing the shapes dataset was interrupted there (a killed " \
            "run); it is made again from the start" in out
@@ -208,7 +208,7 @@ def test_real_command_sees_an_annotation_edited_with_an_old_time_stamp(tmp_path)
     """An annotation edited and its old modification time put back (a restore from a backup):
     the next run rebuilds the index and trains on the edit (before: the stale index, silently)."""
     own = tmp_path / "data"
-    status, _, err = _run(_argv(tmp_path, f"paths.data={own}"))  # data and index made
+    status, _, err = _run(argv_of(tmp_path, f"paths.data={own}"))  # data and index made
     assert status == 0, err[-2000:]
     xml = own / "shapes" / "Annotations" / "000003.xml"
     st, text = xml.stat(), xml.read_text()
@@ -217,7 +217,7 @@ def test_real_command_sees_an_annotation_edited_with_an_old_time_stamp(tmp_path)
     os.utime(xml, ns=(st.st_atime_ns, st.st_mtime_ns))
     meta = next(own.glob("meta/shapes-*/train.txt"))
     assert meta.stat().st_mtime_ns > st.st_mtime_ns  # the old rule (mtimes) called it fresh
-    status, out, err = _run(_argv(tmp_path, f"paths.data={own}"))
+    status, out, err = _run(argv_of(tmp_path, f"paths.data={own}"))
     assert status == 0, err[-2000:]
     assert f"wrote {meta} (16 images)" in out
     line = next(ln for ln in meta.read_text().splitlines() if ln.startswith("JPEGImages/000003"))

@@ -15,7 +15,7 @@ from tqdm.std import TqdmDefaultWriteLock
 from conftest import REPO, run_cmd_env
 from mdk import progress
 from mdk.progress import bars_on, progress_bar
-from test_catalogue_cli import _argv
+from helpers.catalogue import argv_of
 
 
 class _Stream(io.StringIO):
@@ -81,7 +81,7 @@ def _run_to_file(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[i
     """`python run.py` (tiny) with stdout and stderr redirected to one file, as in a SLURM log."""
     log = tmp_path / "run.log"
     with open(log, "w") as f:
-        p = subprocess.run([sys.executable, str(REPO / "run.py"), *_argv(tmp_path, args)],
+        p = subprocess.run([sys.executable, str(REPO / "run.py"), *argv_of(tmp_path, args)],
                            cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1", **(env or {})),
                            stdout=f, stderr=subprocess.STDOUT, timeout=300)
     return p.returncode, log.read_bytes().decode()  # read_text() would turn \r into \n
@@ -107,7 +107,7 @@ def test_two_process_run_ends_with_its_summary_and_no_resource_warning(tmp_path)
     exited, so the output is read through a pipe, to its end (every writer closed), not from a
     file that may be read before the tracker wrote."""
     p = subprocess.run([sys.executable, str(REPO / "run.py"),
-                        *_argv(tmp_path, ("dist.gpus=2", "trainer.progress=true"))],
+                        *argv_of(tmp_path, ("dist.gpus=2", "trainer.progress=true"))],
                        cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1",
                                           PYTHONWARNINGS="always::ResourceWarning"),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
