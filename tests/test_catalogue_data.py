@@ -21,7 +21,7 @@ from conftest import REPO, compose, run_cmd_env
 from helpers.catalogue import argv_of, proc
 from helpers.catalogue import assert_intact, cli, one_error_line, snapshot, voc, voc_args  # noqa: F401
 from helpers.catalogue import voc_master  # noqa: F401  (fixture)
-from test_data_bad_images import make_voc, truncate
+from helpers.voc_tree import make_voc, truncate
 
 
 def _first_id(root: Path, split: str = "train") -> str:

@@ -12,7 +12,7 @@ from mdk.engine.reports import EvalReporter, ReportHook
 from mdk.engine.runner import run_stage
 from mdk.eval.grid import dataset_grid
 from mdk.eval.plots import pr_curve_images
-from test_eval_reports import _result, read_png
+from helpers.reports import _result, read_png
 
 NAMES = [f"c{i}" for i in range(13)]
 

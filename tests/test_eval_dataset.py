@@ -15,7 +15,7 @@ from mdk.eval.scalars import ap_table, scalars
 from mdk.eval.grid import dataset_grid
 from mdk.eval.plots import pr_curve_images
 from mdk.eval.distributed import predict
-from test_eval_reference import devkit_ap
+from helpers.devkit import devkit_ap
 
 
 @pytest.fixture

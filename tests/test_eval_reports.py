@@ -11,25 +11,7 @@ from mdk.eval.voc_ap import voc_ap
 from mdk.eval.grid import (DET_COLOR, DIFFICULT_COLOR, GT_COLOR, dataset_grid, detection_grid,
                            save_png)
 from mdk.eval.plots import pr_curve_images, save_pr_curves
-
-
-def read_png(path) -> torch.Tensor:
-    return torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)
-
-
-def _result(classes=13, seed=0):
-    rng = np.random.default_rng(seed)
-    dets, gts = {}, {}
-    for i in range(40):
-        n = int(rng.integers(1, 5))
-        xy = rng.uniform(0, 50, (n, 2))
-        b = np.concatenate([xy, xy + rng.uniform(8, 30, (n, 2))], 1)
-        labels = rng.integers(0, classes - 1, n)   # the last class never has ground truth
-        gts[i] = (b, labels, np.zeros(n, bool))
-        k = rng.integers(0, n, 6)
-        dets[i] = {"boxes": b[k] + rng.normal(0, 3, (6, 4)), "scores": rng.random(6),
-                   "labels": labels[k]}
-    return voc_ap(dets, gts, classes, "voc07")
+from helpers.reports import _result, read_png
 
 
 def test_pr_curves_one_png_per_group_of_classes(tmp_path):

@@ -11,7 +11,7 @@ from conftest import TINY, compose
 from mdk.models.gti_loss import GtiLoss, signed_sqrt
 from mdk.models.loss import YoloLoss
 from gti_loss_ranks import rank_main, three_steps
-from test_loss import hand_example
+from helpers.loss_example import hand_example
 
 # The hand example (test_loss.hand_example): responsible box 0 with IoU 15/46, box 1 IoU 0.25.
 # smooth-L1 (beta 1) of a difference d < 1 is d^2 / 2; predictions get +1e-8 first (tolerance 1e-7).

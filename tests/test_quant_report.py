@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, compose, run_cmd_env
-from test_sinks import read_events
+from helpers.events import read_events
 from mdk.checkpoint import load_checkpoint, save_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import ConfigError

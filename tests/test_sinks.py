@@ -12,16 +12,9 @@ from mdk.errors import ConfigError
 from mdk.sinks.base import MultiSink, NullSink
 from mdk.sinks.build import build_sinks
 from mdk.sinks.tensorboard_sink import TensorBoardSink
+from helpers.events import read_events
 
 CONFIG = {"step": {"name": "step1"}, "seed": 0}
-
-
-def read_events(logdir: Path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
-    ea.Reload()
-    return ea
 
 
 def scalars(logdir: Path, tag: str) -> list[tuple[int, float]]:
