@@ -1,4 +1,4 @@
-"""The vectorised VOC evaluator against a slow loop transcription of the devkit written here
+"""The vectorised VOC evaluator against a slow loop transcription of the devkit (tests/helpers/devkit.py)
 (VOCevaldet.m + VOCap.m as documented: per detection, a loop over the image's objects; the 11
 thresholds of the Python ports), on random sets with difficult objects, duplicates, score ties and
 empty images, with and without the +1; and its speed. Real-sized images and the box rule:

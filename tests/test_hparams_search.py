@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import pickle
 import subprocess
-import sys
 import types
 
 import optuna
@@ -26,6 +25,7 @@ from launchers.hydra_app.optuna_trial import TrialReporter
 from launchers.reports.sweep_results import format_table
 from mdk.engine.result import StageResult
 from mdk.errors import ConfigError
+from helpers.search import _search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -181,12 +181,6 @@ def test_shipped_search_config_composes_an_optuna_study():
     assert sweeper.max_failure_rate == 1.0 and cfg.hydra.callbacks.sweep.fail_on_error is False
     assert cfg.objective.metric == "best_map50" and cfg.objective.stage is None
     assert cfg.trainer.hooks == {}  # a trial's reporter is added in the trial's run only
-
-
-def _search(sweep, *extra: str) -> list[str]:
-    return [sys.executable, str(REPO / "run.py"), "-m", "hparams_search=lr_warmup", "hydra.sweeper.params=null",
-            "objective.metric=final_loss", "hydra.sweeper.direction=minimize", "hydra.sweeper.study_name=t",
-            *TINY, "trainer.limit_train_batches=2", f"hydra.sweep.dir={sweep}", *extra]
 
 
 def enqueue(sweep, lrs: list[float]) -> None:

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, run_cmd_env
 from mdk.quant.gti_sdk import write_gti_files
 from mdk.tools.gti_handoff import main
-from test_quant_gti_golden import model_text, tiny_chip_model
+from helpers.gti import model_text, tiny_chip_model
 
 MODEL_JSON = "5801_gnetdet_model.json"
 

@@ -19,8 +19,8 @@ from mdk.quant.gti_converter import rounding_slips
 from mdk.quant.gti_sdk import negative_zeros, write_gti_files
 from mdk.quant.rounding import gti_round, round_half_away
 from mdk.quant.weights import conv_mantissas
-from test_quant_gti_golden import FILTER, tiny_chip_model
-from test_quant_gti_shift import _fused_model
+from helpers.gti import FILTER, tiny_chip_model
+from helpers.gti import _fused_model
 
 
 def gti_reference(w: torch.Tensor, b: torch.Tensor, mask: int, wb: int, bb: int):

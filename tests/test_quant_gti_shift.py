@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from mdk.models.gnetdet import GNetDet
-from mdk.quant import calibrate, integer_ref
+from mdk.quant import integer_ref
 from mdk.quant.chip_model import chip_model_from
 try:  # the stage switch moved to mdk.stage in the engine rewrite
     from mdk.stage import apply_stage
 except ImportError:
     from mdk.quant.stages import apply_stage
 from mdk.quant.weights import compute_shift, conv_mantissas, quantize_conv
+from helpers.gti import _fused_model
 
 
 def gti_expression(t: torch.Tensor, bits: int) -> int:
@@ -117,23 +117,6 @@ def test_fake_quant_equals_export_at_boundaries(mask, wb, bb, k):
     assert s == int(compute_shift(w, b, wb, bb))
     assert torch.equal(w_int.double() / 2 ** s, w_q.double())  # bit for bit
     assert torch.equal(b_int.double() / 2 ** s, b_q.double())
-
-
-def _fused_model(mask_bits, seed=0, channels=(8, "M", 8, "M", 8), num_classes=2, image_size=32):
-    torch.manual_seed(seed)
-    cfg = dict(num_classes=num_classes, channels=list(channels), mask_bits=mask_bits,
-               image_size=image_size, batch_norm=False)
-    model = GNetDet(**cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    u8 = lambda n: torch.randint(0, 256, (n, 3, image_size, image_size), dtype=torch.uint8,  # noqa
-                                 generator=g)
-    apply_stage(model, "cal", "5801")
-    with calibrate.observing(model), torch.no_grad():
-        model(u8(4))
-        calibrate.finalize_caps(model)
-    apply_stage(model, "step3", "5801")
-    apply_stage(model, "step4", "5801")
-    return model, u8
 
 
 def test_integer_reference_exact_with_one_bit_zeros_and_boundaries():

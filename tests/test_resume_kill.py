@@ -17,26 +17,9 @@ import pytest
 import torch
 
 from conftest import REPO, run_cmd_env
+from helpers.resume import TINY_RUN, assert_same_training_state, ckpt, run
 
 # 32 train images / global batch 8 = 4 iterations per epoch, 3 epochs = 12 iterations.
-TINY_RUN = [
-    "model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-    "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.num_train=32",
-    "dataset.generate.num_val=8", "dataset.generate.image_size=64", "logger=none",
-    "trainer.progress=false", "trainer.batch_size=8", "trainer.epochs=3",
-    "trainer.checkpoint_every_iters=2", "scheduler.warmup.iters=2", "trainer.device=cpu",
-]
-
-
-def run(tmp: Path, name: str, data: Path, fault: str = "", *extra: str) -> subprocess.CompletedProcess:
-    env = dict(run_cmd_env(), OMP_NUM_THREADS="1")
-    env.pop("MDK_FAULT", None)
-    if fault:
-        env["MDK_FAULT"] = fault
-    args = [*TINY_RUN, f"paths.data={data}", f"paths.checkpoints={tmp / name}",
-            f"hydra.run.dir={tmp / 'runs' / name}", *extra]
-    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
 
 
 def run_after(tmp: Path, name: str, data: Path, fault: str, marker: str,
@@ -60,21 +43,6 @@ def run_after(tmp: Path, name: str, data: Path, fault: str, marker: str,
     err = err_file.read_text()
     assert seen is not None, f"{marker!r} never logged:\n{''.join(out)[-2000:]}"
     return subprocess.CompletedProcess(proc.args, code, "".join(out), err), time.monotonic() - seen
-
-
-def ckpt(tmp: Path, name: str, file: str = "last.pth") -> dict:
-    return torch.load(tmp / name / "step1" / file, weights_only=False)
-
-
-def assert_same_training_state(a: dict, b: dict) -> None:
-    assert a["trainer"]["iter"] == b["trainer"]["iter"] and a["trainer"]["epoch"] == b["trainer"]["epoch"]
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-    for pid, s in a["optimizer"]["state"].items():
-        for k, v in s.items():
-            assert torch.equal(v, b["optimizer"]["state"][pid][k]), (pid, k)
-    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
-    assert a["hooks"]["CheckpointHook"] == b["hooks"]["CheckpointHook"]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import run_cmd_env
 from launchers.hydra_app.optuna_study import open_storage, storage_url
-from test_hparams_search import _search
+from helpers.search import _search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_cmd_env
-from test_resume_kill import TINY_RUN, assert_same_training_state, ckpt, run
+from helpers.resume import TINY_RUN, assert_same_training_state, ckpt, run
 
 TWO = ("dist.gpus=2", "trainer.epochs=2")
 LINE = re.compile(r"^stopped by (SIG\w+)( \(sent to rank (\d)\))? in step1 at epoch (\d+) "

@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import REPO, TINY, run_cmd_env
+from conftest import TINY
 from launchers.hydra_app import job
 from launchers.hydra_app import sweep_summary as ss
 from launchers.hydra_app.submitit_requeue import (check_resources_not_swept, pin_job_dir,
@@ -27,6 +25,7 @@ from mdk import stop
 from mdk.engine.loop import HookBase, Trainer
 from mdk.engine.result import StageResult
 from mdk.engine.stop_hook import StopOnRequestHook
+from helpers.sweep import run_py
 
 QUICK = [*TINY, "trainer.epochs=1", "trainer.limit_train_batches=2"]
 
@@ -212,9 +211,6 @@ def test_signal_outside_training_goes_to_the_previous_handler():
 
 
 # --- end to end: python run.py -m ---------------------------------------------------------------
-def run_py(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=REPO, env=env or run_cmd_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from launchers.hydra_app import sweep_summary as ss
 from launchers.reports import sweep_bars, sweep_results, sweep_stats
 from mdk.engine.result import StageResult
 from mdk.stage import stage_spec
-from test_sweep import run_py
+from helpers.sweep import run_py
 
 CHAIN = "pipeline=[step1,step2,cal,step3,step4]"
 
