@@ -24,23 +24,11 @@ if str(REPO) not in sys.path:  # `python benchmarks/x.py` from anywhere
 
 # ``--smoke`` (every script has it; tests/test_benchmarks.py runs each so): the script's whole code
 # path in seconds on the CPU, to show it still works; its numbers mean nothing. The model and data
-# sizes of tests/conftest.py's TINY. Loader workers keep the config's default (``auto``): a smoke
+# preset of the suite (conf/debug/tiny.yaml). Loader workers keep the config's default (``auto``): a smoke
 # with 0 workers would not see a script break on the default config. One intra-op thread: beside
 # other jobs, 2 threads spin and make these tiny steps several times slower (README).
 SMOKE_THREADS = 1
-SMOKE = [
-    "model.image_size=64",
-    "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-    "model.net.mask_bits=[3,3,3,3,3,3,8]",
-    "dataset.generate.num_train=48",
-    "dataset.generate.num_val=16",
-    "dataset.generate.image_size=64",
-    "trainer.batch_size=8",
-    "scheduler.warmup.iters=2",
-    "trainer.device=cpu",
-    f"dist.cpu_threads={SMOKE_THREADS}",  # run.py and the ranks of bench_ddp.py
-    "export.allow_any_size=true",  # 64 px is no chip input size: a simulation-only export
-]
+SMOKE = ["debug=tiny", f"dist.cpu_threads={SMOKE_THREADS}"]  # run.py and bench_ddp.py's ranks
 
 
 def add_smoke_flag(ap: argparse.ArgumentParser) -> None:

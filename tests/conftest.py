@@ -19,22 +19,11 @@ from mdk.schema import register_schemas  # noqa: E402
 register_schemas()  # typed config groups, for tests that compose conf/ with Hydra directly
 pytest_plugins = ["slurm_fixture"]
 
-# A model and dataset small enough that a whole stage runs in seconds on one core.
+# A model and dataset small enough that a whole stage runs in seconds on one core, on the CPU
+# even where CUDA exists (tests/README: gpu marks): conf/debug/tiny.yaml.
 TINY = [
-    "model.image_size=64",
-    "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-    "model.net.mask_bits=[3,3,3,3,3,3,8]",
-    "dataset.generate.num_train=48",
-    "dataset.generate.num_val=16",
-    "dataset.generate.image_size=64",
-    "trainer.batch_size=8",
-    "trainer.epochs=2",
-    "trainer.progress=false",
-    "logger=none",
-    "scheduler.warmup.iters=2",
+    "debug=tiny",
     "dataset.num_workers=0",  # in-process loading: tests can count and patch what is loaded
-    "trainer.device=cpu",  # CPU worker processes even where CUDA exists (tests/README: gpu marks)
-    "export.allow_any_size=true",  # 64 px is no chip input size: step4 exports simulation-only
 ]
 
 

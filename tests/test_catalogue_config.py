@@ -83,7 +83,8 @@ CASES = {
     "split_below_one_batch": (["trainer.batch_size=32"],
                               ["data error: dataset.generate.num_train has 16 images, fewer than "
                                "one global batch (trainer.batch_size=32)", "lower trainer.batch_size"]),
-    "image_size_no_chip_size": (["pipeline=[step1,step2,cal,step3,step4]", "model.image_size=192"],
+    "image_size_no_chip_size": (["pipeline=[step1,step2,cal,step3,step4]", "model.image_size=192",
+                                 "export.allow_any_size=false"],
                                 ["config error: model.image_size=192 is no input size of chip 5801 "
                                  "(it takes 224, 320, 448, 640 px)",
                                  "export.allow_any_size=true for a simulation-only chip model"]),

@@ -20,7 +20,8 @@ from mdk.folder_lock import LOCK_NAME
 from helpers.catalogue import argv_of, assert_intact, cli, one_error_line, snapshot
 
 SWAPPED = "dataset.class_names=[square,circle,triangle,star,cross]"  # same count, other order
-STEP = "scheduler=step"  # no decay within these few iterations: the lr shows the base lr
+# No decay within these few iterations (the lr shows the base lr), through a 50-iteration warmup
+STEP = ("scheduler=step", "scheduler.warmup.iters=50")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def trained(tmp_path_factory) -> Path:
 def run_dir(trained, tmp_path, capsys) -> Path:
     """tmp_path with a copy of the trained step1 checkpoints under ck/."""
     if not (trained / "ck").exists():
-        status, _, err = cli(trained, STEP, capsys=capsys)
+        status, _, err = cli(trained, *STEP, capsys=capsys)
         assert status == 0, err[-2000:]
     shutil.copytree(trained / "ck", tmp_path / "ck")
     (tmp_path / "data").symlink_to(trained / "data")
@@ -66,12 +67,12 @@ def _wait_for(proc: subprocess.Popen, log: Path, marker: str, timeout: float = 2
 
 @pytest.mark.slow
 def test_a_second_run_on_the_same_folder_refuses_and_the_first_finishes(tmp_path, capsys):
-    first, log = _start(tmp_path, "hold:iter:1", STEP)
+    first, log = _start(tmp_path, "hold:iter:1", *STEP)
     try:
         _wait_for(first, log, "holding at iter 1")  # inside its stage: the folder is locked
         lock = tmp_path / "ck" / LOCK_NAME
         held = lock.read_text()
-        status, out, err = cli(tmp_path, STEP, capsys=capsys)
+        status, out, err = cli(tmp_path, *STEP, capsys=capsys)
         one_error_line(status, err, f"checkpoint error: {tmp_path / 'ck'} is in use by the run "
                        f"of pid {first.pid} on host {socket.gethostname()} since ",
                        f"its run dir: {tmp_path / 'first_run'}, its lock: {lock}); wait for it to "
@@ -87,11 +88,11 @@ def test_a_second_run_on_the_same_folder_refuses_and_the_first_finishes(tmp_path
 
 
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
-    first, log = _start(tmp_path, "kill:iter:1", STEP)
+    first, log = _start(tmp_path, "kill:iter:1", *STEP)
     assert first.wait(timeout=240) == -signal.SIGKILL, log.read_text()[-3000:]
     lock = tmp_path / "ck" / LOCK_NAME
     assert f'"pid": {first.pid}' in lock.read_text()  # left behind by the killed run
-    status, out, err = cli(tmp_path, STEP, capsys=capsys)
+    status, out, err = cli(tmp_path, *STEP, capsys=capsys)
     assert status == 0, err[-2000:]
     assert (f"taking over {lock}: the run of pid {first.pid} on host {socket.gethostname()} "
             "since ") in out and "ended without releasing it (killed or crashed)" in out
@@ -100,7 +101,7 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
 
 def test_resume_with_another_class_order_refuses(run_dir, capsys):
     before = snapshot(run_dir / "ck")
-    status, out, err = cli(run_dir, STEP, SWAPPED, capsys=capsys)
+    status, out, err = cli(run_dir, *STEP, SWAPPED, capsys=capsys)
     one_error_line(status, err, "checkpoint error: dataset.class_names=['square', 'circle', "
                    "'triangle', 'star', 'cross'] differs from the checkpoint's ['circle', "
                    f"'square', 'triangle', 'star', 'cross'] ({run_dir / 'ck' / 'step1'}/last.pth): "
@@ -113,7 +114,7 @@ def test_resume_with_another_class_order_refuses(run_dir, capsys):
 
 def test_the_next_stage_from_another_class_order_refuses(run_dir, capsys):
     before = snapshot(run_dir / "ck")
-    status, _, err = cli(run_dir, STEP, "step=step2", SWAPPED, capsys=capsys)
+    status, _, err = cli(run_dir, *STEP, "step=step2", SWAPPED, capsys=capsys)
     one_error_line(status, err, "checkpoint error: dataset.class_names=['square', 'circle', ",
                    f"({run_dir / 'ck' / 'step1'}/best.pth, the input of step2): its class "
                    "channels would mean other classes; run step=step1 again with this value")
@@ -121,7 +122,7 @@ def test_the_next_stage_from_another_class_order_refuses(run_dir, capsys):
 
 
 def test_a_changed_lr_applies_from_the_resume_point_and_is_logged(run_dir, capsys):
-    status, out, err = cli(run_dir, STEP, "optim.lr=0.02", "trainer.epochs=2", capsys=capsys)
+    status, out, err = cli(run_dir, *STEP, "optim.lr=0.02", "trainer.epochs=2", capsys=capsys)
     assert status == 0, err[-2000:]
     assert "=== step1 ===  2 epochs, lr 0.02" in out
     assert ("step1 resumes at iteration 2 with changed hyper-parameters; the new values apply "
@@ -137,7 +138,7 @@ def test_a_changed_lr_applies_from_the_resume_point_and_is_logged(run_dir, capsy
 
 def test_a_done_stage_with_a_changed_hyper_parameter_says_so(run_dir, capsys):
     before = snapshot(run_dir / "ck")
-    status, out, err = cli(run_dir, STEP, "optim.lr=0.02", capsys=capsys)
+    status, out, err = cli(run_dir, *STEP, "optim.lr=0.02", capsys=capsys)
     one_error_line(status, err, f"checkpoint error: step1 is already done in {run_dir / 'ck'}/step1 "
                    "and this run changes what it was made with: optim.lr=0.02 differs from the "
                    "checkpoint's 0.002; nothing is left to do, so the new value would not be "
@@ -153,7 +154,7 @@ def test_a_checkpoint_without_a_meaning_still_resumes(run_dir, capsys):
         ck = torch.load(p, weights_only=False)
         del ck["meaning"], ck["hparams"]
         torch.save(ck, p)
-    status, out, err = cli(run_dir, STEP, "trainer.epochs=2", capsys=capsys)
+    status, out, err = cli(run_dir, *STEP, "trainer.epochs=2", capsys=capsys)
     assert status == 0, err[-2000:]
     assert "last.pth was written before checkpoints recorded what they mean and were trained " \
            "with: this run's config is not compared with it" in out
@@ -162,9 +163,9 @@ def test_a_checkpoint_without_a_meaning_still_resumes(run_dir, capsys):
 
 def test_another_optimizer_class_on_resume_starts_its_state_fresh(tmp_path, capsys):
     """SGD's momentum cannot continue as AdamW's moments (torch raised KeyError: 'step')."""
-    status, _, err = cli(tmp_path, STEP, "optim=sgd", capsys=capsys)
+    status, _, err = cli(tmp_path, *STEP, "optim=sgd", capsys=capsys)
     assert status == 0, err[-2000:]
-    status, out, err = cli(tmp_path, STEP, "optim=adamw", "trainer.epochs=2", capsys=capsys)
+    status, out, err = cli(tmp_path, *STEP, "optim=adamw", "trainer.epochs=2", capsys=capsys)
     assert status == 0, err[-2000:]
     assert "optim._target_ 'torch.optim.SGD' -> 'torch.optim.AdamW'" in out
     assert "; another class: the optimizer state starts fresh" in out

@@ -1,6 +1,6 @@
 """A new dataset format is one YAML + one reader class, with no change to mdk: a CSV format read
 by ``extra_dataset.CSVReader`` (a module outside mdk) and a ``dataset/csvshapes.yaml`` in a config
-folder of the test's own, added with ``hydra.searchpath``, train a TINY stage through run.py."""
+folder of the test's own, added with ``hydra.searchpath``, train a tiny stage (debug=tiny_model) through run.py."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from conftest import REPO, TINY, run_cmd_env
+from conftest import REPO, run_cmd_env
 from extra_dataset import write_csv_dataset
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
 from mdk.data.voc import VOCReader
@@ -45,8 +45,7 @@ def test_a_format_outside_mdk_trains_through_the_cli(tmp_path):
     (extra / "dataset" / "csvshapes.yaml").write_text(YAML.format(root=data,
                                                                   classes=",".join(CLASSES)))
     run, ck, cache = tmp_path / "run", tmp_path / "ck", tmp_path / "cache"
-    tiny = [a for a in TINY if not a.startswith(("dataset.generate.", "dataset.num_workers"))]
-    argv = [sys.executable, str(REPO / "run.py"), *tiny, "dataset=csvshapes",
+    argv = [sys.executable, str(REPO / "run.py"), "debug=tiny_model", "dataset=csvshapes",
             f"hydra.searchpath=[file://{extra}]", f"paths.data={cache}",
             f"paths.checkpoints={ck}", f"hydra.run.dir={run}"]
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{REPO / 'tests'}")

@@ -28,7 +28,7 @@ from mdk.data.voc import VOCReader
 from mdk.eval.distributed import evaluate
 from mdk.eval.metrics import evaluate_dataset, evaluate_detections
 from mdk.world import World
-from helpers.ddp import TINY, Oracle, eval_rank
+from helpers.ddp import Oracle, eval_rank
 
 CLASSES = ["cat", "dog", "person", "car", "bird"]
 SIZES = [(500, 375), (333, 500), (375, 500), (500, 333), (480, 360), (353, 500)]
@@ -254,8 +254,8 @@ def test_two_processes_score_real_sized_images_as_one(tmp_path):
     root = write_voc(tmp_path / "VOC", images=23, seed=1)
 
     def cfg(*extra: str):
-        tiny = [o for o in TINY if not o.startswith("dataset.generate")]
-        c = compose([*tiny, "dataset=voc", f"dataset.root={root}",
+        c = compose(["debug=tiny_model", "trainer.epochs=1", "trainer.limit_train_batches=3",
+                     "dataset=voc", f"dataset.root={root}",
                      f"dataset.class_names=[{','.join(CLASSES)}]", "dataset.num_classes=5",
                      "dataset.train_split=train", "dataset.val_split=val", "dataset.num_workers=0",
                      f"paths.data={tmp_path}/data", f"paths.checkpoints={tmp_path}/ck", *extra])

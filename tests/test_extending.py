@@ -79,7 +79,7 @@ def test_a_new_scheduler_and_a_new_sink_are_a_class_and_a_yaml_each(tmp_path):
     (tmp_path / "extra_sink.py").write_text(SINK_CLASS)
     before = _repo_state()
     run, ck = tmp_path / "run", tmp_path / "ck"
-    argv = [sys.executable, str(REPO / "run.py"), *[o for o in TINY if o != "logger=none"],
+    argv = [sys.executable, str(REPO / "run.py"), *TINY,
             f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={ck}", f"hydra.run.dir={run}",
             f"hydra.searchpath=[file://{extra}]", "scheduler=halving", "logger=jsonl"]
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{tmp_path}")

@@ -27,13 +27,8 @@ import pytest
 from conftest import REPO, run_cmd_env
 from mdk.errors import UserError, user_errors
 
-SMALL = [
-    "model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-    "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.num_train=16",
-    "dataset.generate.num_val=8", "dataset.generate.image_size=64", "trainer.batch_size=8",
-    "trainer.epochs=1", "trainer.progress=false", "logger=none", "scheduler.warmup.iters=2",
-    "trainer.device=cpu",
-]
+SMALL = ["debug=tiny", "dataset.generate.num_train=16", "dataset.generate.num_val=8",
+         "trainer.epochs=1"]
 # Every kind of user error mdk raises (mdk/errors.py's one list; subclasses share a kind's path).
 KINDS = {c.__name__: c.label for c in user_errors()
          if c.__module__ == "mdk.errors" and UserError in c.__bases__}

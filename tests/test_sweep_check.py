@@ -31,7 +31,7 @@ def test_jobs_are_expanded_in_the_order_the_sweeper_runs_them(load):
     assert [[o for o in j if o.startswith(("scheduler=", "seed="))] for j in jobs] == [
         ["scheduler=step", "seed=0"], ["scheduler=step", "seed=1"],
         ["scheduler=cosine", "seed=0"], ["scheduler=cosine", "seed=1"]]
-    assert all("model.image_size=64" in j for j in jobs)  # the fixed overrides are in every job
+    assert all("debug=tiny" in j for j in jobs)  # the fixed overrides are in every job
 
 
 def test_a_search_picks_its_jobs_as_it_runs(load):

@@ -170,6 +170,7 @@ def test_evaluate_errors_for_missing_corrupt_and_foreign_inputs(chain, tmp_path,
     other = ["dataset.class_names=[a,b]", "dataset.num_classes=2"]
     assert evaluate.main([str(ck), *other]) == 1
     assert "predicts 5 classes but dataset=shapes has 2" in capsys.readouterr().err
-    assert evaluate.main([str(ck), *chain["overrides"], *other]) == 1
+    rebuilt = [*chain["overrides"], "model.image_size=64"]  # a model key: built from overrides
+    assert evaluate.main([str(ck), *rebuilt, *other]) == 1
     err = capsys.readouterr().err
     assert str(ck) in err and "does not fit this model" in err and "class count" in err

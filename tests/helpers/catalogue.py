@@ -17,14 +17,9 @@ import pytest
 from conftest import REPO, run_cmd_env
 
 CLASSES = "dataset.class_names=[circle,square,triangle,star,cross]"
-TINY_CLI = [
-    "model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-    "model.net.mask_bits=[3,3,3,3,3,3,8]", "logger=none",
-    "trainer.progress=false", "trainer.batch_size=8", "trainer.epochs=1",
-    "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.device=cpu",
-]
-SHAPES = ["dataset.generate.num_train=16", "dataset.generate.num_val=8",
-          "dataset.generate.image_size=64"]
+TINY_CLI = ["debug=tiny_model", "trainer.epochs=1", "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1"]
+SHAPES = ["dataset.generate.num_train=16", "dataset.generate.num_val=8"]
 
 
 def argv_of(tmp: Path, args: tuple[str, ...]) -> list[str]:

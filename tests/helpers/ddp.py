@@ -10,10 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from mdk.world import World
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-        "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.image_size=64",
-        "dataset.generate.num_train=64", "trainer.epochs=1", "trainer.limit_train_batches=3",
-        "logger=none", "trainer.progress=false", "trainer.device=cpu"]
+TINY = ["debug=tiny", "dataset.generate.num_train=64", "trainer.epochs=1",
+        "trainer.limit_train_batches=3"]
 
 
 def tiny_cfg(tmp: Path, *extra: str, num_val: int = 24) -> DictConfig:

@@ -11,13 +11,8 @@ import torch
 from conftest import REPO, run_cmd_env
 
 
-TINY_RUN = [
-    "model.image_size=64", "model.net.channels=[8,M,8,M,8,M,8,M,8,M,8]",
-    "model.net.mask_bits=[3,3,3,3,3,3,8]", "dataset.generate.num_train=32",
-    "dataset.generate.num_val=8", "dataset.generate.image_size=64", "logger=none",
-    "trainer.progress=false", "trainer.batch_size=8", "trainer.epochs=3",
-    "trainer.checkpoint_every_iters=2", "scheduler.warmup.iters=2", "trainer.device=cpu",
-]
+TINY_RUN = ["debug=tiny", "dataset.generate.num_train=32", "dataset.generate.num_val=8",
+            "trainer.epochs=3", "trainer.checkpoint_every_iters=2"]
 
 
 def run(tmp: Path, name: str, data: Path, fault: str = "", *extra: str) -> subprocess.CompletedProcess:
