@@ -3,6 +3,7 @@ save and to load (mdk/engine/run_state.py), and last.pth files of the earlier fl
 resume bit-identically."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -49,6 +50,19 @@ def test_save_and_load_walk_the_same_names():
         parts["optimizer"].state_dict()["param_groups"][0]["lr"]
     assert fresh["hooks"].hooks["CheckpointHook"].best == 0.5
     assert torch.equal(torch.rand(3), expected_draw)  # RNG restored
+
+
+def test_a_saved_hook_this_run_lacks_is_a_warning_naming_it(caplog):
+    _, parts = _parts()
+    state = parts["hooks"].state_dict()
+    state["NanGuardHook"] = {"skipped": 3}  # saved by a run that had this hook on
+    _, fresh = _parts()
+    with caplog.at_level(logging.WARNING, logger="mdk.engine.run_state"):
+        fresh["hooks"].load_state_dict(state)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the checkpoint holds the state of hooks this run does not have: NanGuardHook (left unused)"]
+    assert fresh["hooks"].hooks["CheckpointHook"].best == parts["hooks"].hooks["CheckpointHook"].best
+
 
 
 def test_the_optimizer_part_keeps_this_runs_hyper_parameters():

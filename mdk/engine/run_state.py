@@ -13,6 +13,7 @@ loads them first, because the model's structure must be prepared for them (mdk/s
 """
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any, Mapping, Optional, Protocol
 
@@ -22,6 +23,8 @@ import torch
 from mdk import dist
 from mdk.engine.loop import HookBase
 from mdk.world import World
+
+log = logging.getLogger(__name__)
 
 
 class Stateful(Protocol):
@@ -110,6 +113,12 @@ class HookStates:
         return {name: h.state_dict() for name, h in self.hooks.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore each hook by its class name; a saved hook this run does not have (a hook
+        switched off or renamed since) is a warning, not silently dropped."""
+        unknown = sorted(set(state) - set(self.hooks))
+        if unknown:
+            log.warning("the checkpoint holds the state of hooks this run does not have: %s "
+                        "(left unused)", ", ".join(unknown))
         for name, h in self.hooks.items():
             if name in state:
                 h.load_state_dict(state[name])
