@@ -40,6 +40,10 @@ RESULTS = {
     "bench_quant_report.py": [rf"one evaluation pass \(\S+, \d+ val images\): {NUM} s",
                               rf"quant_report command: {NUM} s wall \(report work {NUM} s\) = "
                               rf"{NUM} x one evaluation pass"],
+    "bench_plan_rank.py": [rf"step4 mAP with today's widths: {NUM}",
+                           *[rf"{by}\s+(?:[+-]{NUM}|n/a)\s+(?:[+-]{NUM}|n/a)\n"
+                             for by in ("loss", "map", "fisher")],
+                           rf"total: {NUM} s wall"],
     "bench_recipe.py": [rf"step1\s+{NUM} ± {NUM}(\s+{NUM})+", rf"step4\s+{NUM} ± {NUM}",
                         rf"all seeds: {NUM} s wall"],
     "bench_startup.py": [rf"command -> first iteration: {NUM} s wall", rf"median {NUM} s",

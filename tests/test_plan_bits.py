@@ -11,9 +11,10 @@ import torch
 from conftest import TINY
 from mdk.engine.build import build_data
 from mdk.engine.runner import run_stage
-from mdk.insight.bit_sensitivity import (coefficients, major_layers, memory_of, weights_quantized,
-                                         width_costs)
-from mdk.insight.scoring import EvalSet, score
+from mdk.insight.bit_sensitivity import (coefficients, fisher_cost, fisher_diagonal, major_layers,
+                                         memory_of, weights_quantized, width_costs)
+from mdk.insight.scoring import EvalSet
+from mdk.quant.weights import quantize_conv
 from mdk.quant.bit_plan import plan_bits
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
@@ -96,7 +97,7 @@ def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
         conv.weight.copy_(w)
     _, val = build_data(loaded.cfg, model.grid)
     data = EvalSet.from_config(loaded.cfg, val, loaded.device, images=16)
-    costs = width_costs(model, "5801", lambda m: score(m, data))
+    costs = width_costs(model, "5801", data)
     major = costs.major(model)
     assert major[2].sensitivity[3] > max(major[k].sensitivity[3] for k in (0, 1, 3, 4))
     # room to widen exactly one 576-weight major layer from 3 to 8 bits
@@ -107,6 +108,51 @@ def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
         assert not any(layer.quant_weight for layer in chip_layers(model))
 
 
+def _float_model(step1_done, images: int = 16):
+    tmp, overrides = step1_done
+    loaded = load_checkpoint_model(tmp / "ck" / "step1" / "best.pth", overrides)
+    apply_mode(loaded.model, QuantMode(fold_bn=True), "5801")
+    _, val = build_data(loaded.cfg, loaded.model.grid)
+    return loaded.model, EvalSet.from_config(loaded.cfg, val, loaded.device, images=images)
+
+
+def test_the_fisher_diagonal_is_the_mean_squared_gradient_over_the_batches(step1_done):
+    model, data = _float_model(step1_done)  # 16 images in batches of 8: two batches
+    model.train()
+    fisher = fisher_diagonal(model, data, "5801")
+    layers = chip_layers(model)
+    assert model.training and not any(layer.quant_weight for layer in layers)  # put back
+    expected = [torch.zeros_like(layer.conv.weight) for layer in layers]
+    for start in (0, 8):
+        images = torch.stack([data.dataset[i][0] for i in range(start, start + 8)])
+        targets = torch.stack([data.dataset[i][1] for i in range(start, start + 8)])
+        model.zero_grad()
+        model.eval()
+        data.loss_fn(model(images), targets)["total"].backward()
+        for e, layer in zip(expected, layers):
+            e += layer.conv.weight.grad.square() / 2
+    for f, e in zip(fisher, expected):
+        torch.testing.assert_close(f, e, rtol=1e-5, atol=1e-12)
+    # the cost of one layer at a width: half the Fisher-weighted squared quantization error
+    w, b = layers[3].conv.weight.detach(), layers[3].conv.bias.detach()
+    wq, _ = quantize_conv(w, b, 3, 8, 20)
+    assert fisher_cost(layers[3], fisher[3], 3, "5801") == pytest.approx(
+        0.5 * float((expected[3] * (wq - w) ** 2).sum()), rel=1e-5)
+
+
+def test_by_fisher_plans_from_predicted_costs_and_8_bits_cost_least(step1_done, tmp_path):
+    tmp, overrides = step1_done
+    out = tmp_path / "plan.json"
+    assert tool.main(["budget=0.75", "images=8", "by=fisher", f"out={out}", *overrides]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["by"] == "fisher" and doc["memory_bits"] <= doc["budget_bits"]
+    for m in doc["major_layers"]:
+        assert "score" not in m  # predicted, not measured per width
+        assert 0 <= m["cost"]["8"] < m["cost"]["3"] and 0 <= m["cost"]["8"] < m["cost"]["1"]
+    assert doc["cost"] == pytest.approx(sum(m["cost"][str(m["mask_bits"])]
+                                            for m in doc["major_layers"]))
+
+
 @pytest.mark.parametrize("args,line", [
     (["images=8"], "give one of budget_kb=<KiB>"),
     (["budget_kb=10", "budget=0.5"], "give one of budget_kb=<KiB>"),
@@ -114,7 +160,7 @@ def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
     (["budget=0.001"], "budget=0.001: "),
     (["budget_kb=0.01"], "is below the narrowest plan's"),
     (["budget_kb=lots"], "budget_kb='lots' must be a number of KiB or 'current'"),
-    (["budget_kb=10", "by=speed"], "by='speed': measure the cost by one of loss, map"),
+    (["budget_kb=10", "by=speed"], "by='speed': measure the cost by one of loss, map, fisher"),
 ])
 def test_bad_arguments_are_one_line(step1_done, capsys, args, line):
     _, overrides = step1_done

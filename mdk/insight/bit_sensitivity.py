@@ -2,26 +2,36 @@
 
 A major layer is a run of chip layers up to and including a max-pool (the layers after the last
 pool form the last one): the chip quantizes it with one mask width. Its cost at width ``b`` is
-measured on float weights (a step1 checkpoint, BN folded) with only that major layer's weights
+taken on float weights (a step1 checkpoint, BN folded) with only that major layer's weights
 quantized at ``b``, every other layer and every activation float: the widths change only the
 weights, and the 5-bit activations cost the same whatever the widths are, so they are left out of
-the choice. The cost is the change of the val loss (``by="loss"``, smooth on few images) or the
-mAP lost (``by="map"``) against the float model on the same images.
+the choice. ``by`` says how:
+
+* ``loss``: the val loss increase, measured (one evaluation pass per layer and width);
+* ``map``: the val mAP lost, measured (the same passes);
+* ``fisher``: the loss increase the weights' quantization error predicts to second order,
+  ``1/2 sum F (Q_b(w) - w)^2`` with ``F`` the empirical Fisher diagonal (the squared gradient of
+  the training loss, averaged over the batches of the same images): HAWQ-v2's and FIT's view,
+  which weighs an error by how much the loss bends there rather than by what it breaks before
+  any fine-tuning; one backward pass per batch, then closed form for every layer and width.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, ContextManager, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ContextManager, Mapping, Sequence
 
+import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from mdk.insight.layer_modes import quantized_only
-from mdk.insight.scoring import Score
+from mdk.insight.scoring import EvalSet, Score, score
 from mdk.quant.bit_plan import MajorLayer
 from mdk.quant.bn_fold import chip_layers
-from mdk.quant.chips import CHIP_BITS
+from mdk.quant.chips import CHIP_BITS, chip_bits
+from mdk.quant.weights import quantize_conv
 
-BY = ("loss", "map")
+BY = ("loss", "map", "fisher")
 
 
 def major_layers(model: nn.Module) -> list[list[int]]:
@@ -61,36 +71,77 @@ def weights_quantized(model: nn.Module, mask_bits: Mapping[int, int], chip: str
 
 @dataclass(frozen=True)
 class WidthCosts:
-    """The measured costs, with the float reference they are taken against."""
+    """The costs of each width of each major layer, with the float reference's score."""
     groups: list[list[int]]
     reference: Score
-    scores: list[dict[int, Score]]  # per major layer: width -> score with only it quantized
+    costs: list[dict[int, float]]  # per major layer: width -> cost
     by: str
+    scores: list[dict[int, Score]] = field(default_factory=list)  # measured (loss, map): the scores
 
     def cost(self, group: int, width: int) -> float:
-        s = self.scores[group][width]
-        return s.loss - self.reference.loss if self.by == "loss" else self.reference.map - s.map
+        return self.costs[group][width]
 
     def major(self, model: nn.Module) -> list[MajorLayer]:
         """The planner's input (mdk.quant.bit_plan)."""
-        return [MajorLayer(coefficients(model, g), {b: self.cost(k, b) for b in self.scores[k]})
+        return [MajorLayer(coefficients(model, g), dict(self.costs[k]))
                 for k, g in enumerate(self.groups)]
 
 
-def width_costs(model: nn.Module, chip: str, scorer: Callable[[nn.Module], Score],
-                by: str = "loss") -> WidthCosts:
-    """Score ``model`` (float weights) once as it is and once per (major layer, chip width) with
-    only that major layer's weights quantized at that width."""
+def fisher_diagonal(model: nn.Module, data: EvalSet, chip: str) -> list[torch.Tensor]:
+    """Per chip layer, the mean over ``data``'s batches of the squared gradient of the training
+    loss with respect to its conv weight, the model float and in eval mode (BN folded: nothing
+    changes with the mode but the gradient's graph)."""
+    layers = chip_layers(model)
+    weights = [layer.conv.weight for layer in layers]
+    sums = [torch.zeros_like(w) for w in weights]
+    frozen = [not w.requires_grad for w in weights]
+    was_training, batches = model.training, 0
+    model.eval()
+    try:
+        for w in weights:
+            w.requires_grad_(True)
+        with weights_quantized(model, {}, chip), torch.enable_grad():  # every layer float
+            for images, targets, _ in DataLoader(data.dataset, batch_size=data.batch_size):
+                pred = model(images.to(data.device))
+                loss = data.loss_fn(pred, targets.to(data.device))["total"]
+                for acc, g in zip(sums, torch.autograd.grad(loss, weights)):
+                    acc.add_(g.detach().square())
+                batches += 1
+    finally:
+        for w, off in zip(weights, frozen):
+            w.requires_grad_(not off)
+        model.train(was_training)
+    return [acc / max(batches, 1) for acc in sums]
+
+
+def fisher_cost(layer: nn.Module, fisher: torch.Tensor, bits: int, chip: str) -> float:
+    """``1/2 sum F (Q(w) - w)^2`` of one chip layer's weights at ``bits`` on ``chip``."""
+    w, b = layer.conv.weight.detach(), layer.conv.bias
+    wq, _ = quantize_conv(w, None if b is None else b.detach(), bits, *chip_bits(chip, bits))
+    return 0.5 * float((fisher * (wq - w).square()).sum())
+
+
+def width_costs(model: nn.Module, chip: str, data: EvalSet, by: str = "loss") -> WidthCosts:
+    """The cost of every (major layer, chip width) on ``data``, and the float model's score:
+    measured with only that major layer's weights quantized at that width (``loss``, ``map``),
+    or predicted from the Fisher diagonal (``fisher``)."""
     if by not in BY:
         raise ValueError(f"by={by!r}: measure the cost by one of {BY}")
     groups = major_layers(model)
     with weights_quantized(model, {}, chip):
-        reference = scorer(model)
+        reference = score(model, data)
+    if by == "fisher":
+        fisher, layers = fisher_diagonal(model, data, chip), chip_layers(model)
+        costs = [{b: sum(fisher_cost(layers[i], fisher[i], b, chip) for i in g)
+                  for b in chip_widths(chip)} for g in groups]
+        return WidthCosts(groups, reference, costs, by)
     scores = []
     for g in groups:
         per_width = {}
         for b in chip_widths(chip):
             with weights_quantized(model, {i: b for i in g}, chip):
-                per_width[b] = scorer(model)
+                per_width[b] = score(model, data)
         scores.append(per_width)
-    return WidthCosts(groups, reference, scores, by)
+    costs = [{b: s.loss - reference.loss if by == "loss" else reference.map - s.map
+              for b, s in per_width.items()} for per_width in scores]
+    return WidthCosts(groups, reference, costs, by, scores)

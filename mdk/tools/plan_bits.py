@@ -15,7 +15,8 @@ model's widths today, ``budget=F`` instead of ``budget_kb`` the fraction F of it
 
 and writes them to ``out`` (default: ``plan_bits.json`` in the run dir, Hydra's ``hydra.run.dir``
 as for ``python run.py``, printed at the end). Tool keys: ``budget_kb`` or ``budget`` (one of them),
-``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost),
+``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost;
+``fisher``: the loss increase the Fisher diagonal predicts, one backward pass over the images),
 ``out``; every other argument is a config override.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from mdk.compose import compose
 from mdk.errors import error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
-from mdk.insight.scoring import EvalSet, score
+from mdk.insight.scoring import EvalSet
 from mdk.quant.bit_plan import BitPlan, plan_bits
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 TOOL_KEYS = {"budget_kb": None, "budget": None, "images": "200", "by": "loss", "out": None}
 KIB = 8192  # bits
+UNITS = {"loss": "val loss increase", "map": "mAP lost",
+         "fisher": "val loss increase predicted from the Fisher diagonal"}
 
 
 def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
@@ -113,7 +116,8 @@ def report(costs: WidthCosts, plan: BitPlan, widths: list[int], loaded: Loaded,
             "reference": costs.reference.numbers(), "widths": widths,
             "major_layers": [{"layers": g, "weights": m.weights,
                               "cost": {str(b): m.sensitivity[b] for b in widths},
-                              "score": {str(b): costs.scores[k][b].numbers() for b in widths},
+                              **({"score": {str(b): costs.scores[k][b].numbers() for b in widths}}
+                                 if costs.scores else {}),
                               "mask_bits": plan.bits[k]}
                              for k, (g, m) in enumerate(zip(costs.groups, major))],
             "cost": plan.sensitivity, "mask_bits": per_layer(plan, costs.groups)}
@@ -121,7 +125,7 @@ def report(costs: WidthCosts, plan: BitPlan, widths: list[int], loaded: Loaded,
 
 def table(doc: dict[str, Any]) -> str:
     widths = doc["widths"]
-    unit = "val loss increase" if doc["by"] == "loss" else "mAP lost"
+    unit = UNITS[doc["by"]]
     lines = [f"cost of each width ({unit} on {doc['images']} val images; float: mAP "
              f"{doc['reference']['map']:.4f}, loss {doc['reference']['loss']:.4f}):",
              "major  layers        weights  " + "  ".join(f"{b:>2}-bit cost" for b in widths)
@@ -153,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         apply_mode(loaded.model, QuantMode(fold_bn=True), chip, "plan_bits")  # the chip has no BN
         _, val = build_data(loaded.cfg, loaded.model.grid, train=False)  # scored ~19 times: cached
         data = EvalSet.from_config(loaded.cfg, val, loaded.device, images=int(keys["images"]))
-        costs = width_costs(loaded.model, chip, lambda m: score(m, data), keys["by"])
+        costs = width_costs(loaded.model, chip, data, keys["by"])
         try:
             plan = plan_bits(costs.major(loaded.model), budget)
         except ValueError as e:
