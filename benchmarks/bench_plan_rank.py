@@ -120,7 +120,8 @@ def main() -> None:
           f"runs in {out}", flush=True)
     t0 = time.perf_counter()
     if not (ck / "step1" / "best.pth").is_file():
-        run_py([*step1, f"paths.checkpoints={ck}"], out / "step1", os.cpu_count() or 1)
+        run_py([*step1, "pipeline=[step1]", f"paths.checkpoints={ck}"], out / "step1",
+               os.cpu_count() or 1)
     tables = {}
     for by in args.by:
         doc = out / f"costs_{by}.json"

@@ -34,6 +34,16 @@ def compose(overrides: list[str]):
     return mdk_compose(overrides)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (tests/suite.py): a module's tests on one
+    worker, so its module-scoped fixtures are made once; every SLURM test on the same worker, so
+    the session has one cluster and one set of namespace hosts."""
+    for item in items:
+        module = item.module.__name__ if item.module is not None else item.nodeid
+        group = "slurm" if module.rpartition(".")[2].startswith("test_slurm") else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One generated tiny dataset for the whole session (generation is deterministic)."""

@@ -1,7 +1,15 @@
-"""The test command: `python tests/suite.py [pytest args]` (installs ./.venv on first use)."""
+"""The test command: `python tests/suite.py [pytest args]` (installs ./.venv on first use).
+
+The tests run in parallel, one pytest-xdist worker per core (at most 4): most of them wait on
+processes they start or use one thread, so one at a time leaves cores idle. A module's tests stay
+on one worker (its module fixtures are made once) and the SLURM tests share one (one cluster):
+tests/conftest.py groups them. ``-n 0`` runs everything in this process, one test at a time.
+"""
 import os
 import sys
 from pathlib import Path
+
+MAX_WORKERS = 4
 
 
 def main() -> int:
@@ -13,7 +21,11 @@ def main() -> int:
     import pytest
 
     os.chdir(repo)
-    return pytest.main(["tests", *sys.argv[1:]])
+    args = sys.argv[1:]
+    if not any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
+        workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+        args = ["-n", str(workers), "--dist", "loadgroup", *args] if workers > 1 else args
+    return pytest.main(["tests", *args])
 
 
 # Guarded: worker processes started with 'spawn' re-import the main module, and must not start

@@ -87,10 +87,13 @@ echo "done ${{SLURM_RESTART_COUNT:-0}}" >> {log}
 
 
 @pytest.mark.slurm
-def test_second_cluster_runs_alongside_and_stops_cleanly(slurm_cluster, tmp_path):
+def test_second_cluster_runs_alongside_and_stops_cleanly(slurm_cluster, tmp_path,
+                                                         tmp_path_factory):
     from slurm_cluster import is_alive, start_cluster
 
-    other = start_cluster(tmp_path / "other")
+    # A short folder: slurmd's job sockets live under it, and a Unix socket path takes at most
+    # 108 bytes (a test's own tmp_path, under a pytest-xdist worker's folder, can be longer).
+    other = start_cluster(tmp_path_factory.mktemp("other"))
     try:
         assert other.conf.read_text() != slurm_cluster.conf.read_text()  # own ports, munge, dirs
         job_id = other.run("sbatch", "--parsable", f"--output={tmp_path / 'o.out'}", "--wrap",
