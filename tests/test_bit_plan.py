@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mdk.quant.bit_plan import MajorLayer, plan_bits, memory_bits
+from mdk.quant.bit_plan import MajorLayer, memory_bits, plan_bits, plan_within_cost
 from mdk.quant.chips import CHIP_BITS
 
 
@@ -27,18 +27,53 @@ def brute_force(layers: list[MajorLayer], budget: int) -> tuple[float, int, tupl
     return best
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_equals_brute_force_on_random_nets(seed: int) -> None:
-    rng = random.Random(seed)
+def brute_force_within(layers: list[MajorLayer], max_cost: float
+                       ) -> tuple[int, float, tuple[int, ...]] | None:
+    """(memory, sensitivity, widths) of the least-memory plan costing at most ``max_cost``."""
+    best = None
+    for bits in itertools.product(*(sorted(layer.sensitivity) for layer in layers)):
+        cost = 0.0
+        for layer, b in zip(layers, bits):
+            cost += float(layer.sensitivity[b])
+        key = (memory_bits(layers, bits), cost, bits)
+        if cost <= max_cost and (best is None or key < best):
+            best = key
+    return best
+
+
+def random_net(rng: random.Random) -> list[MajorLayer]:
+    """1-8 major layers of one chip's widths; a wider width costs less, now and then two widths
+    cost the same (ties)."""
     chip = rng.choice(sorted(CHIP_BITS))
     widths = sorted(CHIP_BITS[chip])
     layers = []
     for _ in range(rng.randint(1, 8)):
-        # A wider width costs less; now and then two widths cost the same (ties).
         costs = sorted((round(rng.uniform(0, 0.05), rng.choice([2, 6])) for _ in widths),
                        reverse=True)
         layers.append(MajorLayer(weights=rng.choice([27, 144, 576, 1152, 2304, 4608]),
                                  sensitivity=dict(zip(widths, costs))))
+    return layers
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_least_memory_under_a_cost_bound_equals_brute_force(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    layers = random_net(rng)
+    widest = sum(min(layer.sensitivity.values()) for layer in layers)
+    narrowest = sum(max(layer.sensitivity.values()) for layer in layers)
+    for bound in (widest, (widest + narrowest) / 2, rng.uniform(widest, narrowest), narrowest):
+        plan = plan_within_cost(layers, bound)
+        assert (plan.memory_bits, plan.sensitivity, plan.bits) == brute_force_within(layers, bound)
+        assert plan.sensitivity <= bound
+    with pytest.raises(ValueError, match="no plan costs at most"):
+        plan_within_cost(layers, widest - 0.01)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_equals_brute_force_on_random_nets(seed: int) -> None:
+    rng = random.Random(seed)
+    layers = random_net(rng)
+    widths = sorted(layers[0].sensitivity)
     narrow = memory_bits(layers, [widths[0]] * len(layers))
     wide = memory_bits(layers, [widths[-1]] * len(layers))
     for budget in (narrow, (narrow + wide) // 2, rng.randint(narrow, wide), wide):

@@ -153,8 +153,27 @@ def test_by_fisher_plans_from_predicted_costs_and_8_bits_cost_least(step1_done, 
                                             for m in doc["major_layers"]))
 
 
+def test_a_cost_bound_gives_the_least_memory_within_it(step1_done, tmp_path):
+    tmp, overrides = step1_done
+    free, bounded = tmp_path / "free.json", tmp_path / "bounded.json"
+    assert tool.main(["budget=1", "images=8", "by=map", f"out={free}", *overrides]) == 0
+    costs = json.loads(free.read_text())["major_layers"]
+    widest = sum(min(m["cost"].values()) for m in costs)
+    assert tool.main([f"max_cost={widest + 0.05}", "images=8", "by=map", f"out={bounded}",
+                      *overrides]) == 0
+    doc = json.loads(bounded.read_text())
+    assert doc["budget_bits"] is None and doc["max_cost"] == widest + 0.05
+    assert doc["cost"] <= widest + 0.05
+    # no plan of less memory stays within the bound (the planner is exact: tests/test_bit_plan.py)
+    assert doc["cost"] == pytest.approx(sum(m["cost"][str(m["mask_bits"])]
+                                            for m in doc["major_layers"]))
+
+
 @pytest.mark.parametrize("args,line", [
     (["images=8"], "give one of budget_kb=<KiB>"),
+    (["budget=0.5", "max_cost=0.1"], "give one of budget_kb=<KiB>"),
+    (["max_cost=-1"], "max_cost='-1' must be a number >= 0"),
+    (["max_cost=0", "by=fisher"], "max_cost=0: no plan costs at most 0"),
     (["budget_kb=10", "budget=0.5"], "give one of budget_kb=<KiB>"),
     (["budget=-1"], "budget='-1' must be a fraction > 0 of the memory today's widths take"),
     (["budget=0.001"], "budget=0.001: "),

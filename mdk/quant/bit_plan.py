@@ -4,7 +4,8 @@ The chip quantizes a major layer (a run of convs up to a max-pool) with one mask
 coefficients take ``weights * bits`` bits of the chip's memory. Given, per major layer and
 width, a sensitivity (what quantizing that layer at that width costs, e.g. the mAP it loses),
 :func:`plan_bits` returns the widths that minimise the summed sensitivity while the coefficients
-fit the budget.
+fit the budget, :func:`plan_within_cost` the widths of least memory whose summed sensitivity stays
+under a bound.
 
 Exact by dynamic programming over the memory used: after each layer only the cheapest plan for
 each reachable memory total is kept (a plan that uses more memory for no less sensitivity is
@@ -47,17 +48,42 @@ def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
     """
     if not layers:
         return BitPlan((), 0.0, 0)
+    front = _front(layers, budget_bits)
+    used, (cost, bits) = min(front.items(), key=lambda kv: (kv[1][0], kv[0], kv[1][1]))
+    return BitPlan(bits, cost, used)
+
+
+def plan_within_cost(layers: Sequence[MajorLayer], max_cost: float) -> BitPlan:
+    """The widths of least memory whose summed sensitivity is at most ``max_cost`` (e.g. the mAP
+    a user accepts to lose); ties as :func:`plan_bits`. Exact: the least-memory plan under the
+    bound is never dominated (a plan of less memory and no more cost would be the answer).
+    Raises ValueError when even the least sensitive plan costs more."""
+    if not layers:
+        return BitPlan((), 0.0, 0)
+    front = _front(layers, None)
+    for used in sorted(front):
+        cost, bits = front[used]
+        if cost <= max_cost:
+            return BitPlan(bits, cost, used)
+    least = min(cost for cost, _ in front.values())
+    raise ValueError(f"no plan costs at most {max_cost:g}: the least sensitive plan costs "
+                     f"{least:.6g}; raise the bound")
+
+
+def _front(layers: Sequence[MajorLayer], budget_bits: int | None
+           ) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """Memory used -> (sensitivity, widths) of every undominated whole plan within the budget
+    (None: any memory), by dynamic programming over the layers."""
     for i, layer in enumerate(layers):
         if not layer.sensitivity:
             raise ValueError(f"major layer {i} has no width to choose from")
-    # memory used -> (sensitivity, widths) of the best plan reaching exactly that memory
     front: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
     for layer in layers:
         nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
         for used, (cost, bits) in front.items():
             for b in sorted(layer.sensitivity):
                 m = used + layer.weights * b
-                if m > budget_bits:
+                if budget_bits is not None and m > budget_bits:
                     continue
                 cand = (cost + float(layer.sensitivity[b]), bits + (b,))
                 if m not in nxt or cand < nxt[m]:
@@ -67,8 +93,7 @@ def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
             narrow = sum(lay.weights * min(lay.sensitivity) for lay in layers)
             raise ValueError(f"a budget of {budget_bits} bits is below the narrowest plan's "
                              f"{narrow} bits; raise the budget")
-    used, (cost, bits) = min(front.items(), key=lambda kv: (kv[1][0], kv[0], kv[1][1]))
-    return BitPlan(bits, cost, used)
+    return front
 
 
 def _undominated(plans: dict[int, tuple[float, tuple[int, ...]]]

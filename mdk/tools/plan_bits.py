@@ -3,18 +3,21 @@
     python -m mdk.tools.plan_bits budget_kb=900 [overrides]
     python -m mdk.tools.plan_bits budget_kb=current images=400 by=map out=plans/small.json
     python -m mdk.tools.plan_bits budget=0.75          # 75 % of the memory today's widths take
+    python -m mdk.tools.plan_bits max_cost=0.02 by=map  # the least memory losing <= 0.02 mAP
 
 Reads the float stage's best.pth under ``paths.checkpoints`` (step1; the same composition as
 ``python run.py``), measures what each chip width costs each major layer (only that major layer's
 weights quantized, on the first ``images`` val images: mdk/insight/bit_sensitivity.py), and picks
 the widths of least summed cost whose coefficients fit ``budget_kb`` KiB (exact: dynamic
 programming over memory, mdk/quant/bit_plan.py). ``budget_kb=current`` is the memory of the
-model's widths today, ``budget=F`` instead of ``budget_kb`` the fraction F of it. Prints the costs, the plan and the override to train with, e.g.
+model's widths today, ``budget=F`` instead of ``budget_kb`` the fraction F of it; ``max_cost=C``
+instead of a budget: the widths of least memory whose summed cost is at most C (with ``by=map``,
+the mAP lost before fine-tuning). Prints the costs, the plan and the override to train with, e.g.
 
     python run.py 'pipeline=[step2,cal,step3,step4]' 'model.net.mask_bits=[8,8,3,...]'
 
 and writes them to ``out`` (default: ``plan_bits.json`` in the run dir, Hydra's ``hydra.run.dir``
-as for ``python run.py``, printed at the end). Tool keys: ``budget_kb`` or ``budget`` (one of them),
+as for ``python run.py``, printed at the end). Tool keys: ``budget_kb``, ``budget`` or ``max_cost`` (one of them),
 ``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost;
 ``fisher``: the loss increase the Fisher diagonal predicts, one backward pass over the images),
 ``out``; every other argument is a config override.
@@ -32,7 +35,7 @@ from mdk.errors import error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
 from mdk.insight.scoring import EvalSet
-from mdk.quant.bit_plan import BitPlan, plan_bits
+from mdk.quant.bit_plan import BitPlan, plan_bits, plan_within_cost
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
 from mdk.stage import chain, stage_names, stage_spec
@@ -41,7 +44,9 @@ from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoin
 
 log = logging.getLogger(__name__)
 
-TOOL_KEYS = {"budget_kb": None, "budget": None, "images": "200", "by": "loss", "out": None}
+TOOL_KEYS = {"budget_kb": None, "budget": None, "max_cost": None, "images": "200", "by": "loss",
+             "out": None}
+LIMITS = ("budget_kb", "budget", "max_cost")
 KIB = 8192  # bits
 UNITS = {"loss": "val loss increase", "map": "mAP lost",
          "fisher": "val loss increase predicted from the Fisher diagonal"}
@@ -56,10 +61,19 @@ def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
             keys[name] = value
         else:
             overrides.append(a)
-    if (keys["budget_kb"] is None) == (keys["budget"] is None):
+    if sum(keys[k] is not None for k in LIMITS) != 1:
         raise ToolError("give one of budget_kb=<KiB> (the coefficient memory the plan may use; "
-                        "budget_kb=current: what the model's widths take today) or budget=<fraction "
-                        "of what today's widths take>, e.g. budget=0.75")
+                        "budget_kb=current: what the model's widths take today), budget=<fraction "
+                        "of what today's widths take>, e.g. budget=0.75, or max_cost=<the summed "
+                        "cost the plan may have>, e.g. max_cost=0.02 by=map")
+    if keys["max_cost"] is not None:
+        try:
+            bound = float(keys["max_cost"])
+        except ValueError:
+            bound = float("nan")
+        if not bound >= 0:
+            raise ToolError(f"max_cost={keys['max_cost']!r} must be a number >= 0 (in the cost's "
+                            "unit: mAP lost with by=map)")
     if keys["by"] not in BY:
         raise ToolError(f"by={keys['by']!r}: measure the cost by one of {', '.join(BY)}")
     if not keys["images"].isdigit() or int(keys["images"]) < 1:
@@ -80,8 +94,11 @@ def float_checkpoint(cfg: Any) -> Path:
                     f"run.py step={floats[0] if floats else '...'} with the same overrides")
 
 
-def budget_bits(keys: dict[str, str], loaded: Loaded) -> int:
-    """The budget in bits: ``budget_kb`` KiB, or ``budget`` times today's widths' memory."""
+def budget_bits(keys: dict[str, str], loaded: Loaded) -> int | None:
+    """The budget in bits: ``budget_kb`` KiB, or ``budget`` times today's widths' memory (None:
+    ``max_cost`` bounds the plan instead)."""
+    if keys["max_cost"] is not None:
+        return None
     bits = [int(layer.mask_bits) for layer in chip_layers(loaded.model)]
     if keys["budget"] is not None:
         try:
@@ -110,7 +127,7 @@ def per_layer(plan: BitPlan, groups: list[list[int]]) -> list[int]:
 
 
 def report(costs: WidthCosts, plan: BitPlan, widths: list[int], loaded: Loaded,
-           budget: int, meta: dict[str, Any]) -> dict[str, Any]:
+           budget: int | None, meta: dict[str, Any]) -> dict[str, Any]:
     major = costs.major(loaded.model)
     return {**meta, "by": costs.by, "budget_bits": budget, "memory_bits": plan.memory_bits,
             "reference": costs.reference.numbers(), "widths": widths,
@@ -136,7 +153,9 @@ def table(doc: dict[str, Any]) -> str:
                      + "  ".join(f"{m['cost'][str(b)]:>+11.4f}" for b in widths)
                      + f"  {m['mask_bits']:>2}-bit")
     lines.append(f"plan: summed cost {doc['cost']:+.4f}, coefficients {doc['memory_bits'] / KIB:.1f} "
-                 f"KiB of the budget's {doc['budget_bits'] / KIB:.1f} KiB")
+                 + (f"KiB of the budget's {doc['budget_bits'] / KIB:.1f} KiB"
+                    if doc["budget_bits"] is not None else
+                    f"KiB, the least for a summed cost <= {doc['max_cost']:g}"))
     lines.append("model.net.mask_bits=[" + ",".join(map(str, doc["mask_bits"])) + "]")
     return "\n".join(lines)
 
@@ -158,13 +177,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _, val = build_data(loaded.cfg, loaded.model.grid, train=False)  # scored ~19 times: cached
         data = EvalSet.from_config(loaded.cfg, val, loaded.device, images=int(keys["images"]))
         costs = width_costs(loaded.model, chip, data, keys["by"])
+        major = costs.major(loaded.model)
+        given = next(k for k in LIMITS if keys[k] is not None)
         try:
-            plan = plan_bits(costs.major(loaded.model), budget)
+            plan = plan_bits(major, budget) if budget is not None else \
+                plan_within_cost(major, float(keys["max_cost"]))
         except ValueError as e:
-            given = "budget_kb" if keys["budget"] is None else "budget"
             raise ToolError(f"{given}={keys[given]}: {e}") from None
-        doc = report(costs, plan, chip_widths(chip), loaded, budget,
-                     {"checkpoint": str(path), "chip": chip, "images": data.images})
+        meta = {"checkpoint": str(path), "chip": chip, "images": data.images}
+        if budget is None:
+            meta["max_cost"] = float(keys["max_cost"])
+        doc = report(costs, plan, chip_widths(chip), loaded, budget, meta)
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
