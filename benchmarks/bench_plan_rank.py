@@ -23,8 +23,6 @@ import contextlib
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,22 +35,6 @@ import common
 from mdk.tools import plan_bits
 
 CHAIN = "pipeline=[step2,cal,step3,step4]"
-
-
-def run_py(args: list[str], sweep: Path, threads: int) -> dict:
-    """``python run.py -m <args>`` as one sweep job; its result.json."""
-    sweep.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(common.REPO / "run.py"), "-m", *args, f"hydra.sweep.dir={sweep}",
-           "hydra.callbacks.sweep.resume=true", f"dist.cpu_threads={threads}",
-           "trainer.progress=false"]
-    with open(sweep / "bench.log", "w") as log:
-        p = subprocess.run(cmd, cwd=common.REPO, stdout=log, stderr=subprocess.STDOUT)
-    result = sweep / "0" / "result.json"
-    if p.returncode != 0 or not result.is_file():
-        tail = (sweep / "bench.log").read_text().splitlines()[-5:]
-        raise SystemExit(f"{sweep.name} failed (exit {p.returncode}); {sweep / 'bench.log'} ends:\n"
-                         + "\n".join(tail))
-    return json.loads(result.read_text())
 
 
 def step4_map(record: dict) -> float:
@@ -106,7 +88,7 @@ def main() -> None:
     # +stages.<s>.* shorten the fine-tuning stages: the chains' overrides, not step1's
     step1 = [o for o in overrides if not o.startswith("+stages.")]
     if args.smoke:
-        args.plans, args.images, args.parallel, args.low = 2, 8, 2, 0.5
+        args.plans, args.images, args.parallel, args.low = 2, 8, 3, 0.5
         args.out = args.out or str(common.smoke_dir() / "rank")
         step1 = [*common.SMOKE, f"paths.data={common.smoke_dir()}/data", "trainer.epochs=1",
                  "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", *step1]
@@ -120,8 +102,8 @@ def main() -> None:
           f"runs in {out}", flush=True)
     t0 = time.perf_counter()
     if not (ck / "step1" / "best.pth").is_file():
-        run_py([*step1, "pipeline=[step1]", f"paths.checkpoints={ck}"], out / "step1",
-               os.cpu_count() or 1)
+        common.sweep_job([*step1, "pipeline=[step1]", f"paths.checkpoints={ck}"], out / "step1",
+                         os.cpu_count() or 1)
     tables = {}
     for by in args.by:
         doc = out / f"costs_{by}.json"
@@ -143,8 +125,8 @@ def main() -> None:
             if f.is_file() and not target.exists():
                 os.link(f, target)
         widths = [f"model.net.mask_bits=[{','.join(map(str, mask_bits))}]"] if mask_bits else []
-        return step4_map(run_py([*overrides, CHAIN, *widths, f"paths.checkpoints={plan_ck}"],
-                                out / name / "sweep", threads))
+        args = [*overrides, CHAIN, *widths, f"paths.checkpoints={plan_ck}"]
+        return step4_map(common.sweep_job(args, out / name / "sweep", threads))
 
     jobs = [("today", None)] + [(f"plan{k}", per_layer(first, p)) for k, p in enumerate(plans)]
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:

@@ -15,11 +15,8 @@ of the stage. ``--smoke`` runs the bccd recipe's whole chain on a tiny generated
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,20 +27,8 @@ import common
 def run_seed(recipe: str, root: str, seed: int, out: Path, threads: int,
              overrides: list[str]) -> dict:
     """One seed's run of the recipe; its result.json (the sweep job's record)."""
-    sweep = out / f"seed{seed}"
-    cmd = [sys.executable, str(common.REPO / "run.py"), "-m", f"experiment={recipe}",
-           f"dataset.root={root}", f"seed={seed}", f"dist.cpu_threads={threads}",
-           f"hydra.sweep.dir={sweep}", "hydra.callbacks.sweep.resume=true",
-           "trainer.progress=false", *overrides]
-    sweep.mkdir(parents=True, exist_ok=True)
-    with open(sweep / "bench.log", "w") as log:
-        p = subprocess.run(cmd, cwd=common.REPO, stdout=log, stderr=subprocess.STDOUT)
-    result = sweep / "0" / "result.json"
-    if p.returncode != 0 or not result.is_file():
-        tail = (sweep / "bench.log").read_text().splitlines()[-5:]
-        raise SystemExit(f"seed {seed} failed (exit {p.returncode}); {sweep / 'bench.log'} ends:\n"
-                         + "\n".join(tail))
-    return json.loads(result.read_text())
+    return common.sweep_job([f"experiment={recipe}", f"dataset.root={root}", f"seed={seed}",
+                             *overrides], out / f"seed{seed}", threads)
 
 
 def _mean_std(xs: list[float]) -> str:

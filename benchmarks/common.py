@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +53,23 @@ def smoke_overrides() -> list[str]:
     """SMOKE with the generated data and checkpoints in ``smoke_dir()``."""
     d = smoke_dir()
     return [*SMOKE, f"paths.data={d}/data", f"paths.checkpoints={d}/checkpoints"]
+
+
+def sweep_job(args: list[str], sweep: Path, threads: int) -> dict:
+    """``python run.py -m <args>`` as one sweep job in ``sweep`` (its log: bench.log there) with
+    ``threads`` intra-op threads; its result.json, or SystemExit with the log's last lines."""
+    sweep.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(REPO / "run.py"), "-m", f"hydra.sweep.dir={sweep}",
+           "hydra.callbacks.sweep.resume=true", f"dist.cpu_threads={threads}",
+           "trainer.progress=false", *args]
+    with open(sweep / "bench.log", "w") as log:
+        p = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    result = sweep / "0" / "result.json"
+    if p.returncode != 0 or not result.is_file():
+        tail = (sweep / "bench.log").read_text().splitlines()[-5:]
+        raise SystemExit(f"{sweep} failed (exit {p.returncode}); {sweep / 'bench.log'} ends:\n"
+                         + "\n".join(tail))
+    return json.loads(result.read_text())
 
 
 def device(smoke: bool):

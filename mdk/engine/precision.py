@@ -88,11 +88,6 @@ def amp_dtype(trainer: DictConfig, device: torch.device,
     return _DTYPES[name]
 
 
-def needs_scaler(dtype: Optional[torch.dtype]) -> bool:
-    """float16 gradients underflow without loss scaling; bfloat16 and float32 do not."""
-    return dtype == torch.float16
-
-
 def channels_last(trainer: DictConfig, device: torch.device, float_model: bool = False) -> bool:
     """``trainer.channels_last`` (true | false | auto) resolved for ``device``; see above."""
     value = trainer.get("channels_last", False)

@@ -208,10 +208,3 @@ class AnchorHead:
         cls_score, cls = p[..., 5:].clamp(0, 1).max(-1)
         scores = (p[..., 4].clamp(0, 1) * cls_score).reshape(n, -1)
         return _nms(xyxy, scores, cls.reshape(n, -1), conf_thresh, nms_iou, max_det)
-
-
-def head_of(model: torch.nn.Module) -> Any:
-    """The head a model's output is read with (a DDP or compiled wrapper is looked through)."""
-    core = getattr(model, "module", model)
-    core = getattr(core, "_orig_mod", core)
-    return core.head
