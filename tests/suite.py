@@ -3,7 +3,8 @@
 The tests run in parallel, one pytest-xdist worker per core (at most 4): most of them wait on
 processes they start or use one thread, so one at a time leaves cores idle. A module's tests stay
 on one worker (its module fixtures are made once) and the SLURM tests share one (one cluster):
-tests/conftest.py groups them. ``-n 0`` runs everything in this process, one test at a time.
+tests/conftest.py groups them. ``-n 0`` runs everything in this process, one test at a time;
+test files or node ids given run alone (``python tests/suite.py tests/test_ddp.py``).
 """
 import os
 import sys
@@ -20,12 +21,17 @@ def main() -> int:
     ensure_environment()
     import pytest
 
+    cwd, args = Path.cwd(), sys.argv[1:]
+    # Test files / node ids named on the command line (from wherever it runs): only those.
+    named = [i for i, a in enumerate(args)
+             if not a.startswith("-") and (cwd / a.split("::")[0]).exists()]
+    for i in named:
+        args[i] = str(cwd / args[i])
     os.chdir(repo)
-    args = sys.argv[1:]
     if not any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
         workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
         args = ["-n", str(workers), "--dist", "loadgroup", *args] if workers > 1 else args
-    return pytest.main(["tests", *args])
+    return pytest.main(args if named else ["tests", *args])
 
 
 # Guarded: worker processes started with 'spawn' re-import the main module, and must not start
