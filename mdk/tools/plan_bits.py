@@ -179,14 +179,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         costs = width_costs(loaded.model, chip, data, keys["by"])
         major = costs.major(loaded.model)
         given = next(k for k in LIMITS if keys[k] is not None)
+        bound = None if budget is not None else float(keys["max_cost"])
         try:
-            plan = plan_bits(major, budget) if budget is not None else \
-                plan_within_cost(major, float(keys["max_cost"]))
+            plan = plan_bits(major, budget) if bound is None else plan_within_cost(major, bound)
         except ValueError as e:
             raise ToolError(f"{given}={keys[given]}: {e}") from None
         meta = {"checkpoint": str(path), "chip": chip, "images": data.images}
-        if budget is None:
-            meta["max_cost"] = float(keys["max_cost"])
+        if bound is not None:
+            meta["max_cost"] = bound
         doc = report(costs, plan, chip_widths(chip), loaded, budget, meta)
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
