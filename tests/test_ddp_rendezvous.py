@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from launchers.processes import spawn
-from launchers.processes.join import join_external
-from launchers.processes.rendezvous import RendezvousError, check_in, connect, host_store
+from launchers.processes.join import RendezvousError, join
 from mdk.data.samplers import GlobalBatchSampler
 from mdk.dist_config import check_dist_url, parse_dist_url
 from mdk.errors import ConfigError
@@ -23,69 +22,52 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_dist_url_times_out_naming_address_and_what_to_check():
-    port = _closed_port()
+def _alone(tmp_path, rank: int, url: str) -> RendezvousError:
+    """One machine of two (one rank each) started alone: the agent's rendezvous gives up."""
+    from helpers.ddp import ordered_sum_rank, tiny_cfg
+
+    cfg = tiny_cfg(tmp_path, "dist.nodes=2", f"dist.rank={rank}", f"dist.dist_url={url}",
+                   "dist.gpus=1", "dist.timeout_s=2")
     t0 = time.monotonic()
     with pytest.raises(RendezvousError) as e:
-        connect("127.0.0.1", port, timeout_s=2)
+        spawn.run_ranks(cfg, tmp_path / "run", ordered_sum_rank)
     took = time.monotonic() - t0
     assert took < 15, f"took {took:.1f}s for a 2 s timeout"
-    msg = str(e.value)
+    return e.value
+
+
+def test_unreachable_dist_url_times_out_naming_address_and_what_to_check(tmp_path):
+    port = _closed_port()
+    msg = str(_alone(tmp_path, 1, f"127.0.0.1:{port}"))
     assert f"127.0.0.1:{port}" in msg and "nothing answered" in msg
     assert "firewall" in msg and "VPN" in msg and "dist.timeout_s=2" in msg
 
 
-def test_check_in_timeout_lists_ranks_that_arrived():
-    store, host, port = host_store("auto", 1, 5)
-    t0 = time.monotonic()
-    with pytest.raises(RendezvousError) as e:
-        check_in(store, "t", 0, 3, 1.0, f"{host}:{port}")
-    assert time.monotonic() - t0 < 5
-    msg = str(e.value)
-    assert f"{host}:{port}" in msg and "1 of 3 ranks arrived" in msg
-    assert f"0@{socket.gethostname()}" in msg and "missing ranks [1, 2]" in msg
-    assert "firewall" in msg
+def test_machine_0_left_alone_times_out_with_the_count_of_who_came(tmp_path):
+    port = _closed_port()
+    msg = str(_alone(tmp_path, 0, f"127.0.0.1:{port}"))
+    assert f"127.0.0.1:{port}" in msg and "1/2 clients joined" in msg and "firewall" in msg
 
 
-def test_check_in_returns_once_all_ranks_arrived():
-    store, host, port = host_store("auto", 1, 5)
-    client = connect(host, port, 5)
-    client.add("t/count", 1)  # rank 1 (a client) has arrived already
-    client.set("t/arrived/1", "other")
-    check_in(store, "t", 0, 2, 2.0, f"{host}:{port}")  # must not raise
-
-
-def test_busy_port_on_one_machine_falls_back_to_a_free_port(caplog):
+def test_busy_port_on_several_machines_is_a_clear_error(tmp_path):
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with caplog.at_level(logging.WARNING):
-            store, host, got = host_store(f"127.0.0.1:{port}", 1, 5)
-        assert got != port and got > 0
-        assert f"port {port} is in use" in caplog.text
-        connect(host, got, 5).set("k", "v")  # the new port really serves the store
-        assert store.get("k") == b"v"
-
-
-def test_busy_port_on_several_machines_is_a_clear_error():
-    with socket.socket() as busy:
-        busy.bind(("", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        with pytest.raises(RendezvousError) as e:
-            host_store(f"127.0.0.1:{port}", 2, 5)
-    msg = str(e.value)
+        msg = str(_alone(tmp_path, 0, f"127.0.0.1:{port}"))
     assert f"127.0.0.1:{port}" in msg and "in use" in msg and "every machine" in msg
 
 
-def test_two_runs_at_once_get_different_ports():
-    # The port is held by the parent's store for the whole run, so nothing can take it between
-    # "pick a port" and "workers connect".
-    (s1, _, p1), (s2, _, p2) = host_store("auto", 1, 5), host_store("auto", 1, 5)
-    assert p1 != p2
-    with pytest.raises(RendezvousError):
-        host_store(f"127.0.0.1:{p1}", 2, 5)
+def test_one_machine_never_binds_dist_url_so_a_busy_port_is_no_matter(tmp_path):
+    """On one machine the agent's store takes a free port the OS keeps for the run (two runs
+    started at once never collide: test_ddp.py); dist.dist_url is for several machines."""
+    from helpers.ddp import ordered_sum_rank, tiny_cfg
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        cfg = tiny_cfg(tmp_path, "dist.gpus=2", f"dist.dist_url=127.0.0.1:{busy.getsockname()[1]}")
+        assert spawn.run_ranks(cfg, tmp_path / "run", ordered_sum_rank)["ordered"] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("url", ["localhost", "10.0.0.1:", "h:99999", "h:port"])
@@ -163,7 +145,7 @@ def test_env_started_rank_that_cannot_meet_the_others_names_master_addr(rank, mo
     env = ProcessEnv("torchrun", rank, rank, 2, "127.0.0.1", port)
     t0 = time.monotonic()
     with pytest.raises(RendezvousError) as e:
-        join_external(cfg, tmp_path, lambda c, d, w: {}, env)
+        join(cfg, tmp_path, lambda c, d, w: {}, env)
     assert time.monotonic() - t0 < 20
     msg = str(e.value)
     assert f"rank {rank} of 2" in msg and f"MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}" in msg

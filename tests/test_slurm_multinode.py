@@ -39,7 +39,7 @@ def test_namespace_hosts_have_own_names_and_reach_each_other(namespace_hosts):
     assert re.findall(r"inet (\S+)", addrs) == ["127.0.0.1/8", f"{hs.addr(0)}/24"]  # nothing else
     # gloo is bound to the interface that reaches the rendezvous host, on either side of it
     probe = (f"{sys.executable} -c 'import sys; sys.path.insert(0, \"{REPO}\"); "
-             "from launchers.processes.rendezvous import interface_towards as f; "
+             "from launchers.processes.join import interface_towards as f; "
              "print(f(\"node0\", 29500))'")
     for i in (0, 1):
         res = subprocess.run(hs.prefix(i, probe), capture_output=True, text=True, timeout=60)

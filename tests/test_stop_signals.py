@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO, run_cmd_env
 from launchers.hydra_app.job_ends import jobs_end_lines, record_stopped_job
 from launchers.processes.rank_ends import (RankFailedError, ranks_outcome, record_stop)
-from launchers.processes.stop_signals import stop_signals
+from launchers.processes.stop_signals import DUPLICATE_S, stop_signals
 from launchers.reports.stop_line import stop_line, stop_status, sweep_rerun
 from mdk import stop
 
@@ -69,66 +69,78 @@ def test_a_signal_where_no_loop_listens_stops_at_once_and_handlers_come_back(kin
     stop.clear_stop()
 
 
-def test_a_signal_while_a_loop_listens_only_asks_it_to_stop_and_repeats_are_one_request():
-    with stop_signals("launcher"):
+@pytest.mark.parametrize("kind", ["launcher", "rank"])
+def test_a_signal_while_a_loop_listens_only_asks_it_to_stop_and_repeats_are_one_request(kind):
+    with stop_signals(kind):
         stop.start_listening()
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)  # the same request twice (terminal + SLURM)
             _delivered()
+            if kind == "rank":  # a rank ignores repeats: whoever started it decides when to end
+                time.sleep(DUPLICATE_S + 0.2)
+                os.kill(os.getpid(), signal.SIGTERM)
+                _delivered()
             assert stop.stop_requested() == "SIGTERM"
         finally:
             stop.stop_listening()
     stop.clear_stop()
 
 
-# A launcher process with one "rank" that reports the signals it gets and ignores them.
+# A launcher process with one rank (it dies with its parent, as spawned ranks do) that reports
+# the signals it gets and ignores them; the launcher's agent is played by an except clause.
 _LAUNCHER = textwrap.dedent("""
     import logging, os, signal, subprocess, sys, time
-    from launchers.processes.stop_signals import forwarding_to, stop_signals
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from launchers.processes.stop_signals import forwarding, stop_signals
     logging.getLogger().addHandler(logging.NullHandler())  # stderr: only what the user reads
     rank = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\\n"
+        "from mdk.engine.build import die_with_parent\\n"
+        "die_with_parent()\\n"
         "signal.signal(signal.SIGTERM, lambda s, f: print('rank got', s, flush=True))\\n"
-        "print('ready', flush=True); time.sleep(60)"], stdout=sys.stdout)
-    time.sleep(1.0)
-    with stop_signals({kind!r}), forwarding_to([rank.pid]):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.3)
+        "print('ready', file=sys.stderr, flush=True); time.sleep(60)"], stdout=sys.stdout,
+        stderr=subprocess.PIPE, text=True)
+    print(rank.stderr.readline().strip(), flush=True)  # its handler is in
+    print("rank pid", rank.pid, flush=True)
+    with stop_signals("launcher"), forwarding():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)
+        except SignalException as e:  # what torch's agent does: pass it on to the ranks
+            print("agent got", e.sigval.name, flush=True)
+            os.kill(rank.pid, e.sigval)
         os.kill(os.getpid(), signal.SIGTERM)  # within DUPLICATE_S: the same request
         time.sleep(1.2)
         print("still here", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)  # a second request: the launcher ends everything
         time.sleep(1.0)
-    print("rank alive", rank.poll() is None, flush=True)
-    rank.kill()
+    print("launcher went on", flush=True)
 """)
 
 
-@pytest.mark.parametrize("kind", ["launcher", "rank"])
-def test_the_launcher_forwards_a_signal_and_a_second_one_ends_it_and_its_ranks_at_once(kind):
-    p = subprocess.run([sys.executable, "-c", _LAUNCHER.format(kind=kind)], cwd=REPO,
+def test_the_launcher_passes_a_signal_to_the_agent_and_a_second_one_ends_it_and_its_ranks():
+    p = subprocess.run([sys.executable, "-c", _LAUNCHER], cwd=REPO,
                        env=run_cmd_env(), capture_output=True, text=True, timeout=60)
     out = p.stdout.splitlines()
-    assert out[:3] == ["ready", f"rank got {int(signal.SIGTERM)}", "still here"], p.stdout
-    if kind == "launcher":
-        assert p.returncode == 128 + signal.SIGTERM, p.stderr
-        assert p.stderr.strip().splitlines() == [
-            "stopped by a second SIGTERM: ended at once without saving; the last checkpoint "
-            "(last.pth) is kept, rerun the same command to resume from it"]
-        assert "rank alive" not in p.stdout  # (its rank got SIGKILL: no second "rank got")
-    else:  # a rank ignores repeats: whoever started it decides when to kill it
-        assert p.returncode == 0 and out[3:] == ["rank alive True"], p.stdout + p.stderr
+    assert out[0] == "ready" and out[1].startswith("rank pid"), p.stdout + p.stderr
+    assert out[2:] == ["agent got SIGTERM", f"rank got {int(signal.SIGTERM)}", "still here"], \
+        p.stdout + p.stderr
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "stopped by a second SIGTERM: ended at once without saving; the last checkpoint "
+        "(last.pth) is kept, rerun the same command to resume from it"]
+    pid = int(out[1].split()[-1])
+    for _ in range(50):  # the rank died with its launcher (SIGKILL: no second "rank got")
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"rank {pid} outlived its launcher")
 
 
-def _procs(*codes: int | None) -> list:
-    return [SimpleNamespace(pid=4000 + i, exitcode=c) for i, c in enumerate(codes)]
-
-
-def _fail(run: Path, rank: int, text: str, t: float) -> None:
-    d = run / ".errors"
-    d.mkdir(exist_ok=True)
-    (d / f"tag_rank{rank}.json").write_text(
-        json.dumps({"rank": rank, "time": t, "traceback": text}))
+def _failed(rank: int, code: int, first_rank: int = 0) -> dict:
+    """The elastic agent's report: the one rank it saw end first, its pid and exit code."""
+    return {rank: SimpleNamespace(pid=4000 + rank - first_rank, exitcode=code)}
 
 
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection reset by peer\n"
@@ -140,44 +152,42 @@ RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection reset by peer
     (-signal.SIGTERM, "was terminated by SIGTERM"), (-signal.SIGSEGV, "crashed with SIGSEGV"),
     (3, "exited with code 3")])
 def test_a_rank_that_ended_without_a_word_is_named_not_its_peer(tmp_path, code, how):
-    _fail(tmp_path, 0, "Traceback ...\n" + RESET, 1.0)  # rank 0 only lost its peer
-    err = ranks_outcome(tmp_path, "tag", _procs(1, code), 0, 0, None, False)
+    tracebacks = {0: "Traceback ...\n" + RESET}  # rank 0 only lost its peer
+    err = ranks_outcome(tmp_path, "tag", _failed(1, code), tracebacks, None, False)
     assert isinstance(err, RankFailedError)
     assert str(err) == f"rank 1 (pid 4001) {how}; its log: {tmp_path}/rank1.log"
     assert not (tmp_path / ".errors").exists()
 
 
-def test_the_rank_torch_saw_fail_first_is_the_cause_and_a_raise_beats_a_death(tmp_path):
-    # both ended silently (rank 1 killed, rank 0 then killed by the parent's grace SIGKILL)
-    err = ranks_outcome(tmp_path, "tag", _procs(-9, -9), 0, 1, None, False)
+def test_the_rank_torch_saw_end_first_is_the_cause_and_a_raise_beats_a_death(tmp_path):
+    # both ended silently (rank 1 killed, rank 0 then killed by the agent's SIGKILL)
+    err = ranks_outcome(tmp_path, "tag", _failed(1, -9), {}, None, False)
     assert str(err).startswith("rank 1 (pid 4001) was killed by SIGKILL")
     # on machine 1 (ranks 2, 3): global ranks
-    err = ranks_outcome(tmp_path, "tag", _procs(0, 5), 2, 1, None, True)
+    err = ranks_outcome(tmp_path, "tag", _failed(3, 5, first_rank=2), {}, None, True)
     assert str(err) == f"rank 3 (pid 4001) exited with code 5; its log: {tmp_path}/rank3.log"
-    _fail(tmp_path, 1, "Traceback ...\nValueError: boom\n", 2.0)
-    err = ranks_outcome(tmp_path, "tag", _procs(-9, 1), 0, 0, None, False)
+    tracebacks = {1: "Traceback ...\nValueError: boom\n"}
+    err = ranks_outcome(tmp_path, "tag", _failed(0, -9), tracebacks, None, False)
     assert str(err).startswith(f"rank 1 failed (log: {tmp_path}/rank1.log):\nTraceback")
 
 
 def test_only_lost_connections_point_at_another_machine_only_when_there_is_one(tmp_path):
-    _fail(tmp_path, 2, RESET, 1.0)
-    err = ranks_outcome(tmp_path, "tag", _procs(1, 0), 2, 0, None, True)
+    err = ranks_outcome(tmp_path, "tag", _failed(2, 1, first_rank=2), {2: RESET}, None, True)
     assert str(err) == ("rank 2 lost its connection to the other ranks: a rank on another "
                         "machine probably ended first; see that machine's rank*.log (this "
                         f"rank's log: {tmp_path}/rank2.log)")
-    assert ranks_outcome(tmp_path, "tag", _procs(0, 0), 0, None, None, False) is None
+    assert ranks_outcome(tmp_path, "tag", None, {}, None, False) is None
 
 
 def test_a_stop_is_reported_with_its_signal_the_rank_it_reached_and_the_saved_step(tmp_path):
     record_stop(tmp_path, "tag", 0, stop.StopRequested("another rank was asked to stop", 6, 2))
     record_stop(tmp_path, "tag", 1, stop.StopRequested("SIGTERM", 6, 2))
-    e = ranks_outcome(tmp_path, "tag", _procs(0, 0), 0, None, None, False)
+    e = ranks_outcome(tmp_path, "tag", None, {}, None, False)
     assert isinstance(e, stop.StopRequested)
     assert (e.reason, e.rank, e.iteration, e.epoch, e.saved) == ("SIGTERM", 1, 6, 2, True)
     # the launcher's own signal; a peer's lost connection while stopping is no failure
     record_stop(tmp_path, "tag", 0, stop.StopRequested("SIGINT", saved=False))
-    _fail(tmp_path, 1, RESET, 1.0)
-    e = ranks_outcome(tmp_path, "tag", _procs(0, 1), 0, 1, int(signal.SIGINT), False)
+    e = ranks_outcome(tmp_path, "tag", _failed(1, 1), {1: RESET}, int(signal.SIGINT), False)
     assert (e.reason, e.rank, e.saved) == ("SIGINT", None, False)
 
 

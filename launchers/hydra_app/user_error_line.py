@@ -4,7 +4,7 @@ A bad config, dataset, checkpoint or rendezvous address is not a bug: the user g
 stderr naming the file/key and what to do, and exit status 1 (``HYDRA_FULL_ERROR=1`` still
 shows the traceback). Which classes those are, and the label of each, is mdk/errors.py's
 (``UserError`` and its subclasses; the rendezvous error joins them from
-launchers/processes/rendezvous.py). Errors raised inside spawned ranks arrive as
+launchers/processes/join.py). Errors raised inside spawned ranks arrive as
 ``RankFailedError`` carrying the rank's traceback text; its last line is matched against the same
 classes by name, or, for a rank's full or read-only disk, its ``OSError`` line.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from launchers.processes.rendezvous import RendezvousError  # noqa: F401  (registers its label)
+from launchers.processes.join import RendezvousError  # noqa: F401  (registers its label)
 from mdk.errors import error_line, user_errors
 
 

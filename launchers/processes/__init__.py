@@ -1,1 +1,1 @@
-"""How the ranks of a run start, meet and log (spawn, torchrun/SLURM join, rendezvous, logs)."""
+"""How the ranks of a run start (torch's elastic agent), meet (one join path) and log."""

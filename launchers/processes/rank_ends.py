@@ -1,14 +1,15 @@
 """How the spawned ranks of a stage ended, in one report: a failure, a stop, or nothing to say.
 
-Each rank leaves a record in ``<run_dir>/.errors/`` when it raises (its traceback) or stops on
-request (where last.pth stands); a rank killed by a signal or ending with an exit code leaves
-none, and its peers then fail only with "connection reset by peer". The report names the cause:
+A rank that raises leaves its traceback in torch's error file (the elastic agent's
+``ChildFailedError`` carries it); a rank that stops on request records where last.pth stands in
+``<run_dir>/.errors/``; a rank killed by a signal or ending with an exit code leaves neither, and
+its peers then fail only with "connection reset by peer". The report names the cause:
 
 * a rank that raised (not a lost connection): ``rank 1 failed (log: ...):`` and its traceback;
-* else, a stop signal reached the launcher or a rank: ``StopRequested`` with the stop point;
 * else, a rank that ended without a word: ``rank 1 (pid 4242) was killed by SIGKILL ...; its
   log: <run_dir>/rank1.log`` (``was terminated by SIGTERM``, ``crashed with SIGSEGV``,
   ``exited with code 3``), never its peers' "connection reset" traceback;
+* else, a stop signal reached the launcher or a rank: ``StopRequested`` with the stop point;
 * else only lost connections: a rank on another machine ended first.
 """
 from __future__ import annotations
@@ -16,10 +17,8 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import time
-import traceback
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from mdk.stop import StopRequested
 
@@ -35,12 +34,6 @@ def _errors(run_dir: Path) -> Path:
     d = Path(run_dir) / ".errors"
     d.mkdir(parents=True, exist_ok=True)
     return d
-
-
-def record_failure(run_dir: Path, tag: str, rank: int) -> None:
-    """In a rank's ``except`` block: its traceback, for the launcher's report."""
-    (_errors(run_dir) / f"{tag}_rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
 
 
 def record_stop(run_dir: Path, tag: str, rank: int, e: StopRequested) -> None:
@@ -90,34 +83,42 @@ def _stopped(stops: list[dict[str, Any]], signum: Optional[int]) -> StopRequeste
     return StopRequested(name, at["iteration"], at["epoch"], rank=sent_to)
 
 
-def ranks_outcome(run_dir: Path, tag: str, procs: Sequence[Any], first_rank: int,
-                  first_index: Optional[int], signum: Optional[int],
+def error_files(log_dir: Path, first_rank: int) -> dict[int, str]:
+    """The tracebacks in torch's error files under the agent's ``log_dir`` (one per local rank
+    that raised), by global rank. The agent's ``ChildFailedError`` names only the first rank it
+    saw end, which may be a peer that merely lost its connection."""
+    out = {}
+    for p in Path(log_dir).glob("*/attempt_*/*/error.json"):
+        m = json.loads(p.read_text())["message"]
+        out[first_rank + int(p.parent.name)] = \
+            m["extraInfo"]["py_callstack"] if isinstance(m, dict) else str(m)
+    return out
+
+
+def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
+                  tracebacks: dict[int, str], signum: Optional[int],
                   several_machines: bool) -> Optional[BaseException]:
-    """What to raise after the local ranks ``procs`` (with ``.pid``, ``.exitcode``) ended:
-    ``first_index``: the one torch saw fail first; ``signum``: a stop signal the launcher got.
-    None when every rank finished. Removes the records."""
-    fails = sorted(_load(run_dir, f"{tag}_rank*.json"), key=lambda r: r["time"])
+    """What to raise after the local ranks ended: ``failures``: the elastic agent's (global rank
+    -> ``ProcessFailure``: pid and exit code); ``tracebacks``: of the ranks that raised
+    (``error_files``); ``signum``: a stop signal the launcher got. None when every rank
+    finished. Removes the stop records."""
     stops = _load(run_dir, f"{tag}_stop_rank*.json")
     shutil.rmtree(Path(run_dir) / ".errors", ignore_errors=True)
-    if not stops and all(p.exitcode == 0 for p in procs):
-        return None  # finished (a signal meanwhile stops the run before the next stage)
+    failures = failures or {}
     log = lambda r: f"{run_dir}/rank{r}.log"  # noqa: E731
-    real = [f for f in fails if not lost_peer(f["traceback"])]
+    said = dict(sorted(tracebacks.items()))
+    real = [r for r, t in said.items() if not lost_peer(t)]
     if real:  # the rank's own traceback (a user error's last line becomes its one line)
-        r = real[0]["rank"]
-        return RankFailedError(f"rank {r} failed (log: {log(r)}):\n{real[0]['traceback']}")
+        return RankFailedError(f"rank {real[0]} failed (log: {log(real[0])}):\n{said[real[0]]}")
+    silent = sorted((r, f) for r, f in failures.items() if r not in said)
+    if silent and signum is None:
+        r, f = silent[0]
+        return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(r, f.pid, f.exitcode)}; "
+                               f"its log: {log(r)}")
     if signum is not None or stops:
         return _stopped(stops, signum)
-    said = {f["rank"] for f in fails}
-    silent = [(first_rank + i, p.pid, p.exitcode) for i, p in enumerate(procs)
-              if p.exitcode not in (0, None) and first_rank + i not in said]
-    if silent:
-        first = [s for s in silent if first_index is not None and s[0] == first_rank + first_index]
-        r, pid, code = (first or silent)[0]
-        return RankFailedError(f"rank {r} (pid {pid}) {how_it_ended(r, pid, code)}; its log: "
-                               f"{log(r)}")
-    if fails:
-        r = fails[0]["rank"]
+    if said:
+        r = next(iter(said))
         where = ("a rank on another machine probably ended first; see that machine's rank*.log"
                  if several_machines else "its peer ended without a report")
         return RankFailedError(f"rank {r} lost its connection to the other ranks: {where} "

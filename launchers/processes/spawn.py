@@ -1,52 +1,49 @@
-"""Start the ranks of a run: in this process, as local workers, or inside torchrun/SLURM tasks.
+"""Start the ranks of a run: in this process, through torch's elastic agent, or inside
+torchrun/SLURM tasks.
 
-The parent resolves the config and the run directory once and hands a plain (resolved) config to
-every rank, so no worker ever re-resolves Hydra interpolations or picks its own run dir. Each rank
-makes its ``mdk.world.World`` once, from the rank this module gave it (or, under torchrun/SLURM,
-from their environment: launchers/processes/join.py), and the stage gets it as an argument. Every
-rank logs to ``<run_dir>/rank<r>.log``; rank-0-only side effects are decided in ``mdk.dist``.
-Failures: a rank that raises writes its traceback to ``<run_dir>/.errors/``; the parent kills the
-other local ranks at once (SIGTERM, not the gloo/NCCL timeout) and reports the rank that failed
-*first*, or how a rank that could not report ended (launchers/processes/rank_ends.py). Stop
-signals to the parent are passed on to the ranks, which save and stop
-(launchers/processes/stop_signals.py); the ranks die with the parent (PR_SET_PDEATHSIG).
+Several ranks on this machine are started by ``torch.distributed.launcher.elastic_launch``: its
+rendezvous (c10d on a free local port, or the static one at ``dist.dist_url`` across machines),
+its worker processes, error files and shutdown. Every rank then joins like a torchrun rank
+(launchers/processes/join.py). What mdk adds on top, thinly: the parent resolves the config and
+run dir once and hands every rank the plain config; each rank logs to ``<run_dir>/rank<r>.log``
+and dies with the parent (launchers/processes/rank.py); the stop signals are forwarded by the
+agent (launchers/processes/stop_signals.py); how the ranks ended becomes one report
+(launchers/processes/rank_ends.py).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
 
-import torch
-import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from launchers.processes.env import ProcessEnv, detect, leave_process
-from launchers.processes.join import StageFn, join_external
-from launchers.processes.rank_ends import lost_peer, ranks_outcome, record_failure, record_stop
-from launchers.processes.rank_logs import remove_rank_file_handler, setup_worker_logging
-from launchers.processes.rendezvous import connect, host_store, init_group
-from launchers.processes.stop_signals import (forwarding_to, hold_stop_signals, received,
-                                              signals_held, stop_signals)
+from launchers.processes.env import detect
+from launchers.processes.join import HINT, RendezvousError, StageFn, join
+from launchers.processes.rank import set_cpu_threads
+from launchers.processes.rank_ends import error_files, ranks_outcome
+from launchers.processes.stop_signals import STOP_SIGNALS, forwarding, received
 from mdk.dist_config import parse_dist_url
-from mdk.engine.build import die_with_parent
-from mdk.stop import StopRequested
-from mdk.world import World, backend_for, check_local_size, make_world, single_process
+from mdk.world import backend_for, check_local_size, single_process
 
 log = logging.getLogger(__name__)
-# torch's join() warns "Terminating process N via signal SIGTERM" when a peer of a failed rank
-# outlives the grace period (a busy machine); that SIGTERM is this module's plan, and the
-# failure's one line is rank_ends.py's: the warning would be a second, misleading line.
-logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+# The agent's own progress lines (rendezvous, "shutting down workers") would sit beside mdk's one
+# report of how the ranks ended; its loggers set their own levels, so each is set here.
+for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+    logging.getLogger(name).setLevel(logging.CRITICAL)
+logging.getLogger("torchelastic-events-null").setLevel(logging.CRITICAL)
 
-STOP_GRACE_S = 3.0
-STOP_WAIT_S = 120.0  # after a stop signal: time for the ranks to save last.pth and end
+STOP_WAIT_S = 120  # after a stop signal: time for the ranks to save last.pth and end
 SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
 
 
@@ -66,163 +63,84 @@ def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
     return False
 
 
-def _worker(local_rank: int, fn: StageFn, plain: dict, run_dir: str, addr: str, port: int,
-            prefix: str, tag: str, parent: int) -> None:
-    die_with_parent(parent)  # no orphans: the kernel kills this rank when the launcher dies
-    cfg = OmegaConf.create(plain)
-    gpus = int(cfg.dist.gpus)
-    rank = cfg.dist.rank * gpus + local_rank
-    setup_worker_logging(Path(run_dir), rank)
-    set_cpu_threads(cfg)
-    log.info("rank %d runs as pid %d", rank, os.getpid())
-    with stop_signals("rank"):
-        try:
-            try:
-                out = fn(cfg, Path(run_dir), _join(cfg, rank, local_rank, addr, port, prefix))
-                hold_stop_signals()  # done: a stop now is for the launcher, between stages
-                if rank == 0:
-                    (Path(run_dir) / f".{tag}.result.json").write_text(json.dumps(out))
-                tdist.barrier()  # leave together: no rank tears gloo down under a peer using it
-            except BaseException as e:
-                _ended(e, Path(run_dir), tag, rank)
-        except StopRequested as e:  # a stop signal raised while the exception above was handled
-            _ended(e, Path(run_dir), tag, rank)
-    # Finished or stopped: exit without interpreter teardown. Destroying a gloo group (or its C++
-    # statics at exit) can abort a rank that did all its work ("terminate called without an
-    # active exception", SIGABRT; ~1 in 12 two-rank runs here), and the parent would report a
-    # failure.
-    leave_process()
+def _launch_config(cfg: DictConfig, run_dir: Path) -> LaunchConfig:
+    nodes, timeout = int(cfg.dist.nodes), int(float(cfg.dist.timeout_s))
+    if nodes == 1:  # a free port the agent's store keeps for the run: runs never collide
+        rdzv = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+    else:  # machine 0 hosts the store at dist.dist_url; the others dial it
+        host, port = parse_dist_url(str(cfg.dist.dist_url))
+        rdzv = dict(rdzv_backend="static", rdzv_endpoint=f"{host}:{port}")
+    return LaunchConfig(
+        min_nodes=nodes, max_nodes=nodes, nproc_per_node=int(cfg.dist.gpus),
+        run_id=f"mdk-{cfg.step.name}", max_restarts=0,
+        rdzv_configs={"rank": int(cfg.dist.rank), "timeout": timeout}, **rdzv,
+        # mdk's handlers own the stop signals (stop_signals.py); SIGHUP ends the ranks too
+        signals_to_handle="SIGHUP", shutdown_timeout=STOP_WAIT_S, monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / ".ranks")))
 
 
-def _join(cfg: DictConfig, rank: int, local_rank: int, addr: str, port: int,
-          prefix: str) -> World:
-    gpus = int(cfg.dist.gpus)
-    world = make_world(rank, local_rank, gpus * cfg.dist.nodes, gpus, cfg.trainer.device,
-                       cfg.dist.backend)
-    init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s), prefix)
-    return world
-
-
-def _ended(e: BaseException, run_dir: Path, tag: str, rank: int) -> None:
-    """A rank's work ended early: a stop is recorded (the rank then exits with status 0), an exit
-    code is kept, anything else is recorded and raised again (torch reports it to the parent)."""
-    hold_stop_signals()
-    if isinstance(e, StopRequested):
-        record_stop(run_dir, tag, rank, e)
-        return
-    if isinstance(e, SystemExit) and isinstance(e.code, int):
-        log.error("rank %d exited with code %d", rank, e.code)
-        logging.shutdown()
-        os._exit(e.code)
-    # Only a consequence of a peer's failure: the rank that failed first logs the cause.
-    if isinstance(e, RuntimeError) and lost_peer(str(e)):
-        log.warning("rank %d stopped: %s", rank, str(e).splitlines()[0][:300])
-    else:
-        log.exception("rank %d failed", rank)
-    record_failure(run_dir, tag, rank)
-    if tdist.is_initialized():
-        tdist.destroy_process_group()
-    raise e
-
-
-def set_cpu_threads(cfg: DictConfig) -> int:
-    """Intra-op threads of this rank: ``dist.cpu_threads``, or with ``auto`` cores / processes on
-    this machine (N workers on N cores, not N x N threads fighting for them). Returns the count."""
-    n = cfg.dist.get("cpu_threads", "auto")
-    n = max(1, (os.cpu_count() or 1) // cfg.dist.gpus) if n == "auto" else int(n)
-    torch.set_num_threads(n)
-    return n
-
-
-def _run_inline(cfg: DictConfig, run_dir: Path, fn: StageFn, addr: str, port: int,
-                store: Any) -> dict:
-    """One rank on this machine (dist.gpus=1, several machines): this process is the rank."""
-    rank = int(cfg.dist.rank)
-    setup_worker_logging(run_dir, rank, keep_existing=True)
-    try:
-        world = make_world(rank, 0, int(cfg.dist.nodes), 1, cfg.trainer.device, cfg.dist.backend)
-        init_group(world.backend, rank, world.size, addr, port, float(cfg.dist.timeout_s),
-                   f"mdk/{cfg.step.name}", store)
-        out = fn(cfg, run_dir, world)
-        tdist.barrier()  # leave together (see _worker)
-        return out if rank == 0 else {"stage": cfg.step.name, "rank": rank}
-    finally:
-        remove_rank_file_handler(rank)
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
+def _rendezvous_error(cfg: DictConfig, e: BaseException) -> RendezvousError:
+    url, why = str(cfg.dist.dist_url), str(e).splitlines()[0] if str(e) else type(e).__name__
+    if int(cfg.dist.rank) == 0:
+        return RendezvousError(
+            f"cannot open the rendezvous at dist.dist_url={url} on machine 0 or the other "
+            f"machines did not arrive within dist.timeout_s={cfg.dist.timeout_s:g}: {why}. "
+            f"Pick a free port and give the same dist.dist_url=HOST:PORT on every machine; "
+            f"{HINT}")
+    return RendezvousError(
+        f"could not reach the rendezvous at dist.dist_url={url} within dist.timeout_s="
+        f"{cfg.dist.timeout_s:g}: nothing answered ({why}). {HINT[0].upper() + HINT[1:]}")
 
 
 def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
-    """Run ``fn(cfg, run_dir)`` on every rank of this machine; return rank 0's result."""
+    """Run ``fn(cfg, run_dir, world)`` on every rank of this machine; return rank 0's result."""
     nw = cfg.trainer.num_workers if cfg.trainer.num_workers is not None else \
         cfg.dataset.get("num_workers", 0)
     check_shm(1 if nw == "auto" else int(nw or 0))
-    env: ProcessEnv = detect()
+    env = detect()
     if cfg.dist.get("cpu_threads", "auto") != "auto":  # auto: torch's default in this process
-        set_cpu_threads(cfg)  # (spawned workers below always set theirs)
+        set_cpu_threads(cfg)  # (spawned ranks always set theirs)
     if env.external:
-        return join_external(cfg, run_dir, fn, env)
-    size = cfg.dist.gpus * cfg.dist.nodes
+        return join(cfg, run_dir, fn, env)
     # Machine checks before any process starts (two ranks on one GPU, CUDA asked for but absent).
     check_local_size(cfg.trainer.device, int(cfg.dist.gpus))
-    if size == 1:
+    if cfg.dist.gpus * cfg.dist.nodes == 1:
         return fn(cfg, run_dir, single_process(cfg.trainer.device))
     if backend_for(cfg.trainer.device, cfg.dist.backend) == "gloo":
         log.info("running %d CPU worker processes with gloo on this machine (world size %d)",
-                 cfg.dist.gpus, size)
-    timeout = float(cfg.dist.timeout_s)
-    store = None
-    if cfg.dist.rank == 0:  # machine 0 hosts the rendezvous for the whole run
-        store, addr, port = host_store(str(cfg.dist.dist_url), int(cfg.dist.nodes), timeout)
-    else:
-        addr, port = parse_dist_url(str(cfg.dist.dist_url))
-        connect(addr, port, timeout)  # fail here, once, with the address, not in every worker
-    if cfg.dist.gpus == 1:  # one rank on this machine: this process is it (no spawn)
-        return _run_inline(cfg, run_dir, fn, addr, port, store)
-    # prefix: the same on every machine (the store is per run and stage); tag: files of this parent.
-    prefix, tag = f"mdk/{cfg.step.name}", f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    with contextlib.ExitStack() as forwarding:
-        with signals_held():  # until the ranks' pids are known to the stop-signal handler
-            ctx = torch.multiprocessing.start_processes(
-                _worker, args=(fn, plain, str(run_dir), addr, port, prefix, tag, os.getpid()),
-                nprocs=cfg.dist.gpus, join=False, start_method="spawn")
-            forwarding.enter_context(forwarding_to(ctx.pids()))
-        first_failed = _wait(ctx)
-    del store
-    err = ranks_outcome(run_dir, tag, ctx.processes, int(cfg.dist.rank) * int(cfg.dist.gpus),
-                        first_failed, received(), int(cfg.dist.nodes) > 1)
+                 cfg.dist.gpus, cfg.dist.gpus * cfg.dist.nodes)
+    tag = f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"  # this launcher's files
+    payload = run_dir / f".{tag}.rank.pkl"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(payload, "wb") as f:
+        pickle.dump(sys.path, f)  # first: the ranks can then import what fn needs
+        pickle.dump((fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag,
+                     os.getpid()), f)
+    handlers = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGHUP)}
+    failures, tracebacks = None, {}
+    try:
+        with forwarding():
+            elastic_launch(_launch_config(cfg, run_dir), sys.executable)(
+                "-m", "launchers.processes.rank", str(payload))
+    except ChildFailedError as e:
+        failures = e.failures
+    except SignalException:
+        pass  # a stop signal: the agent passed it on and waited for the ranks (ranks_outcome)
+    except (RuntimeError, OSError) as e:  # the agent's rendezvous: DistNetworkError/StoreError
+        if received() is None:
+            raise _rendezvous_error(cfg, e) from e
+    finally:
+        for s, h in handlers.items():  # the agent leaves its own handlers behind
+            signal.signal(s, h)
+        tracebacks = error_files(run_dir / ".ranks", int(cfg.dist.rank) * int(cfg.dist.gpus))
+        shutil.rmtree(run_dir / ".ranks", ignore_errors=True)
+        payload.unlink(missing_ok=True)
+    err = ranks_outcome(run_dir, tag, failures, tracebacks, received(), int(cfg.dist.nodes) > 1)
     if err is not None:
         raise err from None
-    result_file = run_dir / f".{tag}.result.json"
     if cfg.dist.rank != 0:
         return {"stage": cfg.step.name, "rank": cfg.dist.rank}
-    out = json.loads(result_file.read_text())
-    result_file.unlink(missing_ok=True)
+    result = run_dir / f".{tag}.result.json"
+    out = json.loads(result.read_text())
+    result.unlink()
     return out
-
-
-def _wait(ctx: Any) -> Optional[int]:
-    """Wait for the ranks; the index of the one torch saw fail first (None: all exited with 0).
-
-    On the first failure join() gives the other local ranks STOP_GRACE_S to fail on their own (a
-    peer's error reaches them as "connection reset", which makes a better report), then SIGTERMs
-    them, and SIGKILLs after as long again: a rank stuck in a collective (its SIGTERM only asks
-    the training loop to stop) is gone within seconds, not 30 s. After a stop signal the ranks get
-    STOP_WAIT_S to save and stop, then they are killed."""
-    deadline = None
-    try:
-        while not ctx.join(timeout=1.0, grace_period=STOP_GRACE_S):
-            if received() is None:
-                continue
-            deadline = deadline or time.monotonic() + STOP_WAIT_S
-            if time.monotonic() > deadline:
-                log.error("the ranks did not stop within %.0f s of the signal: killing them",
-                          STOP_WAIT_S)
-                for p in ctx.processes:
-                    if p.is_alive():
-                        os.kill(p.pid, signal.SIGKILL)
-    except (torch.multiprocessing.ProcessRaisedException,
-            torch.multiprocessing.ProcessExitedException) as e:
-        return e.error_index
-    return None

@@ -7,9 +7,10 @@ command turns into one line and exit status 128 + the signal's number
 (``launchers/hydra_app/cli.py``). Two kinds of process install the handlers:
 
 * ``launcher``: the process the user (or SLURM, Kubernetes) started. With spawned ranks running
-  (``forwarding_to``) the first signal is passed on to them and nothing else happens here: the
-  ranks save and stop, and the launcher reports how they ended. A second signal, more than
-  ``DUPLICATE_S`` after the first, kills the ranks and exits at once without saving.
+  (``forwarding``) the first signal goes to torch's elastic agent as its ``SignalException``: the
+  agent passes it on to the ranks and waits for them (they save and stop), and the launcher
+  reports how they ended. A second signal, more than ``DUPLICATE_S`` after the first, exits at
+  once without saving; the ranks die with it (PR_SET_PDEATHSIG).
 * ``rank``: a spawned rank, or a rank torchrun started. The first signal asks its loop to stop;
   repeats are ignored (the same signal often comes twice: from the terminal or SLURM to every
   process, and forwarded by the parent); whoever started the rank decides when to kill it.
@@ -27,7 +28,9 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
@@ -38,8 +41,10 @@ STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, 
 DUPLICATE_S = 1.0  # a repeat sooner than this is the same request delivered twice
 
 # kind: "launcher" | "rank"; first: the first stop signal's number; at: when it came;
-# ranks: pids of the spawned ranks it is forwarded to.
-_state: dict[str, Any] = {"kind": None, "first": None, "at": 0.0, "ranks": []}
+# forwarding: spawned ranks run under torch's elastic agent in this process.
+# held: this process's work is over (hold_stop_signals).
+_state: dict[str, Any] = {"kind": None, "first": None, "at": 0.0, "forwarding": False,
+                          "held": False}
 
 
 def _mask(how: int) -> Optional[set]:
@@ -56,19 +61,19 @@ def received() -> Optional[int]:
 
 def _handle(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
+    if _state["held"]:  # a signal sent to the process may reach a thread that did not block it
+        return
     if _state["first"] is not None:
         if _state["kind"] == "launcher" and time.monotonic() - _state["at"] > DUPLICATE_S:
             exit_at_once(signum)
         return
     _state["first"], _state["at"] = signum, time.monotonic()
-    if _state["ranks"]:
+    if _state["forwarding"]:
         request_stop(name)  # nothing listens here: the reason, for between stages
         log.warning("caught %s: the ranks save last.pth after their current step and stop "
                     "(a second signal ends them at once)", name)
-        for pid in _state["ranks"]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-        return
+        raise SignalException(f"caught {name}", sigval=signal.Signals(signum))  # to the agent
+
     if request_stop(name):
         log.warning("caught %s: saving last.pth after the current step, then stopping", name)
         return
@@ -76,10 +81,7 @@ def _handle(signum: int, frame: Any) -> None:
 
 
 def exit_at_once(signum: int) -> None:
-    """The second signal: SIGKILL the ranks, one line, exit 128 + signum (no teardown)."""
-    for pid in _state["ranks"]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """The second signal: one line, exit 128 + signum (no teardown; the ranks die with us)."""
     name = signal.Signals(signum).name
     line = (f"stopped by a second {name}: ended at once without saving; the last checkpoint "
             "(last.pth) is kept, rerun the same command to resume from it")
@@ -98,7 +100,7 @@ def stop_signals(kind: str) -> Iterator[None]:
     if kind not in ("launcher", "rank"):
         raise ValueError(f"kind must be launcher or rank, not {kind!r}")
     prev = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    _state.update(kind=kind, first=None, at=0.0, ranks=[])
+    _state.update(kind=kind, first=None, at=0.0, forwarding=False, held=False)
     clear_stop()
     for s in STOP_SIGNALS:
         signal.signal(s, _handle)
@@ -110,33 +112,21 @@ def stop_signals(kind: str) -> Iterator[None]:
         arm(False)
         for s in STOP_SIGNALS:
             signal.signal(s, prev[s])
-        _state.update(kind=None, first=None, ranks=[])
+        _state.update(kind=None, first=None, forwarding=False, held=False)
 
 
 def hold_stop_signals() -> None:
     """From now on the stop signals wait (blocked) in this process: its work is over, and no
     handler may raise into its last steps."""
+    _state["held"] = True
     _mask(signal.SIG_BLOCK)
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Block the stop signals while ranks are started: processes started meanwhile inherit the
-    blocked set and unblock it once their handlers are in (``stop_signals``), and a signal to
-    this process waits until ``forwarding_to`` knows the ranks' pids."""
-    old = _mask(signal.SIG_BLOCK)
+def forwarding() -> Iterator[None]:
+    """While inside, a stop signal to this process goes to the elastic agent running the ranks."""
+    _state["forwarding"] = True
     try:
         yield
     finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-@contextlib.contextmanager
-def forwarding_to(pids: Sequence[int]) -> Iterator[None]:
-    """While inside, a stop signal to this process is passed on to ``pids`` (the spawned ranks)."""
-    _state["ranks"] = list(pids)
-    try:
-        yield
-    finally:
-        _state["ranks"] = []
+        _state["forwarding"] = False
