@@ -4,8 +4,8 @@ but the errors) so the schema registry can import it before anything is composed
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Optional
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -18,12 +18,21 @@ MAX_VALUES = 1 << 20  # calibration reads a larger tensor at a stride (step.cali
 
 
 @dataclass
-class QuantConf:
-    """The chip layers' mode (mdk/quant/modes.py)."""
+class QuantMode:
+    """The chip layers' mode: the schema of ``step.quant`` and the value mdk/quant/modes.py
+    ``apply_mode`` switches the layers into."""
     fold_bn: bool = False
     weights: bool = False
     activations: bool = False
     fuse_gains: bool = False
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> "QuantMode":
+        return cls(**{f.name: bool(m[f.name]) for f in fields(cls) if f.name in m})
+
+    @property
+    def is_float(self) -> bool:
+        return not (self.fold_bn or self.weights or self.activations or self.fuse_gains)
 
 
 @dataclass
@@ -44,8 +53,8 @@ class StageConf:
                                       # used when there is no init_from
     next: Optional[str] = None
     export: bool = False              # export the best checkpoint as a chip model afterwards
-    quant: QuantConf = field(default_factory=QuantConf)
-    eval_quant: Optional[QuantConf] = None
+    quant: QuantMode = field(default_factory=QuantMode)
+    eval_quant: Optional[QuantMode] = None
     epochs: Optional[int] = None
     lr_scale: float = 1.0
     min_iters: Optional[int] = None   # train at least this many optimizer steps (more epochs)

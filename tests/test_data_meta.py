@@ -36,7 +36,7 @@ def test_meta_matches_annotations(root, tmp_path):
     assert header["classes"] == CLASSES and header["split"] == "train"
     assert (header["clipped"], header["zero_area"]) == (0, 0)
     for image_id, line, e in zip(read_split(root, "train"), lines[1:], entries):
-        rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", CLASSES)
+        rec, _, _ = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", CLASSES)
         fields = line.split()
         assert fields[:3] == [f"JPEGImages/{image_id}.jpg", "64", "64"]
         assert len(fields) == 3 + 6 * len(rec.labels)

@@ -18,10 +18,11 @@ def test_layout_and_valid_annotations(tmp_path):
     n_objects = 0
     for image_id in train + val:
         assert (root / "JPEGImages" / f"{image_id}.jpg").is_file()
-        rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", SHAPE_CLASSES)
+        rec, clipped, zero_area = parse_voc_xml(root / "Annotations" / f"{image_id}.xml",
+                                                SHAPE_CLASSES)
         assert 1 <= len(rec.labels) <= 4
         assert (rec.width, rec.height) == (64, 64)
-        assert (rec.clipped, rec.zero_area) == (0, 0)
+        assert (clipped, zero_area) == (0, 0)
         assert (rec.boxes[:, 2:] > rec.boxes[:, :2]).all()
         n_objects += len(rec.labels)
     assert n_objects > 9
@@ -76,5 +77,5 @@ def test_refuses_foreign_folder_and_bad_params(tmp_path):
 def test_class_subset_only_draws_those(tmp_path):
     root = ensure_shapes_dataset(tmp_path / "s", class_names=["star", "cross"], **KW)
     for i in range(9):
-        rec = parse_voc_xml(root / f"Annotations/{i:06d}.xml", ["star", "cross"])
+        rec, _, _ = parse_voc_xml(root / f"Annotations/{i:06d}.xml", ["star", "cross"])
         assert len(rec.labels) >= 1

@@ -110,7 +110,7 @@ def test_step1_trains_on_it_end_to_end(tiny_cfg, tmp_path):
     result = run_stage(cfg, tmp_path / "run")
     root = Path(cfg.dataset.root)
     assert root.name == "shapes_hard" and (root / "manifest.json").is_file()
-    rec = parse_voc_xml(root / "Annotations/000000.xml", HARD_CLASSES)
+    rec, _, _ = parse_voc_xml(root / "Annotations/000000.xml", HARD_CLASSES)
     assert len(rec.labels) >= 2 and (rec.width, rec.height) == (64, 64)
     assert result.iterations == 2 * 48 // 8 and len(result.ap) == 15
     assert (Path(cfg.paths.checkpoints) / "step1" / "best.pth").is_file()

@@ -26,35 +26,39 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_good_xml(tmp_path):
-    rec = parse_voc_xml(write(tmp_path, xml(obj() + obj("dog", (0, 0, 100, 80), 1))), CLASSES)
-    assert (rec.width, rec.height) == (100, 80)
+    rec, clipped, zero_area = parse_voc_xml(
+        write(tmp_path, xml(obj() + obj("dog", (0, 0, 100, 80), 1))), CLASSES, "JPEGImages/a.jpg")
+    assert (rec.image, rec.width, rec.height) == ("JPEGImages/a.jpg", 100, 80)
     np.testing.assert_array_equal(rec.boxes, [[10, 20, 30, 40], [0, 0, 100, 80]])
     assert rec.boxes.dtype == np.float32
     assert rec.labels.tolist() == [0, 1]
     assert rec.difficult.tolist() == [False, True]
-    assert (rec.clipped, rec.zero_area) == (0, 0)
+    assert (clipped, zero_area) == (0, 0)
 
 
 def test_no_objects_is_fine(tmp_path):
-    rec = parse_voc_xml(write(tmp_path, xml("")), CLASSES)
+    rec, _, _ = parse_voc_xml(write(tmp_path, xml("")), CLASSES)
     assert rec.boxes.shape == (0, 4) and rec.labels.shape == (0,)
 
 
-def test_box_outside_is_clipped_and_counted(tmp_path):
-    rec = parse_voc_xml(write(tmp_path, xml(obj(box=(-5, 10, 120, 90)))), CLASSES)
+def test_box_outside_is_clipped_and_counted(tmp_path, caplog):
+    caplog.set_level("DEBUG", logger="mdk.data.voc")
+    rec, clipped, zero_area = parse_voc_xml(write(tmp_path, xml(obj(box=(-5, 10, 120, 90)))),
+                                            CLASSES)
     np.testing.assert_array_equal(rec.boxes, [[0, 10, 100, 80]])
-    assert (rec.clipped, rec.zero_area) == (1, 0)
-    assert "clipped" in rec.notes[0]
+    assert (clipped, zero_area) == (1, 0)
+    assert "clipped" in caplog.records[0].getMessage()
 
 
 @pytest.mark.parametrize("box", [(10, 10, 10, 30), (30, 10, 20, 40), (150, 10, 200, 40)])
 def test_zero_area_box_is_kept_for_evaluation_and_counted(tmp_path, box):
     """The VOC devkit counts a zero-area object (no detection can match it); training leaves it
     out (test_data_dataset.py); clipped to the image like any box."""
-    rec = parse_voc_xml(write(tmp_path, xml(obj(box=box) + obj("dog"))), CLASSES)
+    rec, clipped, zero_area = parse_voc_xml(write(tmp_path, xml(obj(box=box) + obj("dog"))),
+                                            CLASSES)
     assert rec.labels.tolist() == [0, 1]
     assert rec.boxes[0].tolist() == [min(v, lim) for v, lim in zip(box, (100, 80, 100, 80))]
-    assert (rec.clipped, rec.zero_area) == (0, 1)
+    assert (clipped, zero_area) == (0, 1)
 
 
 @pytest.mark.parametrize("text, problem", [

@@ -3,11 +3,11 @@ reader of a VOC-layout folder (``dataset.reader._target_: mdk.data.voc.VOCReader
 
 Bad-box policy (one place for every format, :func:`mdk.data.records.clip_to_image`):
 
-* a box partly outside the image is **clipped** to the image and counted (``VOCRecord.clipped``);
+* a box partly outside the image is **clipped** to the image and counted (``SplitRecords.clipped``);
   VOC itself has boxes touching the border with 1-based ``xmax == width``, so clipping to
   ``[0, width] x [0, height]`` is the sane fix and losing them would cost recall;
 * a box of zero area (``xmax <= xmin`` or ``ymax <= ymin``, after clipping; this includes a box
-  entirely outside the image) is counted (``VOCRecord.zero_area``) and kept for evaluation only:
+  entirely outside the image) is counted (``SplitRecords.zero_area``) and kept for evaluation only:
   the VOC devkit counts it as an object no detection can match; training leaves it out;
 * everything else that is wrong (malformed XML, a missing field, a non-numeric coordinate, a class
   name not in the class list, a non-positive image size) raises :class:`DataError` naming the file,
@@ -19,34 +19,15 @@ from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
-from mdk.data.records import SplitRecords, clip_to_image, make_record, zero_area
+from mdk.data.records import Record, SplitRecords, clip_to_image, make_record, zero_area
 from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-
-
-@dataclass
-class VOCRecord:
-    """One annotation file: boxes ``[N, 4]`` float32 xyxy pixels, labels ``[N]`` int64,
-    difficult ``[N]`` bool, the image size, and how many boxes were clipped / of zero area."""
-
-    path: Path
-    width: int
-    height: int
-    boxes: np.ndarray
-    labels: np.ndarray
-    difficult: np.ndarray
-    clipped: int = 0
-    zero_area: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _text(node: ET.Element, tag: str, path: Path, where: str) -> str:
@@ -66,8 +47,11 @@ def _number(node: ET.Element, tag: str, path: Path, where: str) -> float:
                         "(fix the annotation file)") from None
 
 
-def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
-    """Parse one VOC annotation file (see the module docstring for the bad-box policy)."""
+def parse_voc_xml(path: str | Path, class_names: Sequence[str], image: str = ""
+                  ) -> tuple[Record, int, int]:
+    """Parse one VOC annotation file: ``(its record, boxes clipped, boxes of zero area)`` (see
+    the module docstring for the bad-box policy; each box it changes is logged at DEBUG).
+    ``image``: the record's image path, relative to the dataset root."""
     path = Path(path)
     try:
         root = ET.parse(path).getroot()
@@ -88,7 +72,7 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
     if width <= 0 or height <= 0:
         raise DataError(f"{path}: image size {width}x{height} is not positive; fix <size>")
     index = {name: i for i, name in enumerate(class_names)}
-    boxes, labels, difficult, notes = [], [], [], []
+    boxes, labels, difficult = [], [], []
     clipped = flat = 0
     for k, obj in enumerate(root.findall("object")):
         where = f"<object> #{k}"
@@ -105,20 +89,16 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str]) -> VOCRecord:
         fixed, changed = clip_to_image(box, width, height)
         if zero_area(fixed):
             flat += 1
-            notes.append(f"{where} ({name}) box {box} has zero area inside {width}x{height}: "
-                         "kept for evaluation only")
+            log.debug("%s: %s (%s) box %s has zero area inside %dx%d: kept for evaluation only",
+                      path, where, name, box, width, height)
         elif changed:
             clipped += 1
-            notes.append(f"{where} ({name}) box {box} outside {width}x{height}: clipped to {fixed}")
+            log.debug("%s: %s (%s) box %s outside %dx%d: clipped to %s", path, where, name, box,
+                      width, height, fixed)
         boxes.append(fixed)
         labels.append(index[name])
         difficult.append(is_difficult)
-    return VOCRecord(
-        path=path, width=width, height=height,
-        boxes=np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
-        labels=np.asarray(labels, dtype=np.int64),
-        difficult=np.asarray(difficult, dtype=bool),
-        clipped=clipped, zero_area=flat, notes=notes)
+    return make_record(image, width, height, boxes, labels, difficult), clipped, flat
 
 
 def check_root(root: str | Path) -> Path:
@@ -188,12 +168,10 @@ class VOCReader:
         out = SplitRecords([])
         for image_id in read_split(root, split):
             image = find_image(root, image_id, split_path)
-            rec = parse_voc_xml(root / "Annotations" / f"{image_id}.xml", self.class_names)
-            for note in rec.notes:
-                log.debug("%s: %s", rec.path, note)
-            out.clipped, out.zero_area = out.clipped + rec.clipped, out.zero_area + rec.zero_area
-            out.records.append(make_record(image.relative_to(root).as_posix(), rec.width,
-                                           rec.height, rec.boxes, rec.labels, rec.difficult))
+            rec, clipped, flat = parse_voc_xml(root / "Annotations" / f"{image_id}.xml",
+                                               self.class_names, image.relative_to(root).as_posix())
+            out.records.append(rec)
+            out.clipped, out.zero_area = out.clipped + clipped, out.zero_area + flat
         return out
 
     def sources(self, split: str) -> list[Path]:

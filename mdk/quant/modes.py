@@ -17,32 +17,16 @@ so a resumed step4 checkpoint is never fused twice.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from dataclasses import dataclass
 
 from torch import nn
 
 from mdk.quant.bn_fold import chip_layers, fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
 from mdk.quant.chips import chip_bits
+from mdk.stage_config import QuantMode
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class QuantMode:
-    fold_bn: bool = False
-    weights: bool = False
-    activations: bool = False
-    fuse_gains: bool = False
-
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> "QuantMode":
-        return cls(**{f.name: bool(m[f.name]) for f in fields(cls) if f.name in m})
-
-    @property
-    def is_float(self) -> bool:
-        return not (self.fold_bn or self.weights or self.activations or self.fuse_gains)
 
 
 @dataclass
