@@ -24,10 +24,10 @@ from torch import nn
 
 from mdk.compose import app_searchpath, compose, group_options
 from mdk.errors import ConfigError
+from mdk.quant.calibrate import check_calibration
 from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, QuantMode, apply_mode
-from mdk.stage_config import (check_calibration, check_kind, check_schedule, check_stages,
-                               running_stages)
+from mdk.stage_config import check_kind, check_schedule, check_stages, running_stages
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,7 @@ def check_pipeline(cfg: DictConfig) -> None:
     before any stage trains; and world-size-invariant gradients (``dist.exact_chunk``) never train
     a stage whose BatchNorm is live (each chunk would normalise with its own statistics)."""
     check_stages(cfg, stage_names())
+    check_calibration(cfg.step, str(cfg.step.name))
     specs = {s: StageSpec.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}
     if any(spec.export for spec in specs.values()):
         check_export_size(cfg)

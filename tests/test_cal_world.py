@@ -12,7 +12,7 @@ from launchers.processes.spawn import run_ranks
 from mdk.config import validate
 from mdk.engine.runner import run_stage, stage_on_rank
 from mdk.errors import ConfigError
-from mdk.quant.calibrate import CapObserver, rank_share
+from mdk.quant.calibrate import observer, rank_share
 from mdk.stage import stage_config
 from helpers.ddp import tiny_cfg
 
@@ -74,5 +74,13 @@ def test_a_bad_calibration_value_is_one_config_error_before_anything_runs(tmp_pa
         assert f"step.calibration.{key}=" in str(e.value) and "(cal)" in str(e.value)
     # the observers check with the same code: the same line, without the stage
     with pytest.raises(ConfigError) as direct:
-        CapObserver(**{key: value if key == "method" else int(value)})
+        observer(**{key: value if key == "method" else int(value)})
     assert str(direct.value) == str(e.value).replace(" (cal)", "")
+
+
+def test_a_calibration_class_that_cannot_be_imported_is_one_config_error(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        validate(tiny_cfg(tmp_path, "step=cal", "step.calibration.method=nosuch.Cap"))
+    assert str(e.value) == ("step.calibration.method='nosuch.Cap' cannot be imported (No module "
+                            "named 'nosuch'); use one of percentile, max, mse, kl or the path "
+                            "pkg.module.Name of a mdk.quant.calibrate.CapObserver subclass")

@@ -1,14 +1,16 @@
 """README "Extending": what each kind of extension touches, held to its word.
 
-A new LR scheduler is one class + one YAML, and a new metric sink is one class + one YAML: both
-are declared here in a folder of the test's own (added with ``hydra.searchpath``, as a user adds
-theirs) and run by the real ``python run.py`` with no file of the repository changed. (A new stage
+A new LR scheduler is one class + one YAML, a new metric sink is one class + one YAML, and a new
+calibration method is one class + one YAML entry: each is declared here in a module and a folder
+of the test's own (added with ``hydra.searchpath``, as a user adds theirs) and run by the real
+``python run.py`` with no file of the repository changed. (A new stage
 is one YAML: tests/test_stage_extra.py; a new dataset format one YAML + one reader:
 tests/test_data_new_format.py.)
 """
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -62,6 +64,24 @@ sinks:
     file: scalars.jsonl
 """
 
+CALIBRATION_CLASS = '''"""A calibration method mdk does not have: a power of two >= the max."""
+import torch
+
+from mdk.quant.calibrate import CapObserver
+
+
+class Pow2Cap(CapObserver):
+    def batch(self, y):
+        top = y.max()
+        return torch.exp2(torch.ceil(torch.log2(top.clamp_min(2.0 ** -20)))), top
+'''
+CALIBRATION_YAML = """# @package _global_
+stages:
+  cal:
+    calibration:
+      method: extra_cal.Pow2Cap
+"""
+
 
 def _repo_state() -> str:
     return subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
@@ -102,3 +122,29 @@ def test_a_new_scheduler_and_a_new_sink_are_a_class_and_a_yaml_each(tmp_path):
     # the LR each logged step trained with: epoch 0 the base LR, epoch 1 half of it
     assert [x["lr"] for x in lines if "lr" in x] == pytest.approx([2e-3] * 3 + [1e-3] * 3)
     assert any("val/map50" in x for x in lines)
+
+
+@pytest.mark.slow
+def test_a_new_calibration_method_is_a_class_and_a_yaml_entry(tmp_path):
+    extra = tmp_path / "conf"
+    (extra / "experiment").mkdir(parents=True)
+    (extra / "experiment" / "pow2cal.yaml").write_text(CALIBRATION_YAML)
+    (tmp_path / "extra_cal.py").write_text(CALIBRATION_CLASS)
+    before = _repo_state()
+    run, ck = tmp_path / "run", tmp_path / "ck"
+    argv = [sys.executable, str(REPO / "run.py"), *TINY, "trainer.epochs=1",
+            "trainer.limit_train_batches=2", "pipeline=[step1,step2,cal]",
+            f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={ck}", f"hydra.run.dir={run}",
+            f"hydra.searchpath=[file://{extra}]", "experiment=pow2cal"]
+    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{tmp_path}")
+    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _repo_state() == before
+    # The method ran (on 2 batches: trainer.limit_train_batches reaches the cal pass): it is named
+    # in the caps file, and every cap is a power of two.
+    doc = json.loads((ck / "cal" / "caps.json").read_text())
+    caps = [layer["cap"] for layer in doc["layers"]]
+    assert doc["meta"]["method"] == "extra_cal.Pow2Cap" and doc["meta"]["batches"] == 2
+    assert all(c > 0 and math.log2(c).is_integer() for c in caps)
+    best = torch.load(ck / "cal" / "best.pth", weights_only=False)
+    assert [float(best["model"][f"layers.{i}.cap"]) for i in range(len(caps))] == caps

@@ -8,7 +8,7 @@ import torch
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
 from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_exact, sample_stride
-from mdk.quant.calibrate import CapObserver, global_sample
+from mdk.quant.calibrate import global_sample, observer
 from mdk.stage import apply_stage
 
 
@@ -43,10 +43,10 @@ def test_large_tensors_use_documented_odd_stride_subsample():
     assert torch.equal(subsample(y, 1 << 16), sub)
     assert torch.equal(subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3
     assert subsample(y, None).numel() == y.numel()
-    obs = CapObserver("percentile", 99, max_values=1 << 16)
+    obs = observer("percentile", 99, max_values=1 << 16)
     obs(y)
     assert float(obs.stat) == float(np.sort(sub.numpy())[nearest_rank(99, sub.numel()) - 1])
-    full = CapObserver("percentile", 99, max_values=None)
+    full = observer("percentile", 99, max_values=None)
     full(y)
     assert float(full.stat) == float(np.sort(y.flatten().numpy())[nearest_rank(99, y.numel()) - 1])
     assert abs(float(obs.stat) - float(full.stat)) < 0.05  # the subsample barely moves the cap
@@ -55,24 +55,24 @@ def test_large_tensors_use_documented_odd_stride_subsample():
 def test_observer_max_over_batches_and_methods():
     g = torch.Generator().manual_seed(1)
     batches = [torch.randn(2, 4, 32, 32, generator=g) * s for s in (1.0, 3.0, 2.0)]
-    obs = CapObserver("percentile", 99)
+    obs = observer("percentile", 99)
     for b in batches:
         obs(b)
     want = max(np.percentile(b.numpy(), 99, method="inverted_cdf") for b in batches)
     assert float(obs.stat) == float(want)
     assert float(obs.top) == max(float(b.max()) for b in batches)
-    mx = CapObserver("max")
+    mx = observer("max")
     for b in batches:
         mx(b)
     assert float(mx.stat) == max(float(b.max()) for b in batches)
-    mse = CapObserver("mse")
+    mse = observer("mse")
     for b in batches:
         mse(b)
     assert 0 < float(mse.stat) <= float(mx.stat)
     with pytest.raises(ValueError, match="method='p99'"):
-        CapObserver("p99")
+        observer("p99")
     with pytest.raises(ValueError, match="percentile=0"):
-        CapObserver("percentile", 0)
+        observer("percentile", 0)
 
 
 def test_mse_cap_beats_max_and_tiny_caps():

@@ -38,10 +38,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     model.eval()
     bar = progress_bar(loader, setting=cfg.trainer.progress, is_main=world.is_main,
                        desc=ctx.spec.name)
-    with calibrate.observing(model, method=str(c.method), percentile=float(c.percentile),
-                             mse_candidates=int(c.get("mse_candidates", 64)),
-                             max_values=c.get("max_values", calibrate.DEFAULT_MAX_VALUES),
-                             rank=world.rank, world=world.size):
+    with calibrate.observing(model, **c, rank=world.rank, world=world.size):
         n = 0
         try:
             for images, _, _ in bar:

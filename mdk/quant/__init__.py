@@ -4,7 +4,7 @@
 - ``rounding``: round half away from zero
 - ``weights``: CHIP_BITS, chip_bits, compute_shift, quantize_conv (STE), conv_mantissas
 - ``activation``: quantize_activation (5-bit, STE)
-- ``calibrate``: observers, finalize_caps (MAX all-reduce), save_caps / load_caps
+- ``calibrate``: the calibration methods (observers), finalize_caps, save_caps / load_caps
 - ``bn_fold``: fold_bn;  ``fusion``: fuse_gains, is_fused;  ``modes``: apply_mode (QuantMode: stage_config)
 - ``chip_model``: ChipModel, chip_model_from, save/load_chip_model;  ``export``: export_chip_model, ONNX
 - ``integer_ref``: integer-only reference forward and the exactness check

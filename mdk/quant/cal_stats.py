@@ -1,12 +1,7 @@
-"""Per-batch statistics of one layer's pre-activation values, from which calibration picks a cap
-(mdk/quant/calibrate.py says which is used when and how batches and ranks combine them).
-
-- ``percentile``: the nearest-rank percentile, exact (``percentile_and_max``).
-- ``mse``: the cap of least squared 5-bit quantization error (``mse_cap``, a search).
-- ``kl``: the cap whose 32-level quantized histogram is closest, in KL divergence, to the values'
-  own histogram with the tail clipped into its last bin (``kl_threshold``; the entropy
-  calibration of TensorRT, with 32 levels for the chip's 5-bit activations). Its histograms have
-  power-of-two spans, so those of all batches and ranks add up exactly (``rebin``).
+"""Per-batch statistics of one layer's pre-activation values, from which the calibration methods
+of mdk/quant/calibrate.py pick a cap: the exact nearest-rank percentile (``percentile_and_max``),
+the cap of least squared 5-bit error (``mse_cap``) and TensorRT's entropy calibration with 32
+levels (``kl_threshold``, over histograms of power-of-two spans that add up exactly: ``rebin``).
 
 Every function is deterministic for a given input tensor on a given device, so a sample that is
 the same bits on every rank gives the same statistic on every rank.

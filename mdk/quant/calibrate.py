@@ -1,20 +1,13 @@
 """Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
 
 Each ChipConv gets an observer (``ChipConv.observer``) that sees every batch's conv(+BN) output
-before the activation. The statistics themselves are in mdk/quant/cal_stats.py:
-
-- ``percentile`` (default, p=99): per batch, the exact nearest-rank percentile of the batch's
-  values (``k = ceil(p/100 * N)``-th smallest, in rational arithmetic); the cap is the max over
-  batches. A batch tensor of more than ``max_values`` values (default ``2**20``) is read at the odd
-  stride ``s = ceil(N / max_values) | 1`` (at least ``max_values / 2`` values: the rank error is
-  ~1e-4 of a percent); ``max_values=null`` reads every value.
-- ``max``: the max over all values.
-- ``mse``: per batch, the cap minimising the squared error of the 5-bit quantization of ReLU(y),
-  searched over ``mse_candidates`` fractions of the batch max on a strided sample of about
-  ``2**18`` values; the cap is the max over batches.
-- ``kl``: one histogram of all batches' positive values (read at the ``percentile`` stride),
-  and the cap whose 32-level quantization is closest to it in KL divergence (TensorRT's entropy
-  calibration).
+before the activation. A calibration method is a ``CapObserver`` subclass, its statistic of one
+batch; the cap is the max over batches and ranks. ``step.calibration.method`` names one of
+``METHODS`` (percentile, max, mse, kl: the classes below) or the class path ``pkg.module.Name`` of
+one of yours. The statistics themselves are in mdk/quant/cal_stats.py. A batch tensor of more than
+``max_values`` values (default ``2**20``) is read at the odd stride ``s = ceil(N / max_values) | 1``
+(at least ``max_values / 2`` values: the rank error is ~1e-4 of a percent); ``max_values=null``
+reads every value.
 
 World-size invariance. A global batch is cut into contiguous per-rank slices (rank r holds images
 ``r*b .. (r+1)*b - 1``, mdk.data.samplers.GlobalBatchSampler), so the batch's flat values are the
@@ -34,20 +27,21 @@ import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 from mdk import dist
 from mdk.atomic_file import write_json
+from mdk.errors import ConfigError, import_target
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
-from mdk.stage_config import MAX_VALUES as DEFAULT_MAX_VALUES, check_calibration_values
+from mdk.stage_config import MAX_VALUES
 
 log = logging.getLogger(__name__)
-
 
 
 def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, list[int]]:
@@ -80,104 +74,160 @@ def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 
 
 
 class CapObserver:
-    """One layer's calibration statistic over the batches of every rank (module doc)."""
+    """A calibration method, one layer's statistic over the batches of every rank: a subclass's
+    ``batch(y)`` returns (statistic, max) of one batch, ``y`` being this rank's slice of it
+    (``self.sample(y)``: the global batch's strided sample, the same on every rank). The cap is the
+    max of the statistics over batches and ranks; ``finish`` (collective: every rank calls it,
+    layer by layer) may first replace ``stat``. ``observer`` checks the values it is given."""
 
-    def __init__(self, method: str = "percentile", percentile: float = 99.0,
-                 mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
-                 rank: int = 0, world: int = 1) -> None:
-        check_calibration_values(method, percentile, max_values)
-        self.method, self.percentile, self.mse_candidates = method, float(percentile), mse_candidates
+    def __init__(self, percentile: float = 99.0, mse_candidates: int = 64,
+                 max_values: Optional[int] = MAX_VALUES, rank: int = 0, world: int = 1) -> None:
+        self.percentile, self.mse_candidates = float(percentile), mse_candidates
         self.max_values = max_values
         self.rank, self.world = rank, world  # this process's slice of each global batch
         self.stat: Optional[torch.Tensor] = None  # running max of the per-batch statistic
         self.top: Optional[torch.Tensor] = None  # running max of the raw values (fallback)
-        self.spans: list[torch.Tensor] = []  # kl: each batch's histogram span, and its counts
-        self.hists: list[torch.Tensor] = []
-        self.batches = 0
+        self.kept: list = []  # what a method keeps of each batch for ``finish`` (kl: histograms)
 
-    def _stride(self, n: int) -> int:
+    def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+    def stride(self, n: int) -> int:
         return sample_stride(n, self.max_values)
+
+    def sample(self, y: torch.Tensor) -> torch.Tensor:
+        return global_sample(y, self.stride, self.rank, self.world)
 
     @torch.no_grad()
     def __call__(self, y: torch.Tensor) -> None:
-        if self.method == "max":
-            s = top = y.max()
-        elif self.method == "percentile":
-            sample = global_sample(y, self._stride, self.rank, self.world)
-            s, top = percentile_and_max(sample, self.percentile)
-        elif self.method == "mse":
-            sample = global_sample(y, mse_stride, self.rank, self.world)
-            s, top = mse_cap(sample, self.mse_candidates), y.max()
-        else:  # kl: this rank's share of the sample, counted; caps at finalize_caps
-            sample, _ = my_share(y, self._stride, self.rank, self.world)
-            top = y.max()
-            span = pow2_range(sample.max() if sample.numel() else top)
-            self.spans.append(span)
-            self.hists.append(histogram(sample, span))
-            s = torch.zeros((), device=y.device)  # the statistic comes from all batches at once
-        s, top = s.float(), top.float()
+        s, top = (t.float() for t in self.batch(y))
         self.stat = s if self.stat is None else torch.maximum(self.stat, s)
         self.top = top if self.top is None else torch.maximum(self.top, top)
-        self.batches += 1
+
+
+class PercentileCap(CapObserver):
+    """``percentile`` (the default, p=99): per batch, the exact nearest-rank percentile of the
+    batch's values (``k = ceil(p/100 * N)``-th smallest, in rational arithmetic), read at the
+    ``max_values`` stride; the cap is the max over batches."""
+
+    def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return percentile_and_max(self.sample(y), self.percentile)
+
+
+class MaxCap(CapObserver):
+    """``max``: the max over all values."""
+
+    def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top = y.max()
+        return top, top
+
+
+class MseCap(CapObserver):
+    """``mse``: per batch, the cap minimising the squared error of the 5-bit quantization of
+    ReLU(y), searched over ``mse_candidates`` fractions of the batch max on a strided sample of
+    about ``2**18`` values; the cap is the max over batches."""
+
+    def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sample = global_sample(y, mse_stride, self.rank, self.world)
+        return mse_cap(sample, self.mse_candidates), y.max()
+
+
+class KlCap(CapObserver):
+    """``kl``: one histogram of all batches' positive values (read at the ``max_values`` stride),
+    and the cap whose 32-level quantization is closest to it in KL divergence (TensorRT's entropy
+    calibration)."""
+
+    def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sample, _ = my_share(y, self.stride, self.rank, self.world)  # counted, not gathered
+        top = y.max()
+        span = pow2_range(sample.max() if sample.numel() else top)
+        self.kept.append((span, histogram(sample, span)))
+        return torch.zeros((), device=y.device), top  # the statistic comes from all batches
 
     def kl_counts(self) -> tuple[float, torch.Tensor]:
         """(span, counts) of every batch of every rank in one histogram over the widest span
         (collective: every rank calls it). Integer counts add up exactly in any order."""
-        spans = torch.stack(self.spans).cpu()
+        spans = torch.stack([s for s, _ in self.kept]).cpu()
         span = dist.all_reduce_max(spans.max().reshape(1))
         top = float(span)
         local = torch.zeros(KL_BINS, dtype=torch.int64)
-        for s, h in zip(spans.tolist(), self.hists):
+        for s, (_, h) in zip(spans.tolist(), self.kept):
             local += rebin(h.cpu(), s, top)
         return top, dist.all_reduce_sum(local)
 
-
-def attach_observers(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
-                     mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
-                     rank: int = 0, world: int = 1) -> list[CapObserver]:
-    """Give every ChipConv a fresh CapObserver; returns them in layer order. ``rank`` / ``world``:
-    this process's slice of each global batch (mdk.world.World)."""
-    observers = []
-    for layer in chip_layers(model):
-        layer.observer = CapObserver(method, percentile, mse_candidates, max_values, rank, world)
-        observers.append(layer.observer)
-    return observers
+    def finish(self) -> None:
+        span, counts = self.kl_counts()
+        self.stat = torch.tensor(kl_threshold(counts, span), device=self.top.device)
 
 
-def detach_observers(model: nn.Module) -> None:
-    for layer in chip_layers(model):
-        layer.observer = None
+METHODS: dict[str, type[CapObserver]] = {"percentile": PercentileCap, "max": MaxCap,
+                                         "mse": MseCap, "kl": KlCap}
+
+
+def observer(method: str = "percentile", percentile: float = 99.0, *, where: str = "",
+             **values: Any) -> CapObserver:
+    """A fresh observer of ``method`` (a word of ``METHODS`` or the class path ``pkg.module.Name``
+    of a CapObserver) with the ``step.calibration`` values, checked here: a bad one is one line
+    naming the key (and ``where``, e.g. the stage)."""
+    use = (f"use one of {', '.join(METHODS)} or the path pkg.module.Name of a "
+           "mdk.quant.calibrate.CapObserver subclass")
+    cls = METHODS.get(str(method))
+    if cls is None and "." in str(method):
+        cls = import_target(method, "step.calibration.method", use)
+    if not (isinstance(cls, type) and issubclass(cls, CapObserver)):
+        raise ConfigError(f"step.calibration.method={method!r}{where} is not a calibration "
+                          f"method; {use}")
+    p, mv = percentile, values.get("max_values")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+        raise ConfigError(f"step.calibration.percentile={p!r}{where} must be a number in "
+                          "(0, 100]")
+    if mv is not None and (isinstance(mv, bool) or not isinstance(mv, int) or mv < 1):
+        raise ConfigError(f"step.calibration.max_values={mv!r}{where} must be an integer >= 1, "
+                          "or null to read every value")
+    return cls(percentile=p, **values)
+
+
+def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
+    """A calibrating stage's ``calibration`` node, checked by making an observer of it (before any
+    stage runs: a typo would otherwise surface after step1 and step2)."""
+    c = stage_cfg.get("calibration")
+    if c is not None:
+        observer(**c, where=f" ({stage})")
 
 
 @contextmanager
 def observing(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
-              mse_candidates: int = 64, max_values: Optional[int] = DEFAULT_MAX_VALUES,
-              rank: int = 0, world: int = 1) -> Iterator[list[CapObserver]]:
-    """``with observing(model): run batches; finalize_caps(model)`` - observers removed on exit."""
-    obs = attach_observers(model, method, percentile, mse_candidates, max_values, rank, world)
+              **values: Any) -> Iterator[list[CapObserver]]:
+    """``with observing(model): run batches; finalize_caps(model)``: every ChipConv gets a fresh
+    observer (``observer``'s arguments; ``rank`` / ``world``: this process's slice of each global
+    batch, mdk.world.World), removed on exit. Yields them in layer order."""
+    layers = chip_layers(model)
+    for layer in layers:
+        layer.observer = observer(method, percentile, **values)
     try:
-        yield obs
+        yield [layer.observer for layer in layers]
     finally:
-        detach_observers(model)
+        for layer in layers:
+            layer.observer = None
 
 
 @torch.no_grad()
 def finalize_caps(model: nn.Module) -> list[float]:
-    """Combine every observer's statistic over ranks (MAX; kl: its histograms summed) and write
-    it into ``ChipConv.cap``.
+    """Combine every observer's statistic over ranks (``finish``, then MAX) and write it into
+    ``ChipConv.cap``.
 
     Every rank must call it (collective). Returns the caps in layer order.
     """
     layers = chip_layers(model)
     for i, layer in enumerate(layers):
         if not isinstance(layer.observer, CapObserver) or layer.observer.stat is None:
-            raise RuntimeError(f"layer {i} saw no calibration batch: attach_observers(model) and "
-                               "run at least one forward pass before finalize_caps")
+            raise RuntimeError(f"layer {i} saw no calibration batch: run at least one "
+                               "forward pass inside `with observing(model)` before finalize_caps")
     for layer in layers:
-        if layer.observer.method == "kl":
-            span, counts = layer.observer.kl_counts()
-            layer.observer.stat = torch.tensor(kl_threshold(counts, span),
-                                               device=layer.observer.top.device)
+        layer.observer.finish()
     both = torch.stack([torch.stack([l.observer.stat, l.observer.top]) for l in layers])
     both = dist.all_reduce_max(both.to(layers[0].cap.device)).cpu()
     caps = []
