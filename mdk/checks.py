@@ -51,8 +51,8 @@ def build(node: Any, key: str, *args: Any, error: type[Exception] = ConfigError,
           hint: str = "give a class path as package.module.Class", check: bool = False,
           **kwargs: Any) -> Any:
     """What the ``_target_`` node at ``key`` builds: Hydra's ``instantiate`` of its target with the
-    node's other keys (nested nodes built first; a plain dict gives plain values) and the runtime
-    ``args``/``kwargs``. ``node`` may also be a dotted name alone (``step.kind``). ``check``:
+    node's other keys (nested nodes built first; from a plain dict, its values as they are) and the
+    runtime ``args``/``kwargs``. ``node`` may also be a dotted name alone (``step.kind``). ``check``:
     nothing built, the target returned once it imports (and, given runtime arguments, once they
     bind to its signature with the node's keys): a check before any work. One ``error`` line
     naming ``key``: a target that does not import (``hint``: what to write), arguments it does
@@ -66,8 +66,8 @@ def build(node: Any, key: str, *args: Any, error: type[Exception] = ConfigError,
     except (ImportError, AttributeError, ValueError) as e:
         raise error(f"{where}={target!r} cannot be imported ({e}); {hint}") from None
     try:
-        made = instantiate(node, _partial_=True, **({"_convert_": "all"} if isinstance(node, dict)
-                                                    else {}))
+        plain = {"_convert_": "all", "_recursive_": False} if isinstance(node, dict) else {}
+        made = instantiate(node, _partial_=True, **plain)
         if check and not (args or kwargs):
             return made.func
         try:
