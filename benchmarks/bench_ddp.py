@@ -50,14 +50,14 @@ def bench_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     build.seed_everything(cfg.seed)
     model = build_model(cfg)
     net = model
-    if dist.world_size() > 1:
+    if world.distributed:
         net = torch.nn.parallel.DistributedDataParallel(model)
     train_ds, _ = build.build_data(cfg, model.grid, world)
     loader, sampler = build.build_train_loader(cfg, train_ds, world)
     optimizer, _ = build.build_optim_sched(cfg, model, sampler.num_batches)
     trainer = Trainer(net, build_loss(cfg),
                       optimizer, loader, torch.device("cpu"), 10**6, sampler.num_batches,
-                      exact_chunk=cfg.dist.get("exact_chunk"))
+                      exact_chunk=cfg.dist.get("exact_chunk"), world_size=world.size)
     marks: dict[str, float] = {}
 
     class Clock(HookBase):

@@ -1,14 +1,19 @@
 """The value checks every config group's owner uses: an integer >= n, a number > 0, one word of a
 list, a map of ``_target_`` nodes. Each raises a ConfigError whose message names the key and says
-what to write. A leaf: no torch, nothing of mdk but the errors.
+what to write. And ``build``, the one way a ``_target_`` node becomes an object. A leaf: no torch,
+nothing of mdk but the errors.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any, Iterator
 
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mdk.errors import ConfigError, import_target
+from mdk.errors import ConfigError, UserError
 
 
 def get(cfg: DictConfig, key: str) -> Any:
@@ -42,11 +47,52 @@ def check_one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={v!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}")
 
 
+def build(node: Any, key: str, *args: Any, error: type[Exception] = ConfigError,
+          hint: str = "give a class path as package.module.Class", check: bool = False,
+          **kwargs: Any) -> Any:
+    """What the ``_target_`` node at ``key`` builds: Hydra's ``instantiate`` of its target with the
+    node's other keys (nested nodes built first; from a plain dict, its values as they are) and the
+    runtime ``args``/``kwargs``. ``node`` may also be a dotted name alone (``step.kind``). ``check``:
+    nothing built, the target returned once it imports (and, given runtime arguments, once they
+    bind to its signature with the node's keys): a check before any work. One ``error`` line
+    naming ``key``: a target that does not import (``hint``: what to write), arguments it does
+    not take; a ValueError it raises (a bad value) is one ConfigError line; its own user errors,
+    and bugs, reach the caller as raised."""
+    where, node = (key, {"_target_": node}) if isinstance(node, str) else (f"{key}._target_", node)
+    target = node.get("_target_")
+    module, _, attr = str(target).rpartition(".")
+    try:
+        getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise error(f"{where}={target!r} cannot be imported ({e}); {hint}") from None
+    try:
+        plain = {"_convert_": "all", "_recursive_": False} if isinstance(node, dict) else {}
+        made = instantiate(node, _partial_=True, **plain)
+        if check and not (args or kwargs):
+            return made.func
+        try:
+            inspect.signature(made.func).bind(*made.args, *args, **{**made.keywords, **kwargs})
+        except TypeError as e:
+            raise error(f"{key}: {target} does not take these keys ({e}); set only the keys it "
+                        "takes (see its docstring)") from None
+        except ValueError:  # a builtin without a signature: its call says
+            pass
+        return made.func if check else made(*args, **kwargs)
+    except (ValueError, InstantiationException) as e:
+        cause = e.__cause__ if isinstance(e, InstantiationException) else e
+        if isinstance(e, UserError) or not isinstance(cause, ValueError):
+            raise
+        text = str(cause)  # named by the class's own message (``model.image_size=...``) or here
+        where = "" if text.startswith(key.split(".")[0] + ".") else f"{key} ({target}): "
+        raise ConfigError(where + text) from cause
+
+
 def target_nodes(nodes: Any, key: str, what: str, example: str, map_hint: str = ""
-                 ) -> Iterator[tuple[str, type, dict[str, Any]]]:
-    """(``<key>.<name>``, its class, its options) of every node of the map at ``key`` that is on
-    (a null node is off): the sinks of ``logger.sinks``, the hooks of ``trainer.hooks``. ``what``
-    names a node's class in messages ("sink"), ``example`` is a class path to show."""
+                 ) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(``<key>.<name>``, the node as plain values, ``build``'s hint) of every node of the map at
+    ``key`` that is on (a null node is off): the sinks of ``logger.sinks``, the hooks of
+    ``trainer.hooks``. ``what`` names a node's class in messages ("sink"), ``example`` is a class
+    path to show."""
     if nodes is None:
         nodes = {}
     if not hasattr(nodes, "items"):
@@ -59,7 +105,5 @@ def target_nodes(nodes: Any, key: str, what: str, example: str, map_hint: str = 
         if not hasattr(node, "items") or "_target_" not in node:
             raise ConfigError(f"{where}={node!r} needs a _target_ (the {what} class), e.g. "
                               f"{where}._target_={example}")
-        plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-        cls = import_target(node["_target_"], f"{where}._target_",
-                            f"give a class path such as {example}")
-        yield where, cls, {str(k): v for k, v in plain.items() if k != "_target_"}
+        yield (where, OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig)
+               else dict(node), f"give a class path such as {example}")

@@ -1,7 +1,7 @@
 """The one module that owns distributed state.
 
-Every other module asks here for rank / world size and never reads RANK, SLURM_* or MASTER_*
-itself (the launcher makes the process's ``mdk.world.World`` once). All helpers are safe to call
+Nothing here says who a process is: the launcher makes the process's ``mdk.world.World`` once
+and passes it down (rank, world size, device); these are the collectives between the ranks. All helpers are safe to call
 when torch.distributed is not initialised (single process): rank 0 of a world of 1. Collectives
 take tensors on any device and move them to the backend's device (NCCL: this process's GPU;
 gloo: the CPU) when they are not already there.
@@ -23,14 +23,11 @@ def is_initialized() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def _group_rank() -> int:
-    """This process's place in the process group, for the collectives below only: who does
-    what in a run (rank-0 side effects, shards) is the ``mdk.world.World``'s."""
-    return tdist.get_rank() if is_initialized() else 0
-
-
-def world_size() -> int:
-    return tdist.get_world_size() if is_initialized() else 1
+def _place() -> tuple[int, int]:
+    """(rank, size) of this process in the process group, for the collectives below only: who
+    does what in a run (rank-0 side effects, shards, what a mean divides by) is the
+    ``mdk.world.World``'s, passed down from the launcher."""
+    return (tdist.get_rank(), tdist.get_world_size()) if is_initialized() else (0, 1)
 
 
 def barrier() -> None:
@@ -102,7 +99,7 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     additions are then the same, in the same order, for every world size that holds the same parts
     in the same global order, and so is the result, bit for bit. ``parts`` must be non-empty, of
     one shape and dtype, and the same count on every rank."""
-    rank, world = _group_rank(), world_size()
+    rank, world = _place()
     home, dev = parts[0].device, comm_device() if world > 1 else parts[0].device
     acc = None
     if rank > 0:
@@ -150,7 +147,7 @@ def all_gather_object(obj: object) -> list:
     """Gather any picklable object from every rank (rank order); [obj] in a single process."""
     if not is_initialized():
         return [obj]
-    out: list = [None] * world_size()
+    out: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(out, obj)
     return out
 

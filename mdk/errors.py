@@ -9,7 +9,6 @@ list of kinds (the one-line printer, the loader's unwrap, fault injection) is ``
 from __future__ import annotations
 
 import errno
-import importlib
 from typing import Any, ClassVar, Optional
 
 
@@ -111,12 +110,3 @@ def error_line(exc: BaseException) -> str | None:
         "shows the traceback)"
     return f"{DiskError.label}: {disk_error(exc, path)}"  # type: ignore[arg-type]
 
-
-def import_target(target: str, key: str, hint: str, error: type[Exception] = ConfigError) -> Any:
-    """The object a config's dotted ``_target_`` names (a sink or dataset reader class). Not found:
-    one ``error`` line naming ``key`` and the value, then ``hint`` (what to write instead)."""
-    module, _, attr = str(target).rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise error(f"{key}={target!r} cannot be imported ({e}); {hint}") from None

@@ -27,11 +27,12 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from mdk.checkpoint import load_checkpoint
+from mdk.checks import build
 from mdk.checkpoint_meaning import check_input, check_resume
 from mdk.data.build import check_dataset_files, meta_dir_for
 from mdk.data.config import plain
 from mdk.data import shapes, shapes_hard
-from mdk.errors import CheckpointError, ConfigError, DataError, DiskError, import_target
+from mdk.errors import CheckpointError, ConfigError, DataError, DiskError
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
 from mdk.stage import StageSpec
@@ -112,8 +113,8 @@ def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[P
         root = resolve_path(d["root"], base)
         params = {k: v for k, v in gen.items() if not k.startswith("_")}
         params.setdefault("image_size", int(cfg.model.image_size))
-        fn = import_target(gen["_target_"], "dataset.generate._target_",
-                           "name a function as package.module.function", DataError)
+        fn = build(gen, "dataset.generate", error=DataError, check=True,
+                   hint="name a function as package.module.function")
         # Another generator's size is unknown: its folder must only take files.
         size_of = GENERATOR_SIZES.get(fn)
         need = size_of(root, class_names=d["class_names"], **params) if size_of else 1

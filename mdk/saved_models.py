@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from mdk.checks import build
+from mdk.errors import ConfigError
 from mdk.quant.chip_model import load_chip_model
 from mdk.quant.export import ONNX_FILE
 from mdk.quant.integer_ref import integer_forward
@@ -46,8 +46,8 @@ def with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -
 def head_kind(node: Any) -> Optional[str]:
     """The ``kind`` of the head a config node builds (its conf/head/ option name), or None."""
     try:
-        return getattr(instantiate(node), "kind", None)
-    except InstantiationException:  # a head of a package this machine lacks: keep the command's
+        return getattr(build(node, "head"), "kind", None)
+    except ConfigError:  # a head of a package this machine lacks: keep the command's
         return None
 
 

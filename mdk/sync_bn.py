@@ -70,8 +70,7 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm2d whose training statistics are those of the global batch (all ranks)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and tdist.is_available() and tdist.is_initialized()
-                and tdist.get_world_size() > 1):
+        if not (self.training and tdist.is_available() and tdist.is_initialized()):
             return super().forward(x)
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.track_running_stats and self.num_batches_tracked is not None:

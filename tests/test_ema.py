@@ -250,7 +250,7 @@ def ema_ddp_rank(cfg, run_dir: Path, world) -> dict:
             self.before = {k: v.clone() for k, v in ema.shadow.items()}
 
     snap = Snapshot()
-    t.register_hooks([EMAHook(ema), snap])  # snap sees each update; after_epoch syncs
+    t.register_hooks([EMAHook(ema, world.distributed), snap])  # snap sees each update; after_epoch syncs
     t.train()
     tdist.barrier()
     def plain(sd: dict) -> dict:  # results come back through JSON

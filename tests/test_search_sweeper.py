@@ -88,7 +88,8 @@ def test_the_studys_own_config_errors_name_the_key():
     assert directions(["maximize", "minimize"]) == ["maximize", "minimize"]
     with pytest.raises(ConfigError, match=r"_target_=optuna.samplers.TPESampler is not an Optuna pruner"):
         make_pruner(OmegaConf.create({"_target_": "optuna.samplers.TPESampler"}))
-    with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner: Number of startup trials cannot be negative, "):
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner \(optuna.pruners.MedianPruner\): "
+                                          r"Number of startup trials cannot be negative, "):
         make_pruner(OmegaConf.create({"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": -1}))
     # a value where the group is meant (hydra.sweeper.pruner=median): how to choose one
     with pytest.raises(ConfigError, match=r"^hydra.sweeper.pruner='median' is a value where a "

@@ -20,11 +20,11 @@ import logging
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from launchers.reports.sweep_results import RESULT
 from mdk.atomic_file import write_json
+from mdk.checks import build
 from mdk.compose import CONF_DIR
 from mdk.errors import ConfigError
 
@@ -83,20 +83,11 @@ def make_pruner(node: Any) -> Any:
     node = group_node(node, "pruner")
     if node is None or not node.get("_target_"):
         return optuna.pruners.NopPruner()
-    try:
-        pruner = instantiate(node)
-    except Exception as e:
-        raise ConfigError(f"hydra.sweeper.pruner: {instantiate_error(e)}") from None
+    pruner = build(node, "hydra.sweeper.pruner")
     if not isinstance(pruner, optuna.pruners.BasePruner):
         raise ConfigError(f"hydra.sweeper.pruner._target_={node.get('_target_')} is not an "
                           "Optuna pruner")
     return pruner
-
-
-def instantiate_error(e: Exception) -> str:
-    """What Hydra's instantiate failed on, in one line: the cause (Optuna's own message), not
-    Hydra's ``Error in call to target ...:`` heading."""
-    return str(e.__cause__ or e).splitlines()[0] if str(e.__cause__ or e) else type(e).__name__
 
 
 def open_trial(name: str, url: str, number: int, pruner: Any = None) -> Any:

@@ -30,18 +30,18 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import PRUNED, StageResults
 from launchers.hydra_app.optuna_space import SearchSpace, search_space, value_text
 from launchers.hydra_app.optuna_study import (JOB_DIR, claim_sweep_dir, directions, fail_stale_trials,
-                                              finished, group_node, instantiate_error, make_pruner,
+                                              finished, group_node, make_pruner,
                                               open_storage, record_in_job, storage_url,
                                               trial_by_number, write_best)
 from launchers.reports.stop_line import SEARCH_RERUN
 from launchers.reports.sweep_results import RESULT
+from mdk.checks import build
 from mdk.errors import ConfigError
 from mdk.stop import StopRequested
 
@@ -147,10 +147,7 @@ class SearchSweeper(Sweeper):
                 raise ConfigError("hydra/sweeper/sampler=grid searches choice() parameters only "
                                   f"(not: {sorted(set(space.distributions) - set(space.choices()))})")
             extra["search_space"] = space.choices()
-        try:
-            return instantiate(node, **extra)
-        except Exception as e:
-            raise ConfigError(f"hydra.sweeper.sampler: {instantiate_error(e)}") from None
+        return build(node, "hydra.sweeper.sampler", **extra)
 
     def _slots(self) -> int:
         """Jobs at a time: the basic launcher runs them in this process, so one."""

@@ -8,7 +8,6 @@ reader (the index cache, the image check, :class:`DetectionDataset`) sees record
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -19,7 +18,8 @@ from mdk.data.config import VOC_READER, check, plain
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records, fresh_count
 from mdk.data.records import READER_METHODS, Reader
-from mdk.errors import DataError, import_target
+from mdk.checks import build
+from mdk.errors import DataError
 from mdk.paths import resolve_path
 
 log = logging.getLogger(__name__)
@@ -36,34 +36,25 @@ def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
 def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
     """The reader of ``dataset.reader`` (checked by :func:`mdk.data.config.check`): its
     ``_target_`` class called with ``root=``, ``class_names=`` and the node's other keys; null:
-    :class:`~mdk.data.voc.VOCReader`. Called directly rather than through ``instantiate`` so that
-    a DataError raised by the reader reaches the user as itself, not wrapped by Hydra."""
+    :class:`~mdk.data.voc.VOCReader`. A DataError the reader raises reaches the user as itself."""
     node = d.get("reader") or {"_target_": VOC_READER}
-    cls = import_target(node["_target_"], "dataset.reader._target_",
-                        "name a reader class as package.module.Class", DataError)
+    hint = "name a reader class as package.module.Class"
+    cls = build(node, "dataset.reader", error=DataError, hint=hint, check=True)
     if not all(callable(getattr(cls, m, None)) for m in READER_METHODS):
         raise DataError(f"dataset.reader._target_={node['_target_']!r} is not a dataset reader (it "
                         f"needs the methods {', '.join(READER_METHODS)}: mdk/data/records.py); "
                         "name a reader class such as mdk.data.voc.VOCReader")
-    args = dict(root=root, class_names=list(d["class_names"]),
-                **{k: v for k, v in node.items() if not k.startswith("_")})
-    try:
-        inspect.signature(cls).bind(**args)
-    except (TypeError, ValueError) as e:
-        raise DataError(f"dataset.reader: {node['_target_']} does not take these keys ({e}); set "
-                        "only the keys its class takes (see its docstring)") from None
-    return cls(**args)
+    return build(node, "dataset.reader", error=DataError, hint=hint, root=root,
+                 class_names=list(d["class_names"]))
 
 
 def generate(d: Mapping[str, Any], root: Path, image_size: int) -> None:
     """Run ``dataset.generate``: its ``_target_`` called with ``root=``, ``class_names=``,
-    ``image_size=`` (the model's, unless the node sets it) and the node's other keys. Called
-    directly, like the reader, so that its DataError or DiskError reaches the user as itself."""
-    node = d["generate"]
-    fn = import_target(node["_target_"], "dataset.generate._target_",
-                       "name a function as package.module.function", DataError)
-    fn(root=root, class_names=list(d["class_names"]),
-       **{"image_size": image_size, **{k: v for k, v in node.items() if not k.startswith("_")}})
+    ``image_size=`` (the model's, unless the node sets it) and the node's other keys. Like
+    the reader, so that its DataError or DiskError reaches the user as itself."""
+    node = {"image_size": image_size, **d["generate"]}
+    build(node, "dataset.generate", error=DataError, root=root, class_names=list(d["class_names"]),
+          hint="name a function as package.module.function")
 
 
 def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,

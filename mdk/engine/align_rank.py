@@ -88,7 +88,7 @@ def train_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict[str, Any]:
     epochs = math.ceil(iters / sampler.num_batches)
     trainer = Trainer(net, build.build_loss(cfg), optimizer, loader, device, epochs,
                       sampler.num_batches, grad_clip=cfg.trainer.grad_clip,
-                      exact_chunk=cfg.dist.get("exact_chunk"))
+                      exact_chunk=cfg.dist.get("exact_chunk"), world_size=world.size)
 
     class StopAfter(HookBase):
         def after_step(self) -> None:

@@ -1,4 +1,4 @@
-"""Build the objects of a run from the composed config (all through hydra.utils.instantiate)."""
+"""Build the objects of a run from the composed config (``_target_`` nodes: mdk.checks.build)."""
 from __future__ import annotations
 
 import ctypes
@@ -11,10 +11,10 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mdk import dist
+from mdk.checks import build
 from mdk.data.build import build_datasets
 from mdk.data.loader import SafeLoader
 from mdk.data.samplers import EpochTagged, GlobalBatchSampler
@@ -33,7 +33,7 @@ def seed_everything(seed: int) -> None:
 
 def build_loss(cfg: DictConfig) -> torch.nn.Module:
     """The training loss (``loss`` group: conf/loss/*.yaml; also reported on the val split)."""
-    return instantiate(cfg.loss)
+    return build(cfg.loss, "loss")
 
 
 def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None, train: bool = True
@@ -133,6 +133,7 @@ def loader_workers(cfg: DictConfig, world: World) -> int:
 
 def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: int):
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = instantiate(cfg.optim)(params)
-    scheduler = instantiate(cfg.scheduler)(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
+    optimizer = build(cfg.optim, "optim", params)
+    scheduler = build(cfg.scheduler, "scheduler", optimizer=optimizer,
+                      iters_per_epoch=iters_per_epoch)
     return optimizer, scheduler

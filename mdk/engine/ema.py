@@ -159,9 +159,7 @@ class ModelEMA:
 
     @torch.no_grad()
     def sync_buffers(self, src: int = 0) -> None:
-        """Broadcast the EMA buffers (BN statistics) from rank ``src``; a no-op in one process."""
-        if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
-            return
+        """Broadcast the EMA buffers (BN statistics) from rank ``src`` (a collective)."""
         for k in sorted(self.buffer_names & self.shadow.keys()):  # same order on every rank
             if self.shadow[k].is_floating_point():  # integer counters agree already
                 tdist.broadcast(self.shadow[k], src)
@@ -181,11 +179,12 @@ def ema_from_config(node: Any, model: nn.Module) -> Optional[ModelEMA]:
 
 class EMAHook(HookBase):
     """Updates ``ema`` after every optimizer step that happened (not when ``trainer.skip_step``);
-    after each epoch it makes the EMA buffers rank 0's (see the module docstring). Register it
-    before the evaluation hook so an evaluation at the epoch end sees the synced EMA."""
+    after each epoch of a ``distributed`` World it makes the EMA buffers rank 0's (see the module
+    docstring). Register it before the evaluation hook so an evaluation at the epoch end sees the
+    synced EMA."""
 
-    def __init__(self, ema: ModelEMA, sync_buffers: bool = True) -> None:
-        self.ema, self.sync = ema, sync_buffers
+    def __init__(self, ema: ModelEMA, distributed: bool = False) -> None:
+        self.ema, self.sync = ema, distributed
 
     def after_step(self) -> None:
         if not self.trainer.skip_step:

@@ -46,9 +46,10 @@ def prepare(model: torch.nn.Module, chunk: int) -> None:
 
 def chunked_forward_backward(model: torch.nn.Module, forward_backward: ForwardBackward,
                              images: torch.Tensor, targets: torch.Tensor,
-                             chunk: int) -> dict[str, torch.Tensor]:
+                             chunk: int, world_size: int = 1) -> dict[str, torch.Tensor]:
     """Leave the global-batch gradient in ``p.grad`` (same bits for every split); return the
-    loss terms averaged over this rank's chunks (for logging, like the whole-batch terms)."""
+    loss terms averaged over this rank's chunks (for logging, like the whole-batch terms).
+    ``world_size``: the World's, every rank holding as many chunks as this one."""
     params = [p for p in model.parameters() if p.requires_grad]
     parts: list[torch.Tensor] = []
     sums: dict[str, torch.Tensor] = {}
@@ -66,7 +67,7 @@ def chunked_forward_backward(model: torch.nn.Module, forward_backward: ForwardBa
             for k, v in terms.items():
                 v = v.detach()
                 sums[k] = v if k not in sums else sums[k] + v
-    total = dist.ordered_sum(parts).div_(len(parts) * dist.world_size())
+    total = dist.ordered_sum(parts).div_(len(parts) * world_size)
     offset = 0
     for p in params:
         p.grad = total[offset: offset + p.numel()].view_as(p).clone()

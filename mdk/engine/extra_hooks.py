@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mdk.checks import target_nodes
+from mdk.checks import build, target_nodes
 from mdk.engine.loop import HookBase
 from mdk.errors import ConfigError
 
@@ -26,15 +26,11 @@ from mdk.errors import ConfigError
 def build_extra_hooks(nodes: Any, *, stage: str, run_dir: Path, is_main: bool,
                       so_far: Callable[[], Mapping[str, Any]]) -> list[HookBase]:
     hooks = []
-    for where, cls, options in target_nodes(nodes, "trainer.hooks", "hook",
-                                            "pkg.module.MyHook"):
-        try:
-            hook = cls(stage=stage, run_dir=Path(run_dir), is_main=is_main, so_far=so_far,
-                       **options)
-        except TypeError as e:
-            raise ConfigError(f"{where}: {e}; check the options of this hook") from None
+    for where, node, hint in target_nodes(nodes, "trainer.hooks", "hook", "pkg.module.MyHook"):
+        hook = build(node, where, hint=hint, stage=stage, run_dir=Path(run_dir), is_main=is_main,
+                     so_far=so_far)
         if not isinstance(hook, HookBase):
-            raise ConfigError(f"{where}._target_={cls.__module__}.{cls.__qualname__} is not a "
-                              "training hook (mdk.engine.loop.HookBase)")
+            raise ConfigError(f"{where}._target_={node['_target_']} is not a training hook "
+                              "(mdk.engine.loop.HookBase)")
         hooks.append(hook)
     return hooks

@@ -116,8 +116,9 @@ class MetricsHook(HookBase):
     step and read once per log (one host sync per log, none per step); under DDP the sum is
     all-reduced then, so the logged loss is the same for 1 process and W processes."""
 
-    def __init__(self, sink: NullSink, every: int, step_offset: int = 0) -> None:
-        self.sink, self.every = sink, max(1, every)
+    def __init__(self, sink: NullSink, every: int, step_offset: int = 0,
+                 world_size: int = 1) -> None:
+        self.sink, self.every, self.world_size = sink, max(1, every), world_size  # World.size
         self.offset = step_offset  # earlier stages' steps: one global step across a pipeline
         self.last: dict[str, float] = {}
         self._sum: Optional[torch.Tensor] = None
@@ -139,7 +140,7 @@ class MetricsHook(HookBase):
         self._n += 1
         epoch_end = t.batch_in_epoch == t.iters_per_epoch
         if t.iter % self.every == 0 or epoch_end:
-            mean = dist.all_reduce_sum(self._sum) / (self._n * dist.world_size())
+            mean = dist.all_reduce_sum(self._sum) / (self._n * self.world_size)
             self._flush()
             self._read.push(mean, (list(t.loss_terms), t.optimizer.param_groups[0]["lr"],
                                    self.offset + t.iter))

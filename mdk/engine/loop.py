@@ -47,9 +47,10 @@ class Trainer:
                  grad_clip: Optional[float] = None, exact_chunk: Optional[int] = None,
                  amp_dtype: Optional[torch.dtype] = None,
                  batch_transform: Optional[Callable[[torch.Tensor, Any], torch.Tensor]] = None,
-                 channels_last: bool = False) -> None:
+                 channels_last: bool = False, world_size: int = 1) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
-        self.exact_chunk = exact_chunk  # dist.exact_chunk: world-size-invariant gradients
+        # dist.exact_chunk: world-size-invariant gradients, the sum over all World.size ranks
+        self.exact_chunk, self.world_size = exact_chunk, world_size
         if exact_chunk:
             prepare(model, exact_chunk)
         self.loader, self.device = loader, device
@@ -149,7 +150,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.exact_chunk:
             self.loss_terms = chunked_forward_backward(self.model, self.forward_backward, images,
-                                                       targets, self.exact_chunk)
+                                                       targets, self.exact_chunk, self.world_size)
         else:
             self.loss_terms = self.forward_backward(images, targets)
         if self.scaler is not None:

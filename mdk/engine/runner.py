@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from hydra.utils import get_method
 from omegaconf import DictConfig
 
-from mdk import faults
+from mdk import checks, faults
 from mdk.engine import build, precision
 from mdk.models.build import build_model
 from mdk.engine.calibration import calibrate_stage
@@ -34,7 +33,9 @@ WORK: dict[str, Callable[[StageContext], Mapping[str, Any]]] = {
 
 
 def _work(kind: str) -> Callable[[StageContext], Mapping[str, Any]]:
-    return WORK.get(kind) or get_method(kind)  # a stage record's `kind: pkg.module.fn`
+    """A built-in kind, or the function a stage record's ``kind: pkg.module.fn`` names."""
+    return WORK.get(kind) or checks.build(kind, "step.kind", check=True,
+                                          hint="name a function as package.module.function")
 
 
 def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,

@@ -30,10 +30,11 @@ log = logging.getLogger(__name__)
 
 class StopOnRequestHook(HookBase):
     """Register after the CheckpointHook. ``save_last`` writes ``last.pth`` (on rank 0; every rank
-    calls it, as for the periodic checkpoint, since the RNG gather inside is a collective)."""
+    calls it, as for the periodic checkpoint, since the RNG gather inside is a collective);
+    ``distributed``: the run's World has several ranks, which agree on when to stop."""
 
-    def __init__(self, save_last: Callable[[], None]) -> None:
-        self.save_last = save_last
+    def __init__(self, save_last: Callable[[], None], distributed: bool = False) -> None:
+        self.save_last, self.distributed = save_last, distributed  # World.distributed
         self._pending: Optional[Callable[[], float]] = None  # the last step's agreement
         self._at_epoch_end = False  # agreed on the epoch's last step: stop after its checkpoint
 
@@ -50,7 +51,7 @@ class StopOnRequestHook(HookBase):
 
     def _agreed_late(self) -> bool:
         """Whether any rank was asked by the previous step (this process alone: by now)."""
-        if dist.world_size() <= 1:
+        if not self.distributed:
             return self._asked()
         if not is_armed():
             return False
@@ -60,11 +61,11 @@ class StopOnRequestHook(HookBase):
 
     def _start_agreement(self) -> None:
         """Start this step's agreement, read after the next step (no host sync now)."""
-        if dist.world_size() > 1 and is_armed():
+        if self.distributed and is_armed():
             self._pending = dist.max_flag_started(float(self._asked()))
 
     def _agreed_now(self) -> bool:
-        if dist.world_size() <= 1:
+        if not self.distributed:
             return self._asked()
         if not is_armed():
             return False

@@ -98,7 +98,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                       exact_chunk=cfg.dist.get("exact_chunk"),
                       amp_dtype=precision.amp_dtype(cfg.trainer, world.device, float_model),
                       batch_transform=transform,
-                      channels_last=channels_last)
+                      channels_last=channels_last, world_size=world.size)
     if trainer.amp_dtype is not None:
         log.info("mixed precision: %s autocast in the training step (trainer.amp=%s; "
                  "trainer.amp=false trains in float32)", str(trainer.amp_dtype).replace("torch.", ""),
@@ -116,7 +116,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                 ema.swapped(model) if ema is not None else contextlib.nullcontext():
             return ctx.evaluate(keep=keep)
 
-    metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset)
+    metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset, world.size)
     progress = ProgressHook(metrics, cfg.trainer.progress, world.is_main)
     progress.images_per_step = int(cfg.trainer.batch_size)
     guard = NanGuardHook(cfg.trainer.get("nan_skip_limit", 0), cfg.logger.log_every)
@@ -132,14 +132,14 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     trainer.register_hooks([FaultHook() if faults.enabled() else None,
                             sampler_epoch_hook(sampler, ctx.train_ds), guard, metrics,
                             LRSchedulerHook(scheduler), progress,
-                            EMAHook(ema) if ema is not None else None,
+                            EMAHook(ema, world.distributed) if ema is not None else None,
                             EvalHook(evaluate, cfg.trainer.eval_every), ckpt,
                             ReportHook(reporter, ckpt, ctx.step_offset,
                                        ctx.checkpoints.dir / BEST) if reporter else None,
                             *extra,  # trainer.hooks: after the epoch's checkpoints are written
                             # after ckpt: a stop request (preemption signal, launchers/hydra_app/submitit_requeue.py)
                             # writes last.pth at the next step and leaves the loop
-                            StopOnRequestHook(ckpt.save_last)])
+                            StopOnRequestHook(ckpt.save_last, world.distributed)])
     # What last.pth holds, saved and resumed by walking the same names (RNG last: restored
     # right before the loop starts drawing).
     state = RunState({"optimizer": ConfiguredOptimizer(optimizer), "scheduler": scheduler,

@@ -54,9 +54,9 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
     return out, float(loss_sum), count
 
 
-def _sync_bn_buffers(model: torch.nn.Module) -> None:
+def _sync_bn_buffers(model: torch.nn.Module, world: World) -> None:
     """Every rank evaluates with rank 0's BatchNorm running statistics."""
-    if dist.world_size() <= 1:
+    if not world.distributed:
         return
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
@@ -76,7 +76,8 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
     merged detections (model-input frame, for reports), so they are not recomputed. ``world``:
     this process's place in the run (None: alone); each rank of a distributed run passes its own.
     ``box_rule``: ``eval.box_rule`` (mdk.eval.metrics.evaluate_dataset)."""
-    _sync_bn_buffers(model)
+    world = world or World()
+    _sync_bn_buffers(model, world)
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
                                      limit_batches, num_workers, loss_fn, progress, world)
     parts = dist.all_gather_object((local, loss_sum, count))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from mdk.models.config import instantiate_checked
+from mdk.checks import build
 from mdk.models.heads import YoloV1Head
 
 log = logging.getLogger(__name__)
@@ -20,14 +20,14 @@ def build_head(cfg: DictConfig) -> Any:
     node = cfg.model.net.get("head")
     if node is None:
         return YoloV1Head(int(cfg.model.net.num_classes), int(cfg.model.net.boxes_per_cell))
-    return instantiate_checked(node, "head")
+    return build(node, "head")
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
     """``model.net`` instantiated, with the training choices that touch the model applied:
     ``trainer.activation_checkpointing`` and ``model.freeze`` (fnmatch patterns on parameter
     names)."""
-    model = instantiate_checked(cfg.model.net, "model.net")  # a bad value: one config line
+    model = build(cfg.model.net, "model.net")  # a bad value: one config line
     if cfg.trainer.get("activation_checkpointing"):
         # A training choice, not part of the model definition: a plain attribute the model reads.
         if not hasattr(model, "activation_checkpointing"):

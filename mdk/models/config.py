@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig
 
-from mdk.checks import check_min
-from mdk.errors import ConfigError
+from mdk.checks import build, check_min
+from mdk.errors import ConfigError, UserError
 
 
 @dataclass
@@ -103,22 +101,6 @@ LOSS_SCHEMAS: dict[str, type] = {"yolo": YoloLossConf, "gti": GtiLossConf,
 HEAD_SCHEMAS: dict[str, type] = {"yolov1": YoloV1HeadConf, "anchors": AnchorHeadConf}
 
 
-def instantiate_checked(node: DictConfig, key: str) -> Any:
-    """``node`` instantiated; a ValueError its ``_target_`` raises (a bad value) becomes one
-    ConfigError line, named by the class's own message (``model.image_size=...``) or else by
-    ``key`` and the target. Anything else keeps Hydra's error: it is a bug, not a value."""
-    try:
-        return instantiate(node)
-    except InstantiationException as e:
-        cause = e.__cause__
-        if not isinstance(cause, ValueError):
-            raise
-        text = str(cause)
-        group = key.split(".")[0] + "."
-        where = "" if text.startswith(group) else f"{key} ({node.get('_target_')}): "
-        raise ConfigError(where + text) from cause
-
-
 def check_model(cfg: DictConfig) -> None:
     """The model is built once here on the meta device (its geometry, no weights): a value its
     class refuses (``model.image_size=100`` for five 2x2 pools) is one line before any stage."""
@@ -127,10 +109,10 @@ def check_model(cfg: DictConfig) -> None:
 
     try:
         with torch.device("meta"):
-            instantiate_checked(cfg.model.net, "model.net")
-    except InstantiationException:
-        pass  # not a bad value (e.g. a model that cannot be built on the meta device): the run's
-        # build_model raises it with its traceback
+            build(cfg.model.net, "model.net")
+    except Exception as e:  # not a bad value (e.g. a model that cannot be built on the meta
+        if isinstance(e, UserError):  # device): the run's build_model raises it with its traceback
+            raise
 
 
 def check_loss(cfg: DictConfig) -> None:
@@ -138,11 +120,11 @@ def check_loss(cfg: DictConfig) -> None:
     data is built: a bad weight is one config line, not a Hydra error from the run."""
     if cfg.get("loss") is None:
         return
-    loss = instantiate_checked(cfg.loss, "loss")  # a few floats and a buffer: no data, no device
+    loss = build(cfg.loss, "loss")  # a few floats and a buffer: no data, no device
     head = cfg.model.net.get("head")
     wants = getattr(loss, "head_kind", None)
     if head is not None and wants is not None:
-        has = getattr(instantiate_checked(head, "head"), "kind", None)
+        has = getattr(build(head, "head"), "kind", None)
         if has is not None and has != wants:
             raise ConfigError(f"loss={cfg.loss._target_.rsplit('.', 1)[-1]} reads the {wants} "
                               f"head's output but head is {has}; choose head={wants}, or a loss "

@@ -43,12 +43,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from mdk.errors import ConfigError
+from mdk.checks import build
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +245,4 @@ def check_config(node: DictConfig) -> None:
     """The ``scheduler`` node, checked by building it on a throw-away optimizer (the classes'
     own checks name the key): a config error before any work, not a traceback in every rank."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    try:
-        instantiate(node)(optimizer=opt, iters_per_epoch=1)
-    except ValueError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith("scheduler.") else f"scheduler: {msg}") from None
+    build(node, "scheduler", optimizer=opt, iters_per_epoch=1)

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Union
 
 import torch
-from hydra.utils import instantiate
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch.optim.lr_scheduler import LRScheduler
+
+from mdk.checks import build
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,9 @@ SchedulerSource = Union[Callable[..., LRScheduler], Mapping[str, Any]]
 def build_scheduler(source: SchedulerSource, optimizer: torch.optim.Optimizer,
                     iters_per_epoch: int) -> LRScheduler:
     """A config node with ``_target_`` (``_partial_: true``) or a factory -> a scheduler."""
-    factory = instantiate(source) if isinstance(source, Mapping) else source
-    return factory(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
+    if isinstance(source, Mapping):
+        return build(source, "scheduler", optimizer=optimizer, iters_per_epoch=iters_per_epoch)
+    return source(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
 
 
 def lr_curve(source: SchedulerSource, iters_per_epoch: int, epochs: int,

@@ -12,7 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from mdk.errors import ConfigError, disk_reason
+from mdk.checks import build
+from mdk.errors import disk_reason
 from mdk.sinks.base import MultiSink, NullSink
 from mdk.sinks.config import sink_nodes
 
@@ -44,13 +45,10 @@ def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any],
         stage = str((config.get("step") or {}).get("name") or "train")
     sinks: list[NullSink] = []
     try:
-        for where, cls, options in sink_nodes(logger_cfg):
+        for where, node, hint in sink_nodes(logger_cfg):
             try:
-                sinks.append(cls(run_dir=Path(run_dir), stage=stage, group=group,
-                                 resume_step=resume_step, config=config, **options))
-            except TypeError as e:
-                raise ConfigError(f"{where}: {e}; check the options of this sink in "
-                                  "conf/logger/") from None
+                sinks.append(build(node, where, hint=hint, run_dir=Path(run_dir), stage=stage,
+                                   group=group, resume_step=resume_step, config=config))
             except OSError as e:  # its folder takes no file: a warning, the run goes on
                 log.warning("%s could not start: %s (%s); the run goes on without it", where,
                             disk_reason(e) or "a write failed", e)

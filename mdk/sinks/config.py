@@ -7,14 +7,12 @@ A logger config holds ``log_every`` and a map ``sinks: {name: {_target_: class, 
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
-from mdk.checks import check_min, target_nodes
-from mdk.errors import ConfigError
+from mdk.checks import build, check_min, target_nodes
 
 # What every sink's constructor gets besides its YAML options (mdk.sinks.build_sinks).
 SINK_ARGS = ("run_dir", "stage", "group", "resume_step", "config")
@@ -29,8 +27,8 @@ class LoggerConf:
 SCHEMAS: dict[str, type] = {"logger": LoggerConf}
 
 
-def sink_nodes(logger_cfg: Any) -> Iterator[tuple[str, type, dict[str, Any]]]:
-    """(``logger.sinks.<name>``, its class, its options) of every sink that is on."""
+def sink_nodes(logger_cfg: Any) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(``logger.sinks.<name>``, its node, ``build``'s hint) of every sink that is on."""
     nodes = logger_cfg.get("sinks") if hasattr(logger_cfg, "get") else None
     return target_nodes(nodes, "logger.sinks", "sink",
                         "mdk.sinks.tensorboard_sink.TensorBoardSink", ", e.g. logger=tensorboard")
@@ -39,8 +37,5 @@ def sink_nodes(logger_cfg: Any) -> Iterator[tuple[str, type, dict[str, Any]]]:
 def check_logger(cfg: DictConfig) -> None:
     """``logger.log_every``, and every sink node: its class imports and takes its options."""
     check_min(cfg, "logger.log_every", 1)
-    for where, cls, options in sink_nodes(cfg.logger):
-        try:
-            inspect.signature(cls).bind(**dict.fromkeys(SINK_ARGS), **options)
-        except TypeError as e:
-            raise ConfigError(f"{where}: {e}; check the options of this sink in conf/logger/") from None
+    for where, node, hint in sink_nodes(cfg.logger):
+        build(node, where, hint=hint, check=True, **dict.fromkeys(SINK_ARGS))

@@ -55,7 +55,7 @@ def eval_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
             merged[k] = {n: t.tolist() for n, t in d.items()}
     oracle = evaluate(Oracle(val_ds), val_ds, bs, torch.device("cpu"), 0.01, 0.5, world=world)
     return {"metrics": res, "dets": {str(k): merged[k] for k in sorted(merged)},
-            "oracle": oracle, "world": dist.world_size()}
+            "oracle": oracle, "world": len(dist.all_gather_object(None))}
 
 
 class Oracle(torch.nn.Module):
