@@ -35,7 +35,8 @@ from torch import nn
 
 from mdk import dist
 from mdk.atomic_file import write_json
-from mdk.errors import ConfigError, import_target
+from mdk.checks import build
+from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
@@ -176,7 +177,7 @@ def observer(method: str = "percentile", percentile: float = 99.0, *, where: str
            "mdk.quant.calibrate.CapObserver subclass")
     cls = METHODS.get(str(method))
     if cls is None and "." in str(method):
-        cls = import_target(method, "step.calibration.method", use)
+        cls = build(method, "step.calibration.method", hint=use, check=True)
     if not (isinstance(cls, type) and issubclass(cls, CapObserver)):
         raise ConfigError(f"step.calibration.method={method!r}{where} is not a calibration "
                           f"method; {use}")
