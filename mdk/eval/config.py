@@ -1,5 +1,4 @@
-"""The ``eval`` node (conf/config.yaml): the metric names and the checks of its keys. A leaf:
-the config checks read it before anything else is imported."""
+"""The ``eval`` node's metric names and key checks; a leaf: config checks import it first."""
 from __future__ import annotations
 
 from omegaconf import DictConfig

@@ -1,11 +1,8 @@
 """Evaluate a model on a dataset split, exact under DDP.
 
-Each rank predicts its no-padding shard (ShardSampler); detections are gathered to every rank,
-keyed by image index, and the metric (``eval.metric``: VOC07 11-point, VOC12 area, or COCO
-rules, VOC boxes under ``eval.box_rule``; mdk.eval.metrics) is computed once over the union, so
-W processes report exactly the single-process number whatever the split size. A model with
-BatchNorm evaluates with rank 0's running statistics on every rank (each rank's own drift apart
-with its own last batches).
+Each rank predicts its no-padding shard; detections are gathered to every rank and the metric is
+computed once over the union, so W processes report exactly the single-process number. A model
+with BatchNorm uses rank 0's running statistics on every rank (each rank's own drift apart).
 """
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
             num_workers: int = 0, loss_fn: Any = None, progress: Any = False,
             world: Optional[World] = None) -> tuple[dict[int, dict], float, int]:
     """Detections of this rank's shard: ({index: det}, summed loss, number of images).
-    ``progress``: trainer.progress (auto | true | false: mdk/progress.py); ``world``: this
-    process's place in the run (None: alone)."""
+    ``progress``: trainer.progress; ``world``: this process's place in the run (None: alone)."""
     world = world or World()
     limit = limit_batches * batch_size * world.size if limit_batches else None
     sampler = ShardSampler(len(dataset), world.rank, world.size, limit)
@@ -55,7 +51,6 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
 
 
 def _sync_bn_buffers(model: torch.nn.Module, world: World) -> None:
-    """Every rank evaluates with rank 0's BatchNorm running statistics."""
     if not world.distributed:
         return
     for m in model.modules():
@@ -70,12 +65,10 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
              num_workers: int = 0, loss_fn: Any = None, progress: Any = False,
              metric: str = "voc07", keep: Optional[list] = None,
              world: Optional[World] = None, box_rule: str = "devkit") -> dict[str, Any]:
-    """``map50`` (the mAP@0.5 of ``metric``: VOC07 11-point, VOC12 area or COCO 101-point),
-    ``metric`` (its name), per-class ``ap``, ``images`` and, with ``loss_fn``, the mean ``loss``;
-    identical on every rank. ``keep``: a list that receives the full evaluator result and the
-    merged detections (model-input frame, for reports), so they are not recomputed. ``world``:
-    this process's place in the run (None: alone); each rank of a distributed run passes its own.
-    ``box_rule``: ``eval.box_rule`` (mdk.eval.metrics.evaluate_dataset)."""
+    """``map50`` (mAP@0.5 of ``metric``), ``metric`` (its name), per-class ``ap``, ``images`` and,
+    with ``loss_fn``, the mean ``loss``; identical on every rank. ``keep``: a list that receives
+    the full evaluator result and the merged detections (model-input frame), so reports need not
+    recompute them. ``world``: this process's place in the run (None: alone)."""
     world = world or World()
     _sync_bn_buffers(model, world)
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
@@ -87,10 +80,8 @@ def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torc
 def evaluate_alone(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
                    conf_thresh: float = 0.01, nms_iou: float = 0.5, loss_fn: Any = None,
                    metric: str = "voc07", box_rule: str = "devkit") -> dict[str, Any]:
-    """``evaluate``'s numbers for the whole ``dataset`` computed by this process alone, with no
-    collective even inside a distributed run: one rank can score one model while its peers
-    score others (mdk/insight). The same batches give the same numbers as ``evaluate`` in a
-    single process."""
+    """``evaluate``'s numbers for the whole ``dataset`` by this process alone, with no collective,
+    so one rank can score one model while its peers score others."""
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
                                      loss_fn=loss_fn)
     return _score([(local, loss_sum, count)], dataset, metric, box_rule, loss_fn is not None)
@@ -98,7 +89,6 @@ def evaluate_alone(model: torch.nn.Module, dataset: Any, batch_size: int, device
 
 def _score(parts: list, dataset: Any, metric: str, box_rule: str, with_loss: bool,
            keep: Optional[list] = None) -> dict[str, Any]:
-    """The metric over every rank's ``(detections, summed loss, images)``."""
     merged: dict[int, dict] = {}
     for part in parts:
         merged.update(part[0])

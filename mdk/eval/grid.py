@@ -1,8 +1,5 @@
-"""A grid of val images with ground truth and detections drawn, as one uint8 image.
-
-Cheap by design (a few images, torchvision's drawing): meant for rank 0 at each evaluation,
-logged with ``sink.log_image`` and written with :func:`save_png`.
-"""
+"""A grid of val images with ground truth and detections drawn, as one uint8 image (cheap: meant
+for rank 0 at each evaluation)."""
 from __future__ import annotations
 
 import logging
@@ -60,10 +57,9 @@ def detection_grid(images: torch.Tensor | Sequence[torch.Tensor],
                    class_names: Sequence[str], score_thresh: float = 0.3, max_dets: int = 20,
                    nrow: int = 4, min_size: int = 256) -> torch.Tensor:
     """``images`` uint8 ``[N, 3, H, W]``, their detections ``{boxes, scores, labels}`` and ground
-    truth ``(boxes, labels[, difficult])`` (boxes xyxy in the image's pixels) -> uint8
-    ``[3, H', W']``: ground truth green (difficult yellow), detections with score >=
-    ``score_thresh`` red and labelled (at most ``max_dets`` per image, highest first). Images
-    smaller than ``min_size`` are upscaled by an integer factor (nearest) so labels can be read."""
+    truth ``(boxes, labels[, difficult])`` (xyxy in the image's pixels) -> uint8 ``[3, H', W']``.
+    At most ``max_dets`` detections per image; images below ``min_size`` are upscaled so labels
+    can be read."""
     if not (len(images) == len(detections) == len(ground_truth)):
         raise ValueError(f"detection_grid: {len(images)} images, {len(detections)} detections and "
                          f"{len(ground_truth)} ground truths; give one of each per image")
@@ -82,8 +78,7 @@ def detection_grid(images: torch.Tensor | Sequence[torch.Tensor],
 def dataset_grid(dataset: Any, detections: Mapping[int, Mapping[str, Any]],
                  class_names: Sequence[str], count: int = 8,
                  indices: Optional[Sequence[int]] = None, **kwargs: Any) -> torch.Tensor:
-    """:func:`detection_grid` of ``count`` evaluated images of ``dataset`` (the lowest indices in
-    ``detections`` unless ``indices`` is given), read with ``dataset.image(i)``/``dataset.gt(i)``:
+    """:func:`detection_grid` of the ``count`` lowest-indexed evaluated images (or ``indices``):
     the same images at every evaluation, so the grids compare over training."""
     chosen = list(indices) if indices is not None else sorted(detections)[:count]
     return detection_grid([dataset.image(i) for i in chosen], [detections[i] for i in chosen],
@@ -91,8 +86,8 @@ def dataset_grid(dataset: Any, detections: Mapping[int, Mapping[str, Any]],
 
 
 def save_png(image: torch.Tensor, path: str | Path) -> Path:
-    """Write a uint8 ``[3, H, W]`` image as PNG (parent folders created). Pillow, not
-    torchvision.io, whose image encoding is deprecated since torchvision 0.29."""
+    """Write a uint8 ``[3, H, W]`` image as PNG with Pillow (torchvision.io's encoding is
+    deprecated)."""
     if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
         raise ValueError(f"save_png({path}): expected uint8 [3, H, W], got {image.dtype} "
                          f"{tuple(image.shape)}")

@@ -1,16 +1,12 @@
 """Detections and ground truth of many images flattened into arrays, the evaluators' input.
 
-Detections: ``{image_id: {"boxes": [N, 4] xyxy, "scores": [N], "labels": [N]}}`` (what
-``mdk.models.yolo_codec.decode`` returns per image), torch tensors or numpy arrays. Every evaluated
-image has an entry, empty when nothing was detected: the images evaluated are the keys of
-``detections``, and ground truth is read for those images only.
+Detections: ``{image_id: {"boxes": [N, 4] xyxy, "scores": [N], "labels": [N]}}``, torch or
+numpy. The keys are the images evaluated (an entry may be empty); ground truth is read for those
+only: ``{image_id: (boxes [M, 4], labels [M], difficult [M])}`` or a callable such as
+``dataset.gt``.
 
-Ground truth: ``{image_id: (boxes [M, 4], labels [M], difficult [M])}`` or a callable
-``image_id -> (boxes, labels, difficult)`` such as ``dataset.gt``.
-
-Order: images by ascending id, and within an image the order the detections were given. The
-evaluators sort by score with a stable sort, so detections of equal score keep this order
-(as the MATLAB devkit's stable ``sort`` keeps the order of the results file).
+Order: images by ascending id, then the order given; the evaluators' stable sort keeps it for
+equal scores, as the MATLAB devkit does.
 """
 from __future__ import annotations
 

@@ -8,19 +8,14 @@ AP, with the same result layout.
 
 The box rule (``eval.box_rule``) of ``voc07``/``voc12`` on a dataset's model-input detections:
 
-* ``devkit`` (default): what the VOC devkit scores, and published VOC numbers with it. Each
-  detection box is mapped from the model input back to its image's original pixels (``x * width /
-  image_size``, ``y * height / image_size``, in float64; the inverse of the resize, as detectron2
-  maps its boxes back), and scored against the annotation's boxes as written (VOC XML: 1-based
-  inclusive integers) with the devkit's +1 on widths and heights (``pixel_offset=1``). The metric
-  decides, not the format: a COCO-format dataset's boxes (``[x, y, x + w, y + h]``, continuous)
-  get the +1 too, as they would in a VOC XML; use ``continuous`` or ``coco`` for those.
-* ``continuous``: detections and ``dataset.gt`` (the annotation boxes rescaled to the model input)
-  in the model-input frame, no +1. Continuous IoU does not change when both frames are scaled, so
-  this is also the continuous IoU in original pixels (up to rounding): the rules differ by the +1.
+* ``devkit`` (default): what the VOC devkit scores (published VOC numbers). Detections are mapped
+  back to each image's original pixels (float64, as detectron2 does) and scored against the
+  annotation's boxes as written with the devkit's +1 on widths and heights. The metric decides,
+  not the format: a COCO-format dataset's boxes get the +1 too; use ``continuous`` or ``coco``.
+* ``continuous``: detections and ``dataset.gt`` in the model-input frame, no +1 (continuous IoU
+  does not change with scaling, so the two rules differ by the +1 only).
 
-``coco`` is pycocotools' rule whatever ``box_rule`` says (continuous, model-input frame; its AP50
-and AP50:95 over all areas do not depend on the frame).
+``coco`` is pycocotools' rule whatever ``box_rule`` says (its AP does not depend on the frame).
 """
 from __future__ import annotations
 
@@ -37,8 +32,8 @@ from mdk.eval.voc_ap import voc_ap
 def evaluate_detections(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTruth,
                         num_classes: int, metric: str = "voc07",
                         pixel_offset: float = 0.0) -> dict[str, Any]:
-    """``voc_ap`` for ``voc07``/``voc12`` (``pixel_offset`` on widths and heights), ``coco_map``
-    for ``coco`` (same result layout); the boxes as given, ground truth in the same frame."""
+    """``metric`` of the boxes as given, ground truth in the same frame (``pixel_offset``: VOC's
+    +1 on widths and heights)."""
     if metric not in METRICS:
         raise ValueError(f"eval.metric={metric!r}: choose one of {list(METRICS)}")
     if metric == "coco":
@@ -48,9 +43,7 @@ def evaluate_detections(detections: Mapping[int, Mapping[str, Any]], ground_trut
 
 def to_original(detections: Mapping[int, Mapping[str, Any]], dataset: Any
                 ) -> dict[int, dict[str, Any]]:
-    """Detections of ``dataset``'s model input (``image_size`` square) in each image's original
-    pixels: boxes float64 times ``(width / image_size, height / image_size)``; scores and labels
-    as they are."""
+    """Detections of ``dataset``'s model input mapped to each image's original pixels."""
     size = float(dataset.image_size)
     out: dict[int, dict[str, Any]] = {}
     for i, d in detections.items():
@@ -62,9 +55,9 @@ def to_original(detections: Mapping[int, Mapping[str, Any]], dataset: Any
 
 def evaluate_dataset(detections: Mapping[int, Mapping[str, Any]], dataset: Any,
                      metric: str = "voc07", box_rule: str = "devkit") -> dict[str, Any]:
-    """``metric`` of ``detections`` in ``dataset``'s model-input frame under ``box_rule`` (see
-    the module docstring). ``dataset``: ``image_size``, ``class_names``, ``gt(i)``, and for the
-    devkit rule ``original_size(i)`` and ``gt_original(i)`` (mdk.data.dataset)."""
+    """``metric`` of ``detections`` in ``dataset``'s model-input frame under ``box_rule``.
+    ``dataset`` needs ``image_size``, ``class_names``, ``gt(i)``, and for the devkit rule
+    ``original_size(i)`` and ``gt_original(i)``."""
     if box_rule not in BOX_RULES:
         raise ValueError(f"eval.box_rule={box_rule!r}: choose one of {list(BOX_RULES)}")
     num_classes = len(dataset.class_names)

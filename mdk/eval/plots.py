@@ -1,8 +1,5 @@
-"""Precision-recall curves of an evaluator's result, drawn with matplotlib's Agg canvas.
-
-``Figure`` + ``FigureCanvasAgg`` directly, never pyplot: no global figure state, safe in a
-training process and in threads, nothing left open.
-"""
+"""Precision-recall curves of an evaluator's result, drawn with matplotlib's Agg canvas (never
+pyplot: no global figure state, safe in a training process and in threads)."""
 from __future__ import annotations
 
 import logging
@@ -20,9 +17,9 @@ log = logging.getLogger(__name__)
 
 def _render(result: dict[str, Any], classes: list[int], names: Sequence[str], title: str
             ) -> torch.Tensor:
-    # matplotlib here: ~0.4 s to import, paid only when a figure is drawn
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # (see above)
-    from matplotlib.figure import Figure  # (see above)
+    # matplotlib here: slow to import, needed only when a figure is drawn
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.4, 4.8), dpi=100)
     canvas = FigureCanvasAgg(fig)
@@ -46,8 +43,7 @@ def _render(result: dict[str, Any], classes: list[int], names: Sequence[str], ti
 
 def pr_curve_images(result: dict[str, Any], class_names: Optional[Sequence[str]] = None,
                     per_figure: int = 10, title: str = "") -> list[torch.Tensor]:
-    """One uint8 ``[3, H, W]`` image per group of up to ``per_figure`` classes (in class order);
-    classes without ground truth (AP nan) are left out. Loggable with ``sink.log_image``."""
+    """One uint8 ``[3, H, W]`` image per group of up to ``per_figure`` classes with ground truth."""
     n = len(result["ap"])
     names = list(class_names) if class_names is not None else [str(c) for c in range(n)]
     classes = [c for c in range(n) if not math.isnan(float(result["ap"][c]))]
@@ -64,8 +60,7 @@ def pr_curve_images(result: dict[str, Any], class_names: Optional[Sequence[str]]
 def save_pr_curves(result: dict[str, Any], out_dir: str | Path,
                    class_names: Optional[Sequence[str]] = None, stem: str = "pr",
                    per_figure: int = 10, title: str = "") -> list[Path]:
-    """Write ``<out_dir>/<stem>_<k>.png`` (k = 1, 2, ...), one per class group; returns the
-    paths."""
+    """Write ``<out_dir>/<stem>_<k>.png``, one per class group; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -8,8 +8,7 @@ from mdk.eval.config import METRICS
 
 
 def headline_key(metric: str) -> str:
-    """The scalar key of a metric's headline number, naming the metric: ``map50_voc07``,
-    ``map50_voc12``, ``map_coco`` (COCO AP50:95)."""
+    """The scalar key of a metric's headline number (``map50_voc07``, ..., ``map_coco``)."""
     if metric not in METRICS:
         raise ValueError(f"eval.metric={metric!r}: choose one of {list(METRICS)}")
     return "map_coco" if metric == "coco" else f"map50_{metric}"
@@ -21,9 +20,8 @@ def _class_name(names: Optional[Sequence[str]], c: int) -> str:
 
 def scalars(result: dict[str, Any], class_names: Optional[Sequence[str]] = None,
             per_class: bool = True) -> dict[str, float]:
-    """Flat ``{key: value}``: the headline (``headline_key``), ``map50_coco`` for COCO, and with
-    ``per_class`` ``ap50_voc07/<class>`` (VOC) or ``ap_coco/<class>`` (COCO AP50:95); classes
-    without ground truth (nan) are left out."""
+    """Flat ``{key: value}``: the headline, ``map50_coco`` for COCO, and with ``per_class`` one AP
+    per class with ground truth."""
     metric = result["metric"]
     out = {headline_key(metric): result["map"]}
     if metric == "coco":
@@ -37,8 +35,7 @@ def scalars(result: dict[str, Any], class_names: Optional[Sequence[str]] = None,
 
 
 def ap_table(result: dict[str, Any], class_names: Optional[Sequence[str]] = None) -> str:
-    """A Markdown table (renders in TensorBoard's text tab, reads as plain text in a log): one
-    row per class with its AP, objects (non-difficult) and detections, then the mean."""
+    """A Markdown table of the per-class APs (renders in TensorBoard, reads as text in a log)."""
     coco = result["metric"] == "coco"
     head = "| class | AP50:95 | AP50 | objects | detections |" if coco else \
         "| class | AP50 | objects | detections |"

@@ -2,42 +2,25 @@
 
 Per class, over all evaluated images:
 
-1. Detections are sorted by decreasing score with a *stable* sort: equal scores keep the input
-   order (images by ascending id, then the order within an image), as MATLAB's ``sort`` does
-   on the results file. (The Python port in py-faster-rcnn uses an unstable argsort.)
-2. Each detection is assigned the ground-truth object of its class in its image with the highest
-   IoU (the first in annotation order on an exact IoU tie). Assignment does not look at whether
-   the object is already taken: if IoU >= ``iou_threshold`` and the object is ``difficult``, the
-   detection is ignored (neither TP nor FP); else the first detection (in sorted order) assigned
-   to an object is a TP and later ones are FP (duplicates). IoU below the threshold: FP.
-   Because the assignment does not depend on earlier decisions, it is computed for all detections
-   at once (vectorised); only the "first to take the object" rule depends on the order.
-   (Not "the unmatched ground truth of highest IoU": the devkit, followed here, takes
-   the highest-IoU object even when it is matched, and then counts a duplicate.)
-3. ``recall = TP / npos`` with ``npos`` = non-difficult objects; ``precision = TP / (TP + FP)``.
-   Ignored detections are left out of the curve; they would only repeat the previous point,
-   which changes neither AP (the devkit's rows for them repeat (rec, prec) or are 0/0).
-4. ``voc07``: 11-point interpolated AP, mean over the 11 thresholds t of the max precision at
-   recall >= t (0 when none). The thresholds are the devkit ports' ``np.arange(0.0, 1.1, 0.1)``
-   (py-faster-rcnn, detectron2, mmdetection: the published numbers), i.e. ``k * 0.1`` in
-   float64: t = 0.3, 0.6 and 0.7 are a hair above 3/10, 6/10 and 7/10, so a recall of exactly
-   3/10 (3 of 10 objects found) does not count at t = 0.3. (MATLAB's ``0:0.1:1`` in
-   ``VOCevaldet.m`` builds its upper half down from 1, so its 0.6 and 0.7 are the doubles of
-   6/10 and 7/10: the two differ at those two thresholds only.) ``voc12`` (VOC2010 and later):
-   area under the monotone precision envelope, summed where recall changes.
+1. Detections are sorted by decreasing score with a *stable* sort (equal scores keep the input
+   order, as MATLAB's ``sort`` does; py-faster-rcnn's argsort is unstable).
+2. Each detection is assigned the object of its class in its image with the highest IoU (the
+   first on a tie), *even when that object is already taken*, as the devkit does. IoU >=
+   ``iou_threshold`` on a ``difficult`` object: ignored; else the first detection to take an
+   object is a TP, later ones FP; IoU below the threshold: FP. So only "first to take" depends on
+   the order and the assignment is vectorised.
+3. ``recall = TP / npos`` (non-difficult objects), ``precision = TP / (TP + FP)``; ignored
+   detections are left out of the curve (they would only repeat a point).
+4. ``voc07``: mean over 11 thresholds t of the max precision at recall >= t. The thresholds are
+   the ports' ``np.arange(0.0, 1.1, 0.1)`` (the published numbers), so 0.3, 0.6 and 0.7 are a
+   hair above 3/10, 6/10, 7/10 (MATLAB's ``0:0.1:1`` differs at 0.6 and 0.7). ``voc12``: area
+   under the monotone precision envelope.
 
-Box convention: ``pixel_offset`` is added to widths and heights (and to the intersection's).
-``pixel_offset=1`` is the devkit's: boxes in 1-based inclusive integer pixels, a box from 1 to 10
-is 10 pixels wide. ``pixel_offset=0`` is the continuous convention (torchvision, COCO): areas
-``(x2 - x1) * (y2 - y1)``. The +1 makes small boxes overlap more: boxes (0, 0, 10, 10) and (3, 0,
-13, 10) have IoU 0.538 without and 0.571 with it (0.538 and 0.542 at 10x the size). Which boxes
-and which offset a run scores (``eval.box_rule``) is :func:`mdk.eval.metrics.evaluate_dataset`'s.
+``pixel_offset`` is added to widths and heights: 1 is the devkit's 1-based inclusive pixels, 0 the
+continuous convention (torchvision, COCO).
 
-A class without non-difficult ground truth in the evaluated images has AP ``nan`` (undefined:
-recall has no denominator) and is left out of the mean; its detections are still counted in
-``num_det``. A class with ground truth but no detections has AP 0 and is in the mean. (The devkit
-ports divide 0 by 0 there: AP 0 (in their mean) under voc07, and under voc12 nan when the class
-has detections, else 0; the VOC test sets hold every class, so published numbers never meet it.)
+A class without non-difficult ground truth has AP ``nan`` (no recall denominator) and is left out
+of the mean; one with ground truth but no detections has AP 0 (the devkit ports divide 0 by 0).
 """
 from __future__ import annotations
 
@@ -125,12 +108,11 @@ def ap_area(recall: np.ndarray, precision: np.ndarray) -> float:
 def voc_ap(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTruth,
            num_classes: int, metric: str = "voc07", iou_threshold: float = 0.5,
            pixel_offset: float = 0.0) -> dict[str, Any]:
-    """VOC AP per class and their mean (see the module docstring for the rules).
+    """VOC AP per class and their mean.
 
     Returns ``{"metric", "name", "map", "ap" [C] (nan: no ground truth), "precision": [C arrays],
-    "recall": [C arrays] (the curve after each counted detection, in score order), "num_gt" [C]
-    (non-difficult objects), "num_det" [C], "images"}``; ``map`` is nan when no class has ground
-    truth.
+    "recall": [C arrays] (after each counted detection), "num_gt" [C] (non-difficult objects),
+    "num_det" [C], "images"}``.
     """
     if metric not in VOC_METRICS:
         raise ValueError(f"metric={metric!r}: choose one of {sorted(VOC_METRICS)}")

@@ -1,19 +1,13 @@
 """What each mask width of each major layer costs: the measurements a bit plan is chosen from.
 
-A major layer is a run of chip layers up to and including a max-pool (the layers after the last
-pool form the last one): the chip quantizes it with one mask width. Its cost at width ``b`` is
-taken on float weights (a step1 checkpoint, BN folded) with only that major layer's weights
-quantized at ``b``, every other layer and every activation float: the widths change only the
-weights, and the 5-bit activations cost the same whatever the widths are, so they are left out of
-the choice. ``by`` says how:
+A major layer is a run of chip layers up to and including a max-pool (the chip quantizes it with
+one mask width). Its cost at width ``b`` is taken on float weights (step1, BN folded) with only
+that major layer's weights quantized: activations stay float, as the 5-bit activations cost the
+same whatever the widths. ``by`` says how:
 
-* ``loss``: the val loss increase, measured (one evaluation pass per layer and width);
-* ``map``: the val mAP lost, measured (the same passes);
-* ``fisher``: the loss increase the weights' quantization error predicts to second order,
-  ``1/2 sum F (Q_b(w) - w)^2`` with ``F`` the empirical Fisher diagonal (the squared gradient of
-  the training loss, averaged over the batches of the same images): HAWQ-v2's and FIT's view,
-  which weighs an error by how much the loss bends there rather than by what it breaks before
-  any fine-tuning; one backward pass per batch, then closed form for every layer and width.
+* ``loss`` / ``map``: the val loss increase / mAP lost, measured (one pass per layer and width);
+* ``fisher``: ``1/2 sum F (Q_b(w) - w)^2`` with ``F`` the empirical Fisher diagonal (HAWQ-v2,
+  FIT): the second-order loss increase, from one backward pass per batch.
 """
 from __future__ import annotations
 
@@ -35,8 +29,7 @@ BY = ("loss", "map", "fisher")
 
 
 def major_layers(model: nn.Module) -> list[list[int]]:
-    """The chip layers' indices grouped into major layers: each group ends at a pooling layer,
-    and the layers after the last pool are the last group."""
+    """The chip layers' indices grouped into major layers (each ends at a pool or the end)."""
     groups: list[list[int]] = [[]]
     for i, layer in enumerate(chip_layers(model)):
         groups[-1].append(i)
@@ -58,20 +51,17 @@ def memory_of(model: nn.Module, mask_bits: Sequence[int]) -> int:
 
 
 def chip_widths(chip: str) -> list[int]:
-    """The mask widths ``chip`` supports, narrowest first."""
     return sorted(CHIP_BITS[str(chip)])
 
 
 def weights_quantized(model: nn.Module, mask_bits: Mapping[int, int], chip: str
                       ) -> ContextManager[nn.Module]:
-    """``model`` with only the weights of the layers in ``mask_bits`` quantized, at those widths
-    on ``chip``; everything else float, activations included (put back afterwards)."""
+    """``model`` with only the weights of the layers in ``mask_bits`` quantized (put back after)."""
     return quantized_only(model, mask_bits, chip, activations=False)
 
 
 @dataclass(frozen=True)
 class WidthCosts:
-    """The costs of each width of each major layer, with the float reference's score."""
     groups: list[list[int]]
     reference: Score
     costs: list[dict[int, float]]  # per major layer: width -> cost
@@ -88,9 +78,8 @@ class WidthCosts:
 
 
 def fisher_diagonal(model: nn.Module, data: EvalSet, chip: str) -> list[torch.Tensor]:
-    """Per chip layer, the mean over ``data``'s batches of the squared gradient of the training
-    loss with respect to its conv weight, the model float and in eval mode (BN folded: nothing
-    changes with the mode but the gradient's graph)."""
+    """Per chip layer, the mean squared gradient of the training loss w.r.t. its conv weight over
+    ``data``'s batches, the model float and in eval mode."""
     layers = chip_layers(model)
     weights = [layer.conv.weight for layer in layers]
     sums = [torch.zeros_like(w) for w in weights]
@@ -122,9 +111,8 @@ def fisher_cost(layer: nn.Module, fisher: torch.Tensor, bits: int, chip: str) ->
 
 
 def width_costs(model: nn.Module, chip: str, data: EvalSet, by: str = "loss") -> WidthCosts:
-    """The cost of every (major layer, chip width) on ``data``, and the float model's score:
-    measured with only that major layer's weights quantized at that width (``loss``, ``map``),
-    or predicted from the Fisher diagonal (``fisher``)."""
+    """The cost of every (major layer, chip width) on ``data`` ``by`` one of ``BY``, and the float
+    model's score."""
     if by not in BY:
         raise ValueError(f"by={by!r}: measure the cost by one of {BY}")
     groups = major_layers(model)

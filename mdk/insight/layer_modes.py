@@ -1,11 +1,9 @@
 """Quantize only some chip layers of a model, at chosen mask widths: the building block of the
 per-layer sensitivity and of a bit-width plan.
 
-The model has BN folded and calibrated caps: the float stage's weights at a quantized stage's
-widths and caps (mdk/insight/stages.py loads it). Its float reference is the same weights with
-every layer's ``quant_weight`` and ``quant_act`` off, so a difference measures quantization
-alone, not other weights. A layer switched on gets the chip's weight quantizer for its mask width (the chip's
-(weight bits, bias bits), mdk/quant/chips.py) and the 5-bit activation at its cap.
+The model (mdk/insight/stages.py) is the float stage's weights, BN folded, at a quantized stage's
+widths and caps; its float reference is the same weights with every switch off, so a difference
+measures quantization alone.
 """
 from __future__ import annotations
 
@@ -20,18 +18,16 @@ from mdk.quant.chips import chip_bits
 
 
 def mask_bits_of(model: nn.Module) -> dict[int, int]:
-    """Every chip layer's mask width as the model has it: ``{index: bits}``."""
+    """``{index: mask bits}`` of every chip layer."""
     return {i: int(layer.mask_bits) for i, layer in enumerate(chip_layers(model))}
 
 
 @contextmanager
 def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str,
                    activations: bool = True) -> Iterator[nn.Module]:
-    """``model`` with the layers in ``mask_bits`` quantized (weights at those mask widths on
-    ``chip``, and 5-bit activations at their caps unless ``activations=False``) and every other
-    layer float; the layers' own switches and widths are put back afterwards. Raises ValueError
-    for an index the model does not have, a width the chip has no mask for, or a layer whose
-    activations are quantized without a cap."""
+    """``model`` with the layers in ``mask_bits`` quantized at those widths (activations too unless
+    ``activations=False``), every other layer float; put back afterwards. ValueError for an
+    unknown index, a width the chip lacks, or quantized activations without a cap."""
     layers = chip_layers(model)
     bad = sorted(set(mask_bits) - set(range(len(layers))))
     if bad:
@@ -57,8 +53,7 @@ def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str,
 
 def measure_quantized(model: nn.Module, mask_bits: Mapping[int, int], data: EvalSet,
                       chip: str) -> Score:
-    """(mAP, loss) on ``data`` of ``model`` with only the layers of ``mask_bits`` quantized, at
-    those widths (``{layer index: mask bits}``; ``{}``: the float reference, every layer:
-    the fully quantized model). In this process alone; the model is left as it was."""
+    """(mAP, loss) on ``data`` with only the layers of ``mask_bits`` quantized (``{}``: the float
+    reference), in this process alone."""
     with quantized_only(model, mask_bits, chip):
         return score(model, data)

@@ -9,8 +9,8 @@ subject's widths and caps: ``index``, ``mask_bits``, ``shift``,
 measured on: ``subject`` (the stage whose widths and caps), ``weights`` (the float stage whose
 weights), ``per_layer_missing`` (why there are no layers, else null), ``metric``, ``chip``,
 ``split``, ``waterfall_images``, ``sensitivity_images``, ``float`` / ``quantized`` (the analysed
-model's {map, loss} on the sensitivity images). An SQNR with no noise at all is null (infinite). Nothing in it depends on
-the number of processes or on time, so the same checkpoints give the same file.
+model's {map, loss} on the sensitivity images). An SQNR with no noise is null (infinite). Nothing
+depends on the process count or time: the same checkpoints give the same file.
 """
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ FORMAT, VERSION = "mdk-quant-report", 2
 
 def sensitivities(float_ref: Score, quantized: Score, only: Score, left: Score
                   ) -> dict[str, float]:
-    """One layer's numbers: what quantizing it alone costs (mAP drop, loss rise, from the float
-    reference) and what leaving it alone in float gains (mAP rise, loss drop, from the fully
-    quantized model). Positive = the layer matters."""
+    """What quantizing a layer alone costs and leaving it alone float gains (+: it matters)."""
     return {"sensitivity_map": float_ref.map - only.map,
             "sensitivity_loss": only.loss - float_ref.loss,
             "left_float_map": left.map - quantized.map,
@@ -33,16 +31,14 @@ def sensitivities(float_ref: Score, quantized: Score, only: Score, left: Score
 
 
 def ranking(layers: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Layer indices, worst first: by sensitivity_map, then sensitivity_loss (both descending),
-    then index."""
+    """Layer indices, worst first."""
     return [d["index"] for d in sorted(layers, key=lambda d: (-d["sensitivity_map"],
                                                               -d["sensitivity_loss"], d["index"]))]
 
 
 def build_report(stages: Sequence[Mapping[str, Any]], layers: Sequence[dict[str, Any]],
                  subject: Optional[str], about: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON document (see the module docstring); ``about``: metric, chip, split, image
-    counts and the subject's float/quantized scores."""
+    """The JSON document; ``about``: metric, chip, split, image counts, float/quantized scores."""
     order = ranking(layers)
     rank = {i: k + 1 for k, i in enumerate(order)}
     return {"format": FORMAT, "version": VERSION, **about, "subject": subject,

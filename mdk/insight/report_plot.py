@@ -15,9 +15,9 @@ from mdk.eval.grid import save_png
 
 def render(report: Mapping[str, Any]) -> torch.Tensor:
     """The figure as a uint8 ``[3, H, W]`` image (for a PNG and the metric sinks)."""
-    # matplotlib here: ~0.4 s to import, paid only when the report is drawn
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # (see above)
-    from matplotlib.figure import Figure  # (see above)
+    # matplotlib here: slow to import, needed only when the report is drawn
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     layers = report["layers"]
     fig = Figure(figsize=(11, 9 if layers else 3.5), dpi=100)

@@ -1,15 +1,10 @@
-"""The quantization report as a stage's work (``kind: mdk.insight.report_stage.quant_report`` in
-conf/step/quant_report.yaml): run by the normal launcher, so ``dist.gpus=N``, SLURM, stop
-signals and one-line errors work as for any stage. ``python -m mdk.tools.quant_report`` runs it.
+"""The quantization report as a stage's work (conf/step/quant_report.yaml), so ``dist.gpus=N``,
+SLURM, stop signals and one-line errors work as for any stage.
 
-The work is a list of items (a stage's evaluation on the whole val split; the analysed model
-(the float stage's weights at the subject's widths and caps, mdk/insight/stages.py) in float and
-fully quantized, each layer quantized alone and left float alone, on the sensitivity images; the
-SQNR pass). Each item is done wholly by one rank, alone (no collective
-inside), on the same batches whatever the split; the ranks share the items by their expected
-cost and rank 0 gathers the numbers, so 1 and N processes write the same JSON. Rank 0 writes
-``quant_report.json``, ``quant_report.png`` and ``quant_report.txt`` into the run dir, prints
-the table, and sends the numbers and the figure to the metric sinks.
+The work is a list of items (each stage's evaluation; the analysed model float, fully quantized,
+each layer quantized alone and left float alone; the SQNR pass). Each item is done wholly by one
+rank with no collective inside, so 1 and N processes write the same JSON; rank 0 gathers the
+numbers and writes ``quant_report.json`` / ``.png`` / ``.txt`` into the run dir.
 """
 from __future__ import annotations
 
@@ -43,8 +38,7 @@ Item = tuple  # ("stage", k) | ("float",) | ("quantized",) | ("only", i) | ("lef
 
 
 def share(costs: list[float], ranks: int) -> list[list[int]]:
-    """Item indices per rank: the costliest item first to the least loaded rank (ties: the
-    lower rank). Deterministic; which rank does an item never changes its numbers."""
+    """Item indices per rank: the costliest item first to the least loaded rank (deterministic)."""
     load = [0.0] * ranks
     out: list[list[int]] = [[] for _ in range(ranks)]
     for k in sorted(range(len(costs)), key=lambda k: (-costs[k], k)):
@@ -114,7 +108,6 @@ def _cost(it: Item, rows: list[Present], full: EvalSet, sub: EvalSet) -> float:
 
 
 def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
-    """The layers a sensitivity item quantizes, at the subject's own widths."""
     if it[0] == "float":
         return {}
     if it[0] == "only":
@@ -131,7 +124,6 @@ def _image_batches(data: EvalSet) -> Iterator[torch.Tensor]:
 
 def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], full: EvalSet,
               sub: EvalSet, chip: str) -> dict[str, Any]:
-    """The report's JSON document from the gathered numbers of every item."""
     stages = [{"stage": r.stage, "mode": r.mode, "map": merged[("stage", k)].map,
                "loss": merged[("stage", k)].loss} for k, r in enumerate(rows)]
     layers: list[dict[str, Any]] = []

@@ -1,9 +1,7 @@
 """Scoring one model on a fixed set of images in this process alone: (mAP, loss).
 
-The unit every measurement of the report is made of. It runs no collective, so in a run of
-several processes each rank scores its own models (mdk/insight/report_stage.py), and a number
-does not depend on how the work was split: the same model on the same batches of the same
-images gives the same bits on any rank (on the CPU with the same thread count).
+No collective, so each rank scores its own models and a number does not depend on how the work
+was split (the same model and batches give the same bits on any rank).
 """
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ class Score:
 
 
 class FirstImages:
-    """The first ``n`` images of ``dataset`` (everything else, e.g. ground truth, class names and
-    the image size, read through to it): a fixed subset, the same on every rank."""
+    """The first ``n`` images of ``dataset`` (other attributes read through to it)."""
 
     def __init__(self, dataset: Any, n: int) -> None:
         self.dataset, self.n = dataset, min(int(n), len(dataset))
@@ -52,8 +49,7 @@ class FirstImages:
 
 @dataclass
 class EvalSet:
-    """Images and how to score a model on them: the run's thresholds, metric, box rule, batch
-    size (``trainer.batch_size``, as ``mdk.tools.evaluate`` uses it) and its training loss."""
+    """Images and how to score a model on them, as the run's config says."""
     dataset: Any
     batch_size: int
     device: torch.device

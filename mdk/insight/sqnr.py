@@ -1,13 +1,10 @@
 """Signal-to-quantization-noise ratios of a subject's chip layers, and how much each clips.
 
-* weight SQNR: ``10 log10(sum w^2 / sum (w - w_q)^2)`` over a layer's conv weights, ``w_q`` the
-  chip's weight quantizer for its mask width (mdk/quant/weights.py), with the layer's shift;
-* activation SQNR of a layer's output (after its activation and pool) against the float
-  model's on the same images: *isolated* (the float input fed to the layer quantized alone,
-  from one float pass) and *cumulative* (the fully quantized model: every error up to it);
-* clipped fraction: the share of the layer's pre-activation values above its cap in the float
-  model (quantized, they saturate at the top level): what the cap cuts off, free of the other
-  layers' errors.
+* weight SQNR: ``10 log10(sum w^2 / sum (w - w_q)^2)`` over a layer's conv weights;
+* activation SQNR of a layer's output against the float model's: *isolated* (the float input fed
+  to the layer quantized alone) and *cumulative* (the fully quantized model);
+* clipped fraction: the share of pre-activation values above the cap in the float model (free
+  of the other layers' errors).
 
 A ratio with no noise at all is ``None`` (infinite).
 """
@@ -58,8 +55,8 @@ class _Sums:
 
 def _outputs(model: nn.Module, images: torch.Tensor, with_inputs: bool,
              pre: Optional[list] = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Every chip layer's (input, output) of one forward; ``pre`` receives each layer's
-    pre-activation (the conv output the calibration observes)."""
+    """Every chip layer's (input, output) of one forward; ``pre`` receives (values above the cap,
+    values) of each layer's pre-activation."""
     layers = chip_layers(model)
     ins: list[torch.Tensor] = []
     outs: list[torch.Tensor] = []
@@ -88,9 +85,8 @@ def _outputs(model: nn.Module, images: torch.Tensor, with_inputs: bool,
 @torch.no_grad()
 def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
                     ) -> list[dict[str, Any]]:
-    """Per chip layer of the subject ``model``: ``act_sqnr_db_isolated``,
-    ``act_sqnr_db_cumulative`` and ``clipped_fraction`` over the images of ``batches``
-    (uint8 image tensors), every layer at the mask width the model has."""
+    """Per chip layer: isolated and cumulative activation SQNR and clipped fraction over
+    ``batches`` (uint8 images), at the model's own mask widths."""
     layers = chip_layers(model)
     bits = mask_bits_of(model)
     sums = [_Sums() for _ in layers]
@@ -117,8 +113,7 @@ def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
 
 def layer_table(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
                 ) -> list[dict[str, Any]]:
-    """Per chip layer: ``index``, ``mask_bits``, ``shift``, ``cap``, ``weight_sqnr_db`` and the
-    activation numbers of ``activation_sqnr``."""
+    """Per chip layer: its bits, shift, cap, weight SQNR and ``activation_sqnr``'s numbers."""
     acts = activation_sqnr(model, batches, chip)
     out = []
     for i, (layer, act) in enumerate(zip(chip_layers(model), acts)):

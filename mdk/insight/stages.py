@@ -1,16 +1,12 @@
 """Which stages a checkpoint folder holds, in chain order, and their models as the report
-measures them. No stage is named here: the order, the evaluation modes and the subject follow
-from the stage records (conf/step/*.yaml, mdk/stage.py).
+measures them. No stage is named here: everything follows from the stage records (mdk/stage.py).
 
 * a stage is *present* when ``<paths.checkpoints>/<stage>/best.pth`` exists; the exporting
-  stage's chip model (``<stage>/chip_model/``) adds the integer reference's row;
-* the *subject* of the per-layer part is the latest present stage evaluated with 5-bit
-  activations at calibrated caps and not gain-fused (step3's best.pth, else cal's): it gives the
-  mask widths and the caps;
-* the *float stage* (step1's best.pth) gives the weights the per-layer part quantizes, BN folded.
-  Not the subject's own: after quantization-aware training, the latent float weights of a
-  low-bit layer are no working model (on shapes_hard, mAP 0.00 at every layer's cap), so they
-  are no reference to measure quantization against.
+  stage's chip model adds the integer reference's row;
+* the *subject* (the latest present stage with 5-bit activations, not gain-fused) gives the
+  mask widths and caps of the per-layer part;
+* the *float stage* gives its weights, BN folded: after quantization-aware training the latent
+  float weights of a low-bit layer are no working model, so no reference.
 """
 from __future__ import annotations
 
@@ -54,8 +50,8 @@ def mode_words(spec: StageSpec) -> str:
 
 
 def present_stages(cfg: DictConfig, exclude: str) -> list[Present]:
-    """The stages with a best.pth under ``paths.checkpoints``, first stage of the chain first,
-    then the integer reference of an exported chip model; ``exclude``: the report's own stage."""
+    """The present stages in chain order, then the integer reference; ``exclude``: the report's
+    own stage."""
     root = checkpoint_root(cfg)
     names = [s for s in stage_names() if s != exclude and (root / s / BEST).is_file()]
     rows = [Present(s, root / s / BEST, mode_words(stage_spec(s)))
@@ -77,8 +73,7 @@ def present_stages(cfg: DictConfig, exclude: str) -> list[Present]:
 
 @dataclass(frozen=True)
 class PerLayer:
-    """What the per-layer part measures: ``weights``' float model at ``subject``'s mask widths
-    and caps (either None: no per-layer part, ``missing`` says why)."""
+    """``weights``' float model at ``subject``'s widths and caps (None: ``missing`` says why)."""
     weights: Optional[Present]
     subject: Optional[Present]
 
@@ -93,7 +88,6 @@ class PerLayer:
 
     @property
     def words(self) -> str:
-        """What the per-layer part measures, or why there is none."""
         if self.missing or self.weights is None or self.subject is None:
             return f"none: {self.missing}"
         return (f"{self.weights.stage}'s float weights (BN folded) at {self.subject.stage}'s "
@@ -101,8 +95,7 @@ class PerLayer:
 
 
 def per_layer_of(rows: list[Present]) -> PerLayer:
-    """The subject (the latest present stage with calibrated caps and no gain fusion) and the
-    weights (the latest present stage evaluated in float) among ``rows``."""
+    """The subject and the float stage among ``rows`` (the latest of each)."""
     subject = weights = None
     for r in rows:
         if not r.is_chip_model:
@@ -129,8 +122,7 @@ def load_row(cfg: DictConfig, row: Present, grid: int) -> nn.Module:
 
 
 def load_analysed(cfg: DictConfig, part: PerLayer, grid: int) -> nn.Module:
-    """The model the per-layer part measures: the float stage's model with BN folded, at the
-    subject's mask widths and caps, every chip layer unquantized (its float reference)."""
+    """The float stage's model, BN folded, at the subject's widths and caps, every layer float."""
     assert part.weights is not None and part.subject is not None, part.missing
     model = load_row(cfg, part.weights, grid)
     fold_bn(model)  # the chip has no BN; folding changes the float model by rounding only

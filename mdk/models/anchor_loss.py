@@ -3,18 +3,16 @@
 Terms, each summed within an image and averaged over the images of the batch (split-invariant
 under DDP, like mdk.models.loss):
 
-- ``box``: smooth-L1 between each assigned prior's encoded box (x, y offsets and log-sizes, all in
-  [0, 1]) and its object's: the log-size code makes it scale-free, so a platelet's box counts as
-  much as a large cell's. (``1 - GIoU`` on the decoded boxes, tried instead, learnt boxes far
-  slower: overfitting 8 BCCD images for 50 AdamW steps left GIoU loss at 0.56 per box against
-  0.26 with this term, docs/experiments.md);
+- ``box``: smooth-L1 between each assigned prior's encoded box (offsets and log-sizes in [0, 1])
+  and its object's: scale-free, so a small box counts as much as a large one (``1 - GIoU``
+  learnt far slower, docs/experiments.md);
 - ``conf_obj``: assigned priors' confidence -> 1; ``conf_noobj``: every other prior's -> 0, but for
   those whose box already overlaps an object of the image by more than ``ignore_iou`` (YOLOv3's
   ignore rule: a good duplicate is not punished);
 - ``cls``: assigned priors' class scores -> one-hot.
 
-Confidences and class scores are regressed with smooth-L1 towards 0/1 (the outputs are linear in
-float stages and 5-bit unsigned from step3 on: no sigmoid can be put on the chip's output).
+Confidences and class scores are regressed with smooth-L1 towards 0/1: the chip's output is
+linear, then 5-bit, so no sigmoid can follow it.
 """
 from __future__ import annotations
 
@@ -53,7 +51,7 @@ class AnchorLoss(nn.Module):
 
     def _ignored(self, pbox: torch.Tensor, tbox: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """[N, S, S, B] True where a prior's box overlaps one of its image's objects by more
-        than ignore_iou (no gradient: the rule only selects terms)."""
+        than ignore_iou."""
         n = pbox.shape[0]
         out = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
         flat_p, flat_t, flat_pos = pbox.reshape(n, -1, 4), tbox.reshape(n, -1, 4), pos.reshape(n, -1)

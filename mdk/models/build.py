@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def build_head(cfg: DictConfig) -> Any:
-    """The model's head (``model.net.head``, conf/head/); a config without one (saved by an
-    older mdk) reads the grid as GNetDet's YOLOv1 layout with ``model.net.boxes_per_cell``."""
+    """The model's head (``model.net.head``); a saved config without one means GNetDet's YOLOv1
+    layout with ``model.net.boxes_per_cell``."""
     node = cfg.model.net.get("head")
     if node is None:
         return YoloV1Head(int(cfg.model.net.num_classes), int(cfg.model.net.boxes_per_cell))
@@ -24,12 +24,10 @@ def build_head(cfg: DictConfig) -> Any:
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
-    """``model.net`` instantiated, with the training choices that touch the model applied:
-    ``trainer.activation_checkpointing`` and ``model.freeze`` (fnmatch patterns on parameter
-    names)."""
+    """``model.net`` instantiated, with ``trainer.activation_checkpointing`` and ``model.freeze``
+    applied."""
     model = build(cfg.model.net, "model.net")  # a bad value: one config line
     if cfg.trainer.get("activation_checkpointing"):
-        # A training choice, not part of the model definition: a plain attribute the model reads.
         if not hasattr(model, "activation_checkpointing"):
             raise ValueError(f"trainer.activation_checkpointing=true but {type(model).__name__} "
                              "does not support it; set it to false")

@@ -1,6 +1,5 @@
 """The ``model`` and ``loss`` config groups: their schemas and checks. Torch-free: the schemas
-load before Hydra composes (the checks build the model and the loss through their ``_target_``,
-which imports torch only when they run).
+load before Hydra composes; the checks import torch when they run.
 
 A model or loss of your own is a YAML in conf/model/ or conf/loss/ naming its class; it may use
 these schemas (``defaults: [/_schema_model_gnetdet@_here_, _self_]``) or none.
@@ -102,10 +101,10 @@ HEAD_SCHEMAS: dict[str, type] = {"yolov1": YoloV1HeadConf, "anchors": AnchorHead
 
 
 def check_model(cfg: DictConfig) -> None:
-    """The model is built once here on the meta device (its geometry, no weights): a value its
-    class refuses (``model.image_size=100`` for five 2x2 pools) is one line before any stage."""
+    """Build the model on the meta device, so a value its class refuses is one line before any
+    stage."""
     check_min(cfg, "model.image_size", 32)
-    import torch  # here: this leaf loads torch-free before Hydra composes; checks run after
+    import torch  # here: this module must load torch-free
 
     try:
         with torch.device("meta"):
@@ -116,8 +115,7 @@ def check_model(cfg: DictConfig) -> None:
 
 
 def check_loss(cfg: DictConfig) -> None:
-    """The loss group's own checks (its constructor names the ``loss.<key>``), run before any
-    data is built: a bad weight is one config line, not a Hydra error from the run."""
+    """Build the loss before any data, so a bad weight is one config line, not a Hydra error."""
     if cfg.get("loss") is None:
         return
     loss = build(cfg.loss, "loss")  # a few floats and a buffer: no data, no device

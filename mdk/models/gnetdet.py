@@ -1,8 +1,7 @@
 """GNetDet: a plain stack of chip layers (docs/pipeline.md) with a YOLOv1-style output grid.
 
 The published GNetDet-448 is 16 3x3 convs (`64,M,64,M,128,128,M,256x3,M,256x3,M,256x3,256,256,10+C`)
-giving a 14x14 grid. The output channel layout per cell is
-``[x, y, w, h, conf] * boxes_per_cell + class scores`` (see mdk.models.yolo_codec).
+giving a 14x14 grid; the head (mdk.models.heads) says what the output channels mean.
 """
 from __future__ import annotations
 
@@ -18,17 +17,15 @@ from mdk.models.heads import YoloV1Head
 from mdk.quant.layers import ChipConv
 
 LayerSpec = Sequence[Union[int, str]]
-# trainer.activation_checkpointing: batch slices recomputed one at a time in backward (layers
-# without training-mode BN or 5-bit activations). 4 took GNetDet-448 at batch 8 from 1505 to
-# 698 MB training-step peak, -54 % (benchmarks/bench_memory.py).
+# trainer.activation_checkpointing: batch slices recomputed one at a time in backward
 CHECKPOINT_SLICES = 4
 
 
 def quantize_input(images: torch.Tensor) -> torch.Tensor:
     """Chip input: 8-bit pixels become 5-bit integers ``((u8 >> 2) + 1) >> 1`` clipped to 0..31.
 
-    Returned as float values 0..31 (the activation domain with c_0 = 31, so fusion needs no
-    special first layer). Float images are taken as 0..255 values and truncated to uint8 first.
+    Returned as floats 0..31 (the activation domain with c_0 = 31, so fusion needs no special
+    first layer); float images are taken as 0..255 and truncated to uint8 first.
     """
     u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
     q = ((u8.to(torch.int16) >> 2) + 1) >> 1
@@ -40,13 +37,11 @@ class GNetDet(nn.Module):
                  image_size: int = 448, boxes_per_cell: int = 2, batch_norm: bool = False,
                  activation_checkpointing: bool = False, head: Optional[Any] = None) -> None:
         super().__init__()
-        # trainer.activation_checkpointing: recompute activations in backward instead of storing
-        # them (a plain attribute, not state: it changes memory, never the numbers).
+        # A plain attribute, not state: it changes memory, never the numbers.
         self.activation_checkpointing = bool(activation_checkpointing)
         # Batch slices recomputed one at a time (1 = whole batches: trainer.deterministic, where
         # a conv on a slice could pick another kernel and change the losses' last bits).
         self.checkpoint_slices = CHECKPOINT_SLICES
-        # How the output grid is read (mdk.models.heads; conf/head/): it sets the output width.
         self.head = head if head is not None else YoloV1Head(num_classes, boxes_per_cell)
         if self.head.num_classes != num_classes:
             raise ValueError(f"head.num_classes={self.head.num_classes} but the model predicts "
@@ -90,10 +85,8 @@ class GNetDet(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
                 nn.init.zeros_(m.bias)
-        # Output conv starts near zero: with Kaiming init every cell predicts O(1) boxes and
-        # confidences, the no-object confidence term of ~2*S*S slots swamps the few object cells,
-        # and the first epochs go into unlearning that. Measured on the default run (8 epochs,
-        # same seed): val mAP@0.5 0.258 vs 0.117.
+        # Output conv starts near zero: with Kaiming init every cell predicts O(1) confidences,
+        # and the first epochs go into unlearning them.
         nn.init.normal_(self.layers[-1].conv.weight, std=0.01)
 
     def chip_layers(self) -> list[ChipConv]:
@@ -112,11 +105,9 @@ class GNetDet(nn.Module):
         return x
 
     def _can_slice(self, lo: int, hi: int) -> bool:
-        """True when layers [lo, hi) may run on slices of the batch with the same results up to
-        float rounding: no BatchNorm computing batch statistics (training-mode BN couples the
-        images; folded or eval-mode BN does not), and no 5-bit activations. A conv on fewer
-        images can differ in the last bit (another kernel blocking), and the activation
-        quantizer turns a last-bit difference at a rounding tie into a whole level (cap/31)."""
+        """True when layers [lo, hi) may run on batch slices with the same results up to float
+        rounding: no training-mode BN (it couples the images) and no 5-bit activations (they
+        turn a last-bit difference at a tie into a whole level)."""
         return not any((isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training)
                        or (isinstance(m, ChipConv) and m.quant_act)
                        for m in self.layers[lo:hi].modules())
@@ -128,11 +119,8 @@ class GNetDet(nn.Module):
             for lo, hi in self.segments():
                 ctx = lambda lo=lo, hi=hi: (nullcontext(), self._frozen_bn(lo, hi))  # noqa: E731
                 if self.checkpoint_slices > 1 and self._can_slice(lo, hi) and x.shape[0] > 1:
-                    # Checkpoint each slice of the batch on its own: the backward then recomputes
-                    # one slice's activations at a time. Storing less between forward and
-                    # backward is not enough here: the backward of a 448-px layer needs several
-                    # full-batch activation-sized buffers at once, and that, not what is stored,
-                    # sets the peak (benchmarks/README.md). Results change only by float rounding.
+                    # Per slice: a layer's backward needs several full-batch-sized buffers at
+                    # once, and that, not what is stored, sets the peak.
                     x = torch.cat([checkpoint(self._run, xc, lo, hi, use_reentrant=False,
                                               context_fn=ctx)
                                    for xc in x.chunk(self.checkpoint_slices)])
@@ -144,9 +132,8 @@ class GNetDet(nn.Module):
 
     @contextmanager
     def _frozen_bn(self, lo: int, hi: int) -> Iterator[None]:
-        """During the backward recompute a training-mode BN must not update its running stats a
-        second time. It runs on throw-away copies of them (same ops, same saved tensors, so the
-        recomputed activations equal the stored ones) and the real buffers are put back."""
+        """The backward recompute must not update a training-mode BN's running stats twice: it runs
+        on throw-away copies and the real buffers are put back."""
         saved = []
         for m in self.layers[lo:hi].modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:

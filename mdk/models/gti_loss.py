@@ -17,25 +17,19 @@ ReLU, so its w, h are >= 0; mdk's output layer is linear until step3 and w, h ca
 is pulled up instead of giving NaN.
 
 Normalisation. The GTI MDK divides every summed term by a running count of objects per batch,
-``c <- 0.9 c + 0.1 max(objects in this batch, 1)`` from ``c = 100``, updated on every call,
-validation included, and per process under DDP (so its gradient depends on the split). mdk keeps
-the same quantity per image: ``nu = c / images``, each term is its per-image mean divided by
-``nu``, and with ``normalizer: running``:
+``c <- 0.9 c + 0.1 max(objects, 1)`` from ``c = 100``, per process (so its gradient depends on the
+split). mdk keeps it per image, ``nu = c / images``; with ``normalizer: running``:
 
     nu <- momentum * nu + (1 - momentum) * max(objects in the global batch, 1) / images in it
 
-where the two counts are summed over all ranks (one 2-element all-reduce; no host sync). Every
-rank then holds the same ``nu``, and for one process with a constant batch of N images this is
-exactly the GTI loss with ``c = N * nu``: ``normalizer_init`` 6.25 is the GTI start 100 for its
-batch of 16. The update runs only when gradients are enabled (training steps): validation does not
-move it. ``normalizer: fixed`` keeps ``nu = normalizer_init``.
+with both counts summed over all ranks, so every rank holds the same ``nu``; for one process with
+a constant batch of N images this is the GTI loss with ``c = N * nu`` (``normalizer_init`` 6.25 is
+GTI's 100 for its batch of 16). It updates only with gradients enabled (not in validation).
+``normalizer: fixed`` keeps ``nu = normalizer_init``.
 
-Split invariance (docs/distributed.md, Semantics): with ``fixed`` always; with ``running`` for plain DDP with equal
-per-rank batches (every rank sees the global counts). Not with ``dist.exact_chunk``: the engine
-then calls the loss once per chunk, so ``nu`` advances once per chunk from that chunk's counts
-(summed over ranks), and how many chunks a step has depends on the split; use ``fixed`` there.
-``nu`` is a buffer: ``state_dict()`` carries it, so a resumed run continues the same average when
-the loss state is saved with the checkpoint.
+Split invariance: with ``fixed`` always; with ``running`` for plain DDP with equal per-rank
+batches, not with ``dist.exact_chunk`` (``nu`` advances once per chunk; use ``fixed`` there).
+``nu`` is a buffer, so a resumed run continues the same average.
 """
 from __future__ import annotations
 
@@ -56,8 +50,8 @@ PRED_EPS = 1e-8  # added to every prediction, as the GTI MDK does
 
 
 def signed_sqrt(v: torch.Tensor, eps: float = PRED_EPS) -> torch.Tensor:
-    """``sqrt(v + eps)`` for v >= 0 (the GTI form once ``eps`` is added); ``-sqrt(|v| + eps)``
-    below 0, so a negative width or height still gets a finite gradient toward the target."""
+    """``sqrt(v + eps)`` for v >= 0 (the GTI form), ``-sqrt(|v| + eps)`` below, so a negative
+    width still gets a finite gradient."""
     pos = v >= 0
     # where, not abs: at v == 0 the slope is GTI's 1 / (2 sqrt(eps)), not abs's 0
     return torch.sqrt(torch.where(pos, v, -v) + eps) * torch.where(pos, 1.0, -1.0).to(v.dtype)

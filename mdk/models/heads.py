@@ -1,10 +1,8 @@
 """Heads: how the last chip layer's output grid is read as boxes, and how boxes become its targets.
 
-The chip runs the conv layers only; what the output channels mean is decided on the host, so a
-head is a plain object (no weights): ``channels`` (the output conv's width), ``encode`` (one
-image's boxes -> its dense target ``[S, S, D]``, in the loader) and ``decode`` (outputs ->
-detections). The model builds its output conv from the head; the loss, the dataset and the
-evaluation read the same head (``head=`` config group, conf/head/).
+The chip runs the conv layers only, so a head is a plain host object (no weights): ``channels``
+(the output conv's width), ``encode`` (one image's boxes -> its target ``[S, S, D]``) and
+``decode`` (outputs -> detections). Model, loss, dataset and evaluation read the same head.
 
 - :class:`YoloV1Head` (``head=yolov1``): GNetDet's YOLOv1 grid (mdk.models.yolo_codec), one object
   per cell, class scores per cell; the GTI MDK's loss (``loss=gti``) reads this layout.
@@ -12,12 +10,10 @@ evaluation read the same head (``head=`` config group, conf/head/).
   is assigned to every prior whose shape is within ``match_ratio`` of its own, in its centre cell
   and the two nearest neighbour cells (YOLOv5's assignment), so a cell holds several objects.
 
-Every output of :class:`AnchorHead` is trained towards [0, 1] (offsets, log-sizes scaled into
-[0, 1], confidences and class scores), because from step3 on the chip's last layer is a 5-bit
-unsigned activation with one cap for all channels: a channel whose useful range is far from the
-others' would get few of the 32 levels. Sizes are log-encoded relative to the prior
-(``w = prior * size_range ** (2 t - 1)``), so one level is the same relative size step
-(``size_range ** (2/31)``: 9 % at 4, 12 % at 6) for a platelet and for a large cell alike.
+Every :class:`AnchorHead` output is trained towards [0, 1]: from step3 on the last layer is a
+5-bit activation with one cap for all channels, so a channel of another range would get few of
+the 32 levels. Sizes are log-encoded relative to the prior (``w = prior * size_range ** (2 t -
+1)``), so one level is the same relative size step for small and large boxes.
 """
 from __future__ import annotations
 
@@ -147,10 +143,9 @@ class AnchorHead:
                image_size: float) -> torch.Tensor:
         """One image's boxes ``[K, 4]`` xyxy (pixels of an ``image_size`` square; 1 for
         normalised) and labels -> target ``[S, S, B*(5+C)]``. Each object goes to every prior of
-        ratio < ``match_ratio`` (its best prior if none), in its centre cell and, with
-        ``neighbours``, the nearer horizontal and vertical neighbour. Where two objects claim one
-        (cell, prior) the centre-cell claim wins, then the better-fitting shape; so the result
-        does not depend on annotation order."""
+        ratio < ``match_ratio`` (else its best), in its centre cell and, with ``neighbours``, the
+        nearer neighbours. On a shared (cell, prior) the centre-cell claim wins, then the better
+        shape, so annotation order does not matter."""
         s, nb, c = int(grid), self.boxes_per_cell, self.num_classes
         target = np.zeros((s, s, nb, 5 + c), dtype=np.float32)
         b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) / float(image_size)
@@ -197,8 +192,7 @@ class AnchorHead:
     def decode(self, pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
                nms_iou: float = 0.5, max_det: int = 100) -> list[dict]:
         """Outputs ``[N, B*(5+C), S, S]`` -> per image ``{"boxes" [K, 4] xyxy pixels, "scores"
-        [K] in [0, 1], "labels" [K]}``: ``score = conf x class score`` of the prior's best class,
-        each clamped to [0, 1]; then per-class NMS and the top ``max_det``."""
+        [K], "labels" [K]}``, ``score = conf x best class score``, after per-class NMS."""
         n, ch, s, s2 = pred.shape
         if s != s2 or ch != self.channels:
             raise ValueError(f"decode: expected [N, {self.channels}, S, S] for {self.boxes_per_cell} "

@@ -1,19 +1,13 @@
 """YOLOv1-style GNetDet loss with smooth-L1 terms (``loss=default``; ``loss=gti`` is
 :mod:`mdk.models.gti_loss`).
 
-Normalisation (docs/distributed.md): every term is summed within an image and averaged over the images of
-the local batch. DDP then averages gradients over ranks, so with equal per-rank batches the
-gradient of a global batch does not depend on how it is split.
+Every term is summed within an image and averaged over the local batch; DDP averages over ranks,
+so with equal per-rank batches the gradient does not depend on the split.
 
-Weights (``conf/loss/default.yaml``): ``total = lambda_coord * coord + lambda_obj * conf_obj +
-lambda_noobj * conf_noobj + lambda_cls * cls``; defaults 5, 1, 0.5, 1 (YOLOv1's), smooth-L1 ``beta`` 1.
-
-``ignore_iou`` (default 0.5, YOLOv3's ignore threshold): the box slot of an object cell that is
-not responsible gets no confidence target when its box already overlaps the object by more than
-this IoU. Without it (``null``, YOLOv1) the two slots of a cell that predict the same box are
-told "1" and "0" by turns as the responsibility flips between them, and their confidences can
-settle at ~0.5 for a whole run (docs/experiments.md, second round). With one box per cell
-(gnetdet_small) no other slot exists and it has nothing to act on.
+``ignore_iou`` (YOLOv3's ignore threshold): a non-responsible slot of an object cell gets no
+confidence target when its box already overlaps the object by more than this IoU. Without it
+(``null``, YOLOv1) two slots predicting the same box are told "1" and "0" by turns and their
+confidences can settle at ~0.5.
 """
 from __future__ import annotations
 
@@ -50,7 +44,6 @@ def is_number(v: object) -> bool:
 
 
 def check_weights(**weights: float) -> None:
-    """One clear line naming the ``loss.<key>`` that is not a finite number >= 0."""
     for key, v in weights.items():
         if not is_number(v) or not math.isfinite(v) or v < 0:
             raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
@@ -92,8 +85,7 @@ class YoloLoss(nn.Module):
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """pred [N, 5B+C, S, S]; target [N, S, S, 5B+C] -> dict of loss terms and 'total'."""
         N, S = pred.shape[0], pred.shape[-1]
-        # float32 at least (AMP's bf16/fp16 predictions), float64 kept (the alignment check mode:
-        # casting down would round per-image values that differ by 1e-16 between splits apart)
+        # float32 at least (AMP), float64 kept: casting down would make splits differ
         dt = torch.float64 if pred.dtype == torch.float64 else torch.float32
         p = pred.permute(0, 2, 3, 1).to(dt)
         t = target.to(dt)

@@ -16,13 +16,11 @@ log = logging.getLogger(__name__)
 
 def encode_target(boxes: torch.Tensor, labels: torch.Tensor, grid: int, boxes_per_cell: int,
                   num_classes: int, image_size: float) -> torch.Tensor:
-    """Encode ``boxes`` ``[N, 4]`` xyxy (pixels of an ``image_size`` square image; pass
-    ``image_size=1`` for normalised boxes) and ``labels`` ``[N]`` into ``[S, S, 5B + C]``.
+    """Encode ``boxes`` ``[N, 4]`` xyxy (pixels of an ``image_size`` square; 1 for normalised) and
+    ``labels`` ``[N]`` into ``[S, S, 5B + C]``.
 
-    The cell holding a box centre is responsible for it; all ``B`` box slots get the same box with
-    ``conf = 1`` (YOLOv1: the loss picks the responsible predictor), the class is one-hot. One
-    object per cell is a YOLOv1 limit: when two centres share a cell the larger box is kept, so
-    the choice does not depend on annotation order.
+    All ``B`` slots of the centre's cell get the box with ``conf = 1`` (the loss picks the
+    responsible one). One object per cell (YOLOv1): the larger box wins, whatever the order.
     """
     s, b, c = grid, boxes_per_cell, num_classes
     target = torch.zeros(s, s, 5 * b + c, dtype=torch.float32)
@@ -63,17 +61,12 @@ def cell_boxes(pred: torch.Tensor, boxes_per_cell: int, image_size: float) -> tu
 @torch.no_grad()
 def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
            nms_iou: float = 0.5, max_det: int = 100, *, boxes_per_cell: int) -> list[dict]:
-    """Turn raw outputs ``[N, 5B + C, S, S]`` into per-image detections.
+    """Raw outputs ``[N, 5B + C, S, S]`` -> ``[{"boxes": [K, 4] xyxy pixels, "scores": [K],
+    "labels": [K] int64}]`` after per-class NMS.
 
-    ``score = box conf x class score`` of the cell's best class (YOLOv1's class-specific
-    confidence), each factor clamped to [0, 1]: the outputs are regressed to 0/1 targets and a
-    linear output overshoots (up to ~1.6 on BCCD), which a user cannot threshold; the clamp also
-    scored higher (BCCD 224 px 0.604 -> 0.621, the default run 0.9241 -> 0.9250: docs/
-    experiments.md). Boxes with ``score <= conf_thresh`` or zero area are dropped,
-    then per-class NMS (``torchvision.ops.batched_nms``) and the top ``max_det`` remain.
-    ``boxes_per_cell`` has no default: the presets differ (gnetdet 2, gnetdet_small 1), and a wrong
-    B reads class channels as boxes without any error whenever 5B + C still fits.
-    Returns ``[{"boxes": [K, 4] xyxy pixels, "scores": [K], "labels": [K] int64}]``.
+    ``score = box conf x best class score``, each clamped to [0, 1]: a linear output overshoots its
+    0/1 targets, which a user cannot threshold. ``boxes_per_cell`` has no default: a wrong B reads
+    class channels as boxes without error whenever 5B + C still fits.
     """
     n, ch, s, s2 = pred.shape
     b = boxes_per_cell

@@ -1,27 +1,18 @@
 """5-bit unsigned chip activation (docs/pipeline.md): ``y_q = R(clamp(y, 0, cap) * 31 / cap) * cap / 31``.
 
-A custom autograd function keeps the step3 iteration cheap: the forward is four passes over the
-activation and the backward is one fused ``hardtanh_backward`` pass (straight-through for
-``0 < y < cap``, zero gradient where the clamp is active; y exactly 0 or cap, a measure-zero set,
-gets zero), instead of the ~10 temporaries autograd would record for the composed expression.
+A custom autograd function keeps step3 cheap: four forward passes and one fused
+``hardtanh_backward`` pass (straight-through for ``0 < y < cap``, else zero gradient) instead of
+the ~10 temporaries autograd would record.
 
-Rounding. For ``v >= 0`` round-half-away is ``floor(v + 0.5)`` in exact arithmetic, but in floating
-point ``pred(0.5) + 0.5`` rounds up to 1. Adding ``h = pred(0.5)`` (largest float below 0.5)
-instead is exact for every ``v >= 0`` of the dtype: a fraction of exactly 0.5 gives
-``k + 1 - ulp/2`` which rounds (ties-to-even, or a coarser ulp for k >= 1) to ``k + 1``, and any
-smaller fraction stays strictly below ``k + 1``. ``tests/test_quant_activation.py`` checks this
-against ``round_half_away`` on every float near each tie and integer in 0..31. Clamping after
-scaling, ``floor(clamp(y*31/cap + h, h, 31 + h))``, is the same function. The scale is applied as
-``h + y * (31/cap)`` in one pass, within an ulp of ``y*31/cap`` (so only exact ties can differ);
-for the fused cap 31 no scaling happens and the result is exactly ``R(clamp(y, 0, 31))``.
+Rounding: ``floor(v + 0.5)`` is wrong in floating point (``pred(0.5) + 0.5`` rounds to 1); adding
+``h = pred(0.5)`` instead is exact for every ``v >= 0``: a fraction of exactly 0.5 gives
+``k + 1 - ulp/2``, which rounds to ``k + 1``, and any smaller one stays below ``k + 1``.
+``floor(clamp(y*31/cap + h, h, 31 + h))`` is the same function; ``h + y * (31/cap)`` is within an
+ulp of ``y*31/cap`` (only exact ties can differ), and the fused cap 31 needs no scaling.
 
-Devices. ``h`` is a cached 0-dim tensor per (dtype, device): building it each forward would be a
-host-to-device copy per layer, which on CUDA waits for the GPU (the step3 profile on an H100 was
-launch- and wait-bound: ~190 ms of CPU for ~126 ms of GPU work). On CUDA the forward's four
-passes run as one fused kernel (the same expression compiled once per dtype by torch.compile;
-if that fails, the eager ops are used and a warning says so). Inside a ``torch.compile``d model
-(``trainer.compile``) the cap stays a tensor, so the whole expression fuses into the model's
-kernels with no host value read.
+Devices: ``h`` and the scales are cached 0-dim tensors (a host-to-device copy per forward would
+make CUDA wait). On CUDA the forward is one torch.compile'd kernel (eager ops, with a warning, if
+that fails); inside a compiled model the cap stays a tensor, so no host value is read.
 """
 from __future__ import annotations
 
@@ -40,8 +31,7 @@ _FUSED: dict[str, Any] = {"fn": None, "failed": False}
 
 
 def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A cached 0-dim device tensor (no host-to-device copy per forward): ``h`` and each layer's
-    scales, fixed while a stage runs."""
+    """A cached 0-dim device tensor, so a forward makes no host-to-device copy."""
     key = (value, dtype, device)
     if key not in _CONST:
         if len(_CONST) > 4096:  # caps change between stages/runs; keep the table small
@@ -77,12 +67,8 @@ def _fused_levels() -> Optional[Callable[..., torch.Tensor]]:
     return _FUSED["fn"]
 
 def _cap_value(cap: torch.Tensor) -> float:
-    """Python float of the cap, cached on the tensor until it is modified in place.
-
-    ``hardtanh`` and ``torch.add(alpha=)`` take Python numbers; reading a CUDA cap every forward
-    would sync the device once per layer, so the value is cached and keyed on the tensor's
-    version counter (``fill_`` / ``load_state_dict`` bump it).
-    """
+    """Python float of the cap, cached on its version counter: reading a CUDA cap every forward
+    would sync the device once per layer."""
     hit = getattr(cap, "_mdk_cap_cache", None)
     if hit is not None and hit[0] == cap._version:
         return hit[1]
@@ -92,15 +78,10 @@ def _cap_value(cap: torch.Tensor) -> float:
 
 
 class _QuantAct(torch.autograd.Function):
-    """Forward: 4 passes (scale+offset, clamp, floor, rescale). Backward: one fused
-    ``hardtanh_backward`` pass (gradient passes where 0 < y < cap), like ReLU's one pass."""
-
     @staticmethod
     def forward(ctx, y: torch.Tensor, cap: float) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(y)
         ctx.cap = cap
-        # floor(clamp(y*31/cap, 0, 31) + h) == R(clamp(y, 0, cap) * 31/cap) (see module doc);
-        # the fused cap 31: y + h exactly, no scaling
         scale, rescale = (1.0, 1.0) if cap == LEVELS else (LEVELS / cap, cap / LEVELS)
         h = _h_tensor(y.dtype, y.device)
         fused = _fused_levels() if y.is_cuda else None
@@ -121,8 +102,7 @@ class _QuantAct(torch.autograd.Function):
 
 
 class _QuantActTensor(torch.autograd.Function):
-    """The same quantizer with the cap as a tensor: what a ``torch.compile``d model traces (no
-    host read of the cap; the expression fuses into the model's kernels)."""
+    """The same quantizer with the cap as a tensor, for a ``torch.compile``d model."""
 
     @staticmethod
     def forward(ctx, y: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -148,5 +128,5 @@ def quantize_activation(y: torch.Tensor, cap: torch.Tensor | float) -> torch.Ten
 
 
 def activation_levels(y_q: torch.Tensor, cap: torch.Tensor | float) -> torch.Tensor:
-    """Integer level k (0..31) of an activation on the grid (for checks and the integer reference)."""
+    """Integer level k (0..31) of an activation on the grid."""
     return torch.round(y_q * LEVELS / cap).to(torch.int64)

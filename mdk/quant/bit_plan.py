@@ -7,11 +7,10 @@ width, a sensitivity (what quantizing that layer at that width costs, e.g. the m
 fit the budget, :func:`plan_within_cost` the widths of least memory whose summed sensitivity stays
 under a bound.
 
-Exact by dynamic programming over the memory used: after each layer only the cheapest plan for
-each reachable memory total is kept (a plan that uses more memory for no less sensitivity is
-dropped), so the result equals a search over every combination (tests/test_bit_plan.py) at a
-cost that grows with the number of distinct totals, not with widths ** layers. Pure Python: no
-torch, so planning reads measured sensitivities without a model.
+Exact by dynamic programming over the memory used: after each layer only the undominated plans
+are kept, so the result equals a search over every combination at a cost that grows with the
+number of distinct memory totals, not widths ** layers. No torch: it plans from saved
+sensitivities without a model.
 """
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def memory_bits(layers: Sequence[MajorLayer], bits: Sequence[int]) -> int:
 def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
     """The widths of least summed sensitivity whose coefficients fit ``budget_bits``.
 
-    Ties go to the plan that uses less memory, then to the one with the narrower widths first
-    in layer order, so the answer does not depend on dictionary order. Raises ValueError when
-    even the narrowest widths do not fit.
+    Ties go to less memory, then to narrower widths first in layer order (independent of dict
+    order). ValueError when even the narrowest widths do not fit.
     """
     if not layers:
         return BitPlan((), 0.0, 0)
@@ -55,9 +53,7 @@ def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
 
 def plan_within_cost(layers: Sequence[MajorLayer], max_cost: float) -> BitPlan:
     """The widths of least memory whose summed sensitivity is at most ``max_cost`` (e.g. the mAP
-    a user accepts to lose); ties as :func:`plan_bits`. Exact: the least-memory plan under the
-    bound is never dominated (a plan of less memory and no more cost would be the answer).
-    Raises ValueError when even the least sensitive plan costs more."""
+    a user accepts to lose); ties as :func:`plan_bits`. ValueError when no plan is that cheap."""
     if not layers:
         return BitPlan((), 0.0, 0)
     front = _front(layers, None)

@@ -1,9 +1,7 @@
-"""Fold BatchNorm into the preceding chip conv (docs/pipeline.md), done once before step2.
+"""Fold BatchNorm (which the chip lacks) into the preceding chip conv, once before step2.
 
-The chip has no BatchNorm: ``BN(conv(x))`` in eval mode is the affine map
-``g * (Wx + b - mu) / s + beta`` with ``s = sqrt(var + eps)``, i.e. a conv with
-``W' = W * g / s`` and ``b' = (b - mu) * g / s + beta``. The arithmetic runs in float64 and is
-cast back to the parameter dtype, so folding adds no error beyond one final rounding.
+Eval-mode ``BN(conv(x))`` is a conv with ``W' = W * g / s`` and ``b' = (b - mu) * g / s + beta``,
+``s = sqrt(var + eps)``; computed in float64 so folding adds only one final rounding.
 """
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def chip_layers(model: nn.Module) -> list[ChipConv]:
-    """All ChipConv layers in forward order (works through DDP / other wrappers)."""
+    """All ChipConv layers in forward order (also through DDP / other wrappers)."""
     return [m for m in model.modules() if isinstance(m, ChipConv)]
 
 
@@ -50,11 +48,8 @@ def fold_bn_layer(layer: ChipConv) -> bool:
 
 
 def fold_bn(model: nn.Module) -> int:
-    """Fold every ChipConv's BN (eval-mode statistics); returns how many were folded.
-
-    Call it *after* loading the trained float checkpoint and *before* building the optimizer / DDP
-    wrapper, because the BN parameters disappear from the model.
-    """
+    """Fold every ChipConv's BN; returns how many. Call it after loading the float checkpoint and
+    before building the optimizer / DDP wrapper: the BN parameters disappear."""
     n = sum(fold_bn_layer(layer) for layer in chip_layers(model))
     if n:
         log.info("folded %d BatchNorm layers into their convs", n)

@@ -1,10 +1,9 @@
-"""Per-batch statistics of one layer's pre-activation values, from which the calibration methods
-of mdk/quant/calibrate.py pick a cap: the exact nearest-rank percentile (``percentile_and_max``),
-the cap of least squared 5-bit error (``mse_cap``) and TensorRT's entropy calibration with 32
-levels (``kl_threshold``, over histograms of power-of-two spans that add up exactly: ``rebin``).
+"""Per-batch statistics of one layer's pre-activation values, from which mdk.quant.calibrate picks
+a cap: nearest-rank percentile, least squared 5-bit error, and TensorRT's entropy calibration with
+32 levels over histograms of power-of-two spans (which add up exactly).
 
-Every function is deterministic for a given input tensor on a given device, so a sample that is
-the same bits on every rank gives the same statistic on every rank.
+Every function is deterministic per input and device, so equal samples give equal statistics on
+every rank.
 """
 from __future__ import annotations
 
@@ -23,19 +22,14 @@ KL_BINS = 1024  # kl: bins over [0, 2**e >= max]; caps tried at every bin edge f
 
 
 def sample_stride(n: int, max_values: Optional[int]) -> int:
-    """The stride at which a tensor of ``n`` values is read for a percentile or KL statistic:
-    1 when ``n <= max_values`` (or ``max_values`` is None), else the odd ``ceil(n / max_values) | 1``.
-
-    An odd stride does not line up with the power-of-two feature-map sizes, so it visits all
-    rows, columns and channels evenly.
-    """
+    """Read stride of ``n`` values for a percentile or KL statistic: 1, or the odd
+    ``ceil(n / max_values) | 1`` (odd, so it does not line up with power-of-two feature maps)."""
     if max_values is None or n <= max_values:
         return 1
     return math.ceil(n / max_values) | 1
 
 
 def mse_stride(n: int) -> int:
-    """The stride of the ``mse`` search's sample: at most about ``2**18`` values."""
     return max(1, n // MSE_SAMPLE)
 
 
@@ -46,9 +40,7 @@ def strided(x: torch.Tensor, start: int, step: int) -> torch.Tensor:
         return x.reshape(-1)
     if x.is_contiguous():
         return x.reshape(-1)[start::step]
-    # channels_last (or any other layout): the same elements, in the same logical order, read
-    # through the strides (reshape would first copy the whole activation: 822 MB at layer 1 of
-    # GNetDet-448 for a batch of 32 in bf16)
+    # channels_last or other layouts: reshape would first copy the whole activation
     return torch.take(x, torch.arange(start, x.numel(), step, device=x.device))
 
 
@@ -59,10 +51,7 @@ def nearest_rank(p: float, n: int) -> int:
 
 
 def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nearest-rank p-th percentile, max) of all values of ``x``, as 0-dim tensors.
-
-    The max comes for free from the kept values on the fast path (they include the largest).
-    """
+    """(nearest-rank p-th percentile, max) of all values of ``x``, as 0-dim tensors."""
     flat = x.detach().reshape(-1)
     n = flat.numel()
     k = nearest_rank(p, n)
@@ -70,10 +59,8 @@ def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.T
         top = flat.max()
         return top, top
     if flat.is_cuda:
-        # The k-th smallest is the smallest of the n - k + 1 largest: one top-k (a radix select
-        # on the GPU), without the shortcut below, which reads sizes back to the host several
-        # times per layer and batch. (kthvalue on CUDA: the cal pass at 6x the eval pass's time
-        # on an H100, measured with benchmarks/bench_gpu.py.)
+        # The k-th smallest is the smallest of the n - k + 1 largest: one top-k, no host reads
+        # (the shortcut below reads sizes back, and CUDA kthvalue is slow).
         top = flat.topk(n - k + 1, sorted=False).values
         return top.min(), top.max()
     stride = max(1, n // _SAMPLE)
@@ -97,10 +84,8 @@ def percentile_exact(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:
-    """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y).
-
-    All candidates at once on the tensor's device, in chunks of candidates (no host read: the
-    first of equal errors wins, as a loop over them would choose)."""
+    """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y);
+    the first of equal errors wins."""
     flat = x.detach().reshape(-1)
     sample = flat[:: max(1, flat.numel() // MSE_SAMPLE)].float().clamp_min(0)
     top = sample.max()
@@ -117,17 +102,14 @@ def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:
 
 
 def pow2_range(top: torch.Tensor) -> torch.Tensor:
-    """The power of two ``2**e >= top`` (e from frexp) that a batch's histogram spans: histograms
-    of different ranges then merge exactly (``rebin``), whatever order batches and ranks come in."""
+    """The power of two ``2**e >= top`` a batch's histogram spans, so histograms merge exactly."""
     return torch.ldexp(torch.ones_like(top, dtype=torch.float32),
                        torch.frexp(top.float().clamp(min=0)).exponent)
 
 
 def histogram(x: torch.Tensor, span: torch.Tensor, bins: int = KL_BINS) -> torch.Tensor:
-    """int64 counts of the positive values of ``x`` in ``bins`` equal bins over [0, span].
-
-    ``bins / span`` is a power of two, so each bin index is exact; values <= 0 (quantized to 0
-    whatever the cap) are left out."""
+    """int64 counts of the positive values of ``x`` in ``bins`` equal bins over [0, span] (values
+    <= 0 quantize to 0 whatever the cap)."""
     v = x.detach().reshape(-1).float()
     idx = (v * (bins / span)).floor_().clamp_(max=bins - 1).long()
     idx = torch.where(v > 0, idx, bins)  # a spare bin for the non-positive values, dropped
@@ -153,12 +135,10 @@ def kl_threshold(hist: torch.Tensor, span: float) -> float:
     """The cap ``t = i * span / bins`` (i >= 32) minimising KL(P || Q) for a histogram of the
     positive values over [0, span].
 
-    P: the first i bins, the counts above added to bin i - 1 (what clipping at ``t`` does). Q: the
-    first i bins (without that tail) merged into 32 groups, one per 5-bit level, each group's
-    count spread evenly over its bins where P is non-zero (a level cannot tell them apart). Too
-    small a ``t`` puts mass into P's last bin that Q lacks; too large a ``t`` merges bins that P
-    keeps apart (TensorRT's entropy calibration, with the chip's 32 levels). Computed in float64
-    on the CPU from integer counts: the same on every device; the first of equal scores wins.
+    P: the first i bins, the counts above added to bin i - 1 (clipping at ``t``). Q: those bins
+    without the tail merged into 32 groups, one per 5-bit level, each group's count spread evenly
+    over its bins where P is non-zero. float64 on the CPU from integer counts, so the same on every
+    device; the first of equal scores wins.
     """
     hist = hist.detach().to("cpu", torch.int64)
     bins, levels = hist.numel(), LEVELS + 1

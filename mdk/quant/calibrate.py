@@ -1,25 +1,18 @@
 """Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
 
-Each ChipConv gets an observer (``ChipConv.observer``) that sees every batch's conv(+BN) output
-before the activation. A calibration method is a ``CapObserver`` subclass, its statistic of one
-batch; the cap is the max over batches and ranks. ``step.calibration.method`` names one of
-``METHODS`` (percentile, max, mse, kl: the classes below) or the class path ``pkg.module.Name`` of
-one of yours. The statistics themselves are in mdk/quant/cal_stats.py. A batch tensor of more than
-``max_values`` values (default ``2**20``) is read at the odd stride ``s = ceil(N / max_values) | 1``
-(at least ``max_values / 2`` values: the rank error is ~1e-4 of a percent); ``max_values=null``
-reads every value.
+Each ChipConv's observer sees every batch's conv(+BN) output before the activation. A method is a
+``CapObserver`` subclass (its statistic of one batch); the cap is the max over batches and ranks.
+``step.calibration.method`` names one of ``METHODS`` or the class path ``pkg.module.Name`` of
+yours. A batch of more than ``max_values`` values is read at an odd stride (``sample_stride``).
 
-World-size invariance. A global batch is cut into contiguous per-rank slices (rank r holds images
-``r*b .. (r+1)*b - 1``, mdk.data.samplers.GlobalBatchSampler), so the batch's flat values are the
-ranks' values concatenated in rank order. Each statistic is taken on the global batch, not on a
-rank's slice: the strided sample is taken at the global positions (each rank reads its part, and
-the parts are gathered in rank order: the same tensor, bit for bit, on every rank and for every
-world size); ``max`` and ``kl``'s integer histograms add up exactly instead. So ``dist.gpus=1`` and
-``dist.gpus=2`` give the same caps, bit for bit, as long as the conv outputs themselves are the
-same bits (on the CPU with equal ``dist.cpu_threads``; see docs/distributed.md for CUDA).
+World-size invariance: rank r holds the contiguous slice r of each global batch
+(mdk.data.samplers.GlobalBatchSampler), so statistics are taken on the global batch: the strided
+sample is gathered in rank order (the same tensor on every rank and world size), and ``max`` and
+``kl``'s integer histograms add up exactly. So any ``dist.gpus`` gives the same caps, bit for bit,
+as long as the conv outputs are the same bits (docs/distributed.md).
 
-A cap <= 0 (a layer whose outputs are mostly negative) would make the 5-bit grid meaningless; the
-observed positive max is used instead, or 1.0 if the layer never fires, with a warning.
+A cap <= 0 would make the 5-bit grid meaningless: the positive max is used instead, or 1.0 if the
+layer never fires, with a warning.
 """
 from __future__ import annotations
 
@@ -46,9 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, list[int]]:
-    """Where rank ``rank``'s part of the global batch's strided sample starts in its own slice,
-    and how many sample values every rank holds: rank r's slice spans the global flat positions
-    ``[r*n, (r+1)*n)`` and the sample is every position divisible by ``stride``."""
+    """Where ``rank``'s part of the global strided sample starts in its slice, and how many sample
+    values every rank holds."""
     starts = [(-r * n_local) % stride for r in range(world)]
     counts = [max(0, -(-(n_local - s) // stride)) for s in starts]
     return starts[rank], counts
@@ -56,8 +48,8 @@ def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, l
 
 def my_share(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0, world: int = 1
              ) -> tuple[torch.Tensor, list[int]]:
-    """This rank's part of the global batch's values at flat positions 0, s, 2s, ...
-    (``s = stride_of(global count)``), and how many of them every rank holds."""
+    """This rank's part of the global batch's values at flat positions 0, s, 2s, ... (``s =
+    stride_of(global count)``), and how many of them every rank holds."""
     stride = stride_of(y.numel() * world)
     start, counts = rank_share(y.numel(), stride, rank, world)
     return strided(y, start, stride), counts
@@ -65,8 +57,7 @@ def my_share(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0, wo
 
 def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0,
                   world: int = 1) -> torch.Tensor:
-    """The global batch's values at flat positions 0, s, 2s, ... (``s = stride_of(global count)``),
-    in that order, on every rank: the tensor one process holding the whole batch would read."""
+    """The global batch's strided sample on every rank: what one process holding it would read."""
     part, counts = my_share(y, stride_of, rank, world)
     if world == 1:
         return part
@@ -75,11 +66,9 @@ def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 
 
 
 class CapObserver:
-    """A calibration method, one layer's statistic over the batches of every rank: a subclass's
-    ``batch(y)`` returns (statistic, max) of one batch, ``y`` being this rank's slice of it
-    (``self.sample(y)``: the global batch's strided sample, the same on every rank). The cap is the
-    max of the statistics over batches and ranks; ``finish`` (collective: every rank calls it,
-    layer by layer) may first replace ``stat``. ``observer`` checks the values it is given."""
+    """A calibration method: a subclass's ``batch(y)`` returns (statistic, max) of one batch, ``y``
+    being this rank's slice (``self.sample(y)``: the global strided sample). ``finish``
+    (collective, layer by layer) may replace ``stat`` before the max over ranks."""
 
     def __init__(self, percentile: float = 99.0, mse_candidates: int = 64,
                  max_values: Optional[int] = MAX_VALUES, rank: int = 0, world: int = 1) -> None:
@@ -110,9 +99,7 @@ class CapObserver:
 
 
 class PercentileCap(CapObserver):
-    """``percentile`` (the default, p=99): per batch, the exact nearest-rank percentile of the
-    batch's values (``k = ceil(p/100 * N)``-th smallest, in rational arithmetic), read at the
-    ``max_values`` stride; the cap is the max over batches."""
+    """``percentile`` (default p=99): per batch, the exact nearest-rank percentile of the sample."""
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return percentile_and_max(self.sample(y), self.percentile)
@@ -127,9 +114,7 @@ class MaxCap(CapObserver):
 
 
 class MseCap(CapObserver):
-    """``mse``: per batch, the cap minimising the squared error of the 5-bit quantization of
-    ReLU(y), searched over ``mse_candidates`` fractions of the batch max on a strided sample of
-    about ``2**18`` values; the cap is the max over batches."""
+    """``mse``: per batch, the cap of least squared 5-bit error of ReLU(y), on ~2**18 values."""
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         sample = global_sample(y, mse_stride, self.rank, self.world)
@@ -137,9 +122,8 @@ class MseCap(CapObserver):
 
 
 class KlCap(CapObserver):
-    """``kl``: one histogram of all batches' positive values (read at the ``max_values`` stride),
-    and the cap whose 32-level quantization is closest to it in KL divergence (TensorRT's entropy
-    calibration)."""
+    """``kl``: the cap whose 32-level quantization of all batches' histogram is closest in KL
+    divergence (TensorRT's entropy calibration)."""
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         sample, _ = my_share(y, self.stride, self.rank, self.world)  # counted, not gathered
@@ -150,7 +134,7 @@ class KlCap(CapObserver):
 
     def kl_counts(self) -> tuple[float, torch.Tensor]:
         """(span, counts) of every batch of every rank in one histogram over the widest span
-        (collective: every rank calls it). Integer counts add up exactly in any order."""
+        (collective)."""
         spans = torch.stack([s for s, _ in self.kept]).cpu()
         span = dist.all_reduce_max(spans.max().reshape(1))
         top = float(span)
@@ -170,9 +154,8 @@ METHODS: dict[str, type[CapObserver]] = {"percentile": PercentileCap, "max": Max
 
 def observer(method: str = "percentile", percentile: float = 99.0, *, where: str = "",
              **values: Any) -> CapObserver:
-    """A fresh observer of ``method`` (a word of ``METHODS`` or the class path ``pkg.module.Name``
-    of a CapObserver) with the ``step.calibration`` values, checked here: a bad one is one line
-    naming the key (and ``where``, e.g. the stage)."""
+    """A fresh observer of ``method`` with the ``step.calibration`` values; a bad value is a
+    ConfigError naming the key (and ``where``, e.g. the stage)."""
     use = (f"use one of {', '.join(METHODS)} or the path pkg.module.Name of a "
            "mdk.quant.calibrate.CapObserver subclass")
     cls = METHODS.get(str(method))
@@ -192,8 +175,7 @@ def observer(method: str = "percentile", percentile: float = 99.0, *, where: str
 
 
 def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
-    """A calibrating stage's ``calibration`` node, checked by making an observer of it (before any
-    stage runs: a typo would otherwise surface after step1 and step2)."""
+    """Check a stage's ``calibration`` node before any stage runs (not after step2)."""
     c = stage_cfg.get("calibration")
     if c is not None:
         observer(**c, where=f" ({stage})")
@@ -202,9 +184,8 @@ def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
 @contextmanager
 def observing(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
               **values: Any) -> Iterator[list[CapObserver]]:
-    """``with observing(model): run batches; finalize_caps(model)``: every ChipConv gets a fresh
-    observer (``observer``'s arguments; ``rank`` / ``world``: this process's slice of each global
-    batch, mdk.world.World), removed on exit. Yields them in layer order."""
+    """``with observing(model): run batches; finalize_caps(model)``: a fresh observer per ChipConv
+    (``rank`` / ``world``: this process's slice of each global batch), removed on exit."""
     layers = chip_layers(model)
     for layer in layers:
         layer.observer = observer(method, percentile, **values)
@@ -217,11 +198,8 @@ def observing(model: nn.Module, method: str = "percentile", percentile: float = 
 
 @torch.no_grad()
 def finalize_caps(model: nn.Module) -> list[float]:
-    """Combine every observer's statistic over ranks (``finish``, then MAX) and write it into
-    ``ChipConv.cap``.
-
-    Every rank must call it (collective). Returns the caps in layer order.
-    """
+    """Write every observer's statistic, maxed over ranks, into ``ChipConv.cap``; returns the caps.
+    Collective: every rank must call it."""
     layers = chip_layers(model)
     for i, layer in enumerate(layers):
         if not isinstance(layer.observer, CapObserver) or layer.observer.stat is None:
@@ -245,7 +223,7 @@ def finalize_caps(model: nn.Module) -> list[float]:
 
 
 def save_caps(model: nn.Module, path: str | Path, meta: Optional[dict] = None) -> Path:
-    """Write the per-layer caps to a human-readable JSON file (rank 0 decides; caller's choice)."""
+    """Write the per-layer caps to a JSON file (the caller decides which rank writes)."""
     path = Path(path)
     layers = chip_layers(model)
     doc = {"meta": meta or {},

@@ -1,6 +1,6 @@
 """The exported chip model: integer mantissas + per-layer shifts + layer spec (docs/pipeline.md).
 
-On disk (an open, documented format, readable without mdk):
+On disk (an open format, readable without mdk):
 
 - ``chip_model.json``: ``format``/``version``, ``chip``, ``simulation_only`` (true: exported with
   ``export.allow_any_size`` at an input size the chip does not take; it runs in numpy/onnxruntime

@@ -1,10 +1,7 @@
-"""The chip table: what each GTI chip accepts (the top-level ``chip`` key), and its checks, with
-those of the ``export`` node (conf/config.yaml). A leaf (no torch): the config checks read it
-before anything else is imported.
+"""The chip table (the top-level ``chip`` key) and the checks of ``chip`` and ``export``.
 
-(weight bits, bias bits) per chip and mask bit width, and the square input sizes a chip model may
-take, from the GTI MDKs (the PyTorch MDK's chip spec lists 224, 320, 448 and 640 px for every
-chip; its TensorFlow MDK builds 224 and 448).
+(weight bits, bias bits) per mask width and the square input sizes come from the GTI MDKs. No
+torch here: the config checks import it before anything else.
 """
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ def size_refusal(chip: str, image_size: Any) -> str:
 
 
 def check_export_size(cfg: DictConfig) -> None:
-    """Before any stage trains: a run that exports a chip model exports one the chip can run,
-    unless ``export.allow_any_size`` (called for the stages whose record says ``export``)."""
+    """Refuse, before any stage trains, an export the chip could not run (unless allowed)."""
     if not allow_any_size(cfg) and not chip_takes(cfg.chip, cfg.model.image_size):
         raise ConfigError(size_refusal(cfg.chip, cfg.model.image_size))
 

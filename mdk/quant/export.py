@@ -57,10 +57,8 @@ class ChipOnnxNet(nn.Module):
 
 
 def export_onnx(cm: ChipModel, path: str | Path, image_size: Optional[int] = None) -> Path:
-    """Write ``cm`` as ONNX (opset 17, dynamic batch) with the legacy TorchScript exporter.
-
-    The torch.export-based exporter needs ``onnxscript``, which is not a project dependency.
-    """
+    """Write ``cm`` as ONNX (opset 17, dynamic batch) with the legacy TorchScript exporter (the
+    torch.export one needs ``onnxscript``, not a dependency)."""
     path = Path(path)
     size = int(image_size or cm.meta.get("image_size") or 64)
     dummy = torch.zeros(1, 3, size, size, dtype=torch.uint8)
@@ -84,11 +82,10 @@ def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
 
 def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str, onnx: bool = True,
                       gti: bool = True, allow_any_size: bool = False) -> ChipModel:
-    """Write ``chip_model.json`` + ``weights.npz`` (+ ``model.onnx``) for a fused step4 model, and
-    (``gti``, chip 5801) the GTI converter's input files in ``out_dir/gti/``.
+    """Export a fused step4 model to ``out_dir`` (``gti``, chip 5801: the GTI files in ``gti/``).
 
-    An input size the chip does not take (mdk.quant.chips) is a ConfigError, or with
-    ``allow_any_size`` a simulation-only chip model (marked in chip_model.json, no GTI hand-off)."""
+    An input size the chip does not take is a ConfigError, or with ``allow_any_size`` a
+    simulation-only chip model (no GTI hand-off)."""
     cm = chip_model_from(model, chip)
     size = cm.meta.get("image_size")
     if size is not None and not chip_takes(chip, size):

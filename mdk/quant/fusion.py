@@ -5,13 +5,9 @@ With calibrated caps ``c_i`` the step3 activation of layer i is ``k_i * c_i / 31
 the input is already 0..31) makes every layer output ``31 / c_i`` times larger, so with cap 31 the
 layer emits ``k_i`` itself: ``R(clamp(y', 0, 31)) = R(clamp(y, 0, c_i) * 31 / c_i)``.
 
-Max-pooling sits between the activation and the next conv; it commutes with a positive scale
-(``max(a*x) = a*max(x)`` for ``a > 0``), so pooled layers need no special handling. Caps are
-positive by construction (calibration never writes a cap <= 0).
-
-The network output is ``k_last * c_last / 31``: ``model.out_scale`` becomes ``c_last / 31``.
-Weight quantization is re-applied to the fused float weights (a new shift per layer), so the fused
-model is not bit-identical to step3 with quantized weights; step4 fine-tunes it.
+Max-pooling commutes with a positive scale, so pooled layers need nothing special. The output
+``k_last * c_last / 31`` goes to ``model.out_scale``. The fused float weights are quantized again
+(a new shift per layer), so the fused model is not bit-identical to step3; step4 fine-tunes it.
 """
 from __future__ import annotations
 

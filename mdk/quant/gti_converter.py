@@ -1,20 +1,14 @@
-"""Where the GTI converter would write other numbers than mdk's hand-off, and the warnings at export.
+"""Where the GTI converter would write other numbers than mdk's hand-off: warnings at export.
 
-The hand-off (mdk.quant.gti_sdk) writes the values mdk trained and exported. The GTI converter
-(``gnetmdk/gti/converter.py``) quantizes the checkpoint again and differs, on isolated float values
-only, in two places (docs/gti-compat.md, 2 and 4):
+The converter (``gnetmdk/gti/converter.py``) quantizes the checkpoint again and differs, on
+isolated values only, in two places (docs/gti-compat.md, 2 and 4):
 
-- the **last layer's shift**: the converter zero-pads that layer with a float64 numpy array, so it
-  evaluates its shift in float64, where training used float32; at an exact power-of-two boundary
-  the two shifts differ (``converter_shift``);
-- **rounding**: the GTI tools round with ``floor(x + 0.5)`` / ``ceil(x - 0.5)``
-  (mdk.quant.rounding.gti_round), in float32 for every layer but the last; that rounds
-  ``±0.49999997`` (``0.5 - 2^-25``) to ``±1`` where mdk's exact rounding gives 0
-  (``rounding_slips``; its other slip, odd integers from 2^23 up, is beyond any mantissa).
-  In the float64 last layer the formula is exact for these float32 values: no slip there.
+- the **last layer's shift**: it evaluates that layer in float64 (training: float32), so at an
+  exact power-of-two boundary the shifts differ (``converter_shift``);
+- **rounding**: its float32 ``floor(x + 0.5)`` rounds ``±0.49999997`` to ``±1`` where mdk gives 0
+  (``rounding_slips``); in the float64 last layer it is exact for float32 values.
 
-Either way the files hold the trained values (what the model was fine-tuned and evaluated with),
-and the export logs one warning line per affected layer.
+The files keep the trained values; the export logs one warning per affected layer.
 """
 from __future__ import annotations
 
@@ -45,8 +39,7 @@ def converter_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int
 
 
 def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, shift: int) -> int:
-    """How many of a layer's written values (weights and biases, quantized from the float ``w``,
-    ``b`` at ``shift``) the GTI tools' float32 ``floor(x + 0.5)`` rounds otherwise than mdk."""
+    """How many of a layer's written weights and biases the GTI tools round otherwise than mdk."""
     w32 = w.detach().cpu().to(torch.float32)
     scale = torch.tensor(2.0 ** shift, dtype=torch.float32)
     ours = weight_mantissas(w32, int(mask_bits), scale, rnd=round_half_away)
@@ -60,7 +53,6 @@ def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, s
 
 def warn_where_the_converter_differs(cm: ChipModel, float_layers: FloatLayers,
                                      filter_file: str) -> None:
-    """One warning line per layer the GTI converter would write otherwise (see the module doc)."""
     last = len(cm.layers) - 1
     for i, ((w, b), L) in enumerate(zip(float_layers, cm.layers, strict=True)):
         slips = rounding_slips(w, b, L.mask_bits, L.shift) if i != last else 0

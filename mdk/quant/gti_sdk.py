@@ -1,38 +1,15 @@
 """Hand-off to the GTI SDK: the files the GTI GNetDet MDK's converter writes before its closed step.
 
-For chip 5801 the GTI converter (``gnetmdk/gti/converter.py`` in the GTI MDK) quantizes the
-checkpoint, writes four files into one directory and then calls GTI's closed libraries:
-``GtiConvertInternalToSDK`` (``libgticonfig5801.so``: layer-spec JSON + filter + bias -> ``chip.dat``)
-and ``GtiComposeModelFile`` (``libGTILibrary``: model JSON -> the chip ``.model``); see
-docs/pipeline.md. ``write_gti_files`` writes the same four files, in the same layout and number
-formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`, and the host's CAP value:
+For chip 5801 the GTI converter (``gnetmdk/gti/converter.py``) writes filter, bias and two JSON
+files into one directory, then GTI's closed libraries turn them into ``chip.dat`` and the chip
+``.model``. ``write_gti_files`` writes the same files, in the converter's layout and number
+formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`, plus ``relu_cap.txt`` (the
+host's CAP); the file table is in docs/pipeline.md. A *major layer* is a run of sublayers ending
+at a 2x2 max-pool or where the mask width changes.
 
-- ``filter.txt``: every weight of every layer, layer after layer, each ``[out, in, 3, 3]`` in C
-  order, one value per line as ``%.16e`` of the quantized float (``mantissa / 2**shift``, exact),
-  ``\\n`` between values and none after the last (numpy ``tofile(sep="\\n", format="%.16e")``).
-  The last layer's output channels are zero-padded to its major layer's width (256 in
-  GNetDet-448, as the converter pads it).
-- ``bias.txt``: the biases the same way.
-- ``<chip>_gnetdet_dat[_448].json``: the layer spec, one entry per *major layer* (a run of
-  sublayers ending at a 2x2 max-pool or where the mask width changes): ``coef_bits``,
-  ``image_size`` (its input size), ``input_channels``, ``output_channels``, ``pooling``,
-  ``sublayer_number``, ``learning`` false, ``last_layer_out`` false, ``major_layer`` (1-based) and
-  ``scaling`` (the sublayers' shifts); ``model: [{ChipType, MajorLayerNumber}]``.
-- ``<chip>_gnetdet_model[_448].json``: the SDK model: an image reader and the chip CNN layer
-  (``data file`` = the absolute path of ``chip.dat`` in this directory, input and output shapes;
-  ``set_dat_path`` points it at the machine that runs GTI's tools).
-- ``relu_cap.txt``: one line, the last layer's cap ``c_last = 31 * output.scale``, the value the
-  GTI MDK's README has users copy from its ``relu_cap.txt`` into the inference program's ``CAP``
-  (after gain fusion every other cap is 31).
-
-Both JSON files are ``json.dump(..., indent=4, separators=(',', ': '), sort_keys=True)`` with no
-final newline. Zeros keep the sign the GTI quantizer gives them (``-0.0000000000000000e+00`` where
-a negative weight or bias rounds to 0), so the text is byte-identical to the converter's for the
-same fused model, but for two measure-zero exceptions where the converter computes other values
-than training did (mdk.quant.gti_converter: the last layer's float64 shift at an exact power-of-two
-boundary; float32 ``floor(x + 0.5)`` rounding ``±0.49999997`` to ``±1``); each is warned at
-export and the files hold the trained values. Only input sizes the chip takes are written
-(mdk.quant.chips). The GTI PyTorch MDK converts for chip 5801 only.
+Zeros keep the sign the GTI quantizer gives them, so the text is byte-identical to the
+converter's for the same fused model except where mdk.quant.gti_converter warns. The GTI PyTorch
+MDK converts for chip 5801 only.
 """
 from __future__ import annotations
 
@@ -114,9 +91,8 @@ def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
 
 def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
                    w_int: torch.Tensor, b_int: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Where the GTI quantizer's float result is ``-0.0``: a negative (not -0.0) weight or bias
-    whose mantissa is 0; for 5-bit masks only when its coefficient ``R(w/step)`` is not 0 (a zero
-    coefficient is an integer and comes out +0.0)."""
+    """Where the GTI quantizer gives ``-0.0``: a negative value whose mantissa is 0 (5-bit masks:
+    only if its coefficient ``R(w/step)`` is not 0, as a zero coefficient comes out +0.0)."""
     w = w.detach().cpu()
     neg_w = (w_int == 0) & (w < 0)
     if mask_bits == 5:
@@ -126,7 +102,6 @@ def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
 
 
 def _format(values: np.ndarray, negzero: np.ndarray) -> str:
-    """``%.16e`` per value, joined by newlines; each distinct value is formatted once."""
     uniq, inv = np.unique(values, return_inverse=True)
     text = np.array(["%.16e" % v for v in uniq.tolist()], dtype=object)[inv.reshape(-1)]
     zero = values == 0  # np.unique merges 0.0 and -0.0: give each zero its sign explicitly
@@ -138,8 +113,7 @@ def _format(values: np.ndarray, negzero: np.ndarray) -> str:
 def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
                  negzeros: Optional[Sequence[tuple[np.ndarray, np.ndarray]]] = None
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per layer: (weights, their -0 mask, biases, their -0 mask) as the converter writes them:
-    float64 ``mantissa / 2**shift`` (exact), flattened in C order, the last layer zero-padded."""
+    """Per layer: (weights, their -0 mask, biases, their -0 mask) as the converter writes them."""
     last = len(cm.layers) - 1
     for i, L in enumerate(cm.layers):
         w = L.weight.to(torch.float64).numpy() / 2.0 ** L.shift  # exact: mantissas < 2^53
@@ -211,11 +185,10 @@ def _dump(doc: dict) -> str:
 def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int] = None,
                     float_layers: Optional[Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
                     check_size: bool = True) -> Path:
-    """Write filter.txt, bias.txt, the two JSON files and relu_cap.txt into ``out_dir`` (created).
+    """Write the hand-off files into ``out_dir`` (created).
 
-    ``float_layers``: the fused float (weight, bias) of every layer, for the sign of zeros and the
-    warnings where the converter would compute otherwise; without it every zero is written as +0.
-    ``check_size=False`` writes an input size the chip does not take (the format only: tests).
+    ``float_layers``: the fused float (weight, bias) per layer, for the sign of zeros and the
+    converter warnings; without it every zero is +0. ``check_size=False``: any input size (tests).
     """
     chip = str(cm.chip)
     if chip not in GTI_CHIPS:
@@ -251,8 +224,8 @@ def last_cap(cm: ChipModel) -> str:
 
 
 def set_dat_path(gti_dir: str | Path, dat_path: str) -> Path:
-    """Point the model JSON of a hand-off folder at ``dat_path`` (where ``chip.dat`` will be on the
-    machine that runs GTI's tools); the rest of the file is kept as written. Returns the JSON."""
+    """Point the hand-off's model JSON at ``dat_path`` (``chip.dat`` on the machine that runs GTI's
+    tools), keeping the rest; returns the JSON's path."""
     found = sorted(Path(gti_dir).glob("*_gnetdet_model*.json"))
     if len(found) != 1:
         raise FileNotFoundError(f"{gti_dir} holds {len(found)} GTI model JSON files "

@@ -1,15 +1,12 @@
 """Integer-only reference forward of an exported chip model, and the exactness check (docs/pipeline.md).
 
-``integer_forward`` uses only int64 tensors: int64 conv, add the bias mantissa, shift with round
-half away from zero, clamp 0..31, 2x2 max-pool. It must equal the step4 fake-quant forward with 0
+``integer_forward`` uses only int64 tensors and must equal the step4 fake-quant forward with 0
 mismatching activations.
 
-Float exactness. The fake-quant layer computes ``sum(x * W/2^s) + B/2^s`` in floating point; every
-term is a multiple of ``2^-s`` and so is every partial sum, so the float result is exact as long as
-each partial sum fits the significand: ``|acc| < 2^53`` (float64, always true here) or ``2^24``
-(float32, checked by ``float32_is_exact`` from the worst case ``31 * sum|W| + |B|`` per output
-channel). This assumes a direct-summation conv (CPU im2col/GEMM); Winograd/FFT/TF32 GPU kernels
-are not exact, which is why ``fake_quant_forward`` defaults to float64 on the CPU.
+The float fake-quant conv is exact while every partial sum (a multiple of ``2^-s``) fits the
+significand: ``|acc| < 2^53`` in float64 (always here) or ``2^24`` in float32
+(``float32_is_exact``). That needs a direct-summation conv (CPU); Winograd/FFT/TF32 GPU kernels
+are not exact, hence ``fake_quant_forward`` runs float64 on the CPU.
 """
 from __future__ import annotations
 
@@ -55,11 +52,8 @@ def integer_forward(cm: ChipModel, images: torch.Tensor) -> tuple[torch.Tensor, 
 @torch.no_grad()
 def fake_quant_forward(model: nn.Module, images: torch.Tensor,
                        dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The model's own ChipConv forwards, chained on the CPU in ``dtype``; returns every activation.
-
-    The quantized weights are computed from the float32 parameters exactly as in training and only
-    the arithmetic is widened (ChipConv casts weights to the input dtype).
-    """
+    """The model's own ChipConv forwards on the CPU in ``dtype`` (weights quantized as in training,
+    only the arithmetic widened); returns the output and every activation."""
     core = getattr(model, "module", model)
     if any(t.device.type != "cpu" for t in core.state_dict().values()):
         core = copy.deepcopy(core).cpu()  # never move the caller's (training) model

@@ -1,17 +1,16 @@
 """ChipConv: one layer of the CNN accelerator (3x3 conv, optional BN, ReLU / 5-bit activation, 2x2 pool).
 
-The stage (docs/pipeline.md) switches quantization on per layer through plain attributes, so the same
-module object serves step1 (float) to step4 (integer activations):
+The stage switches quantization per layer through plain attributes, so one module serves step1
+(float) to step4:
 
-- ``quant_weight``: conv weight/bias go through the chip weight quantizer (STE) for ``mask_bits``
+- ``quant_weight``: conv weight/bias through the chip weight quantizer (STE) for ``mask_bits``
   with the chip's (weight bits, bias bits) in ``chip_bits``.
 - ``observer``: a callable fed the pre-activation conv output during calibration.
-- ``quant_act``: ReLU is replaced by clamp(0, cap) + 5-bit rounding with the calibrated ``cap``.
+- ``quant_act``: ReLU replaced by clamp(0, cap) + 5-bit rounding with the calibrated ``cap``.
 
-Structural state that must survive checkpoints lives in the state_dict: ``cap`` and ``fused``
-(step4 gain fusion applied) are buffers, and a folded BatchNorm is simply absent. Loading a
-checkpoint whose layer has no ``bn.*`` keys into a freshly built layer with BN drops the BN, so a
-model built from the config loads any stage's checkpoint (see ``_load_from_state_dict``).
+``cap`` and ``fused`` are buffers and a folded BN is absent, so checkpoints carry the structure;
+a layer built with BN drops it on loading a checkpoint without ``bn.*`` keys, so a model built
+from the config loads any stage's checkpoint.
 """
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class ChipConv(nn.Module):
         self.chip_bits: tuple[int, int] = (8, 20)
         # 0 means "not calibrated"; a buffer so it travels with state_dict and checkpoints.
         self.register_buffer("cap", torch.tensor(0.0))
-        # True once step4 gain fusion has scaled this layer (mdk.quant.fusion); old checkpoints
-        # without the key load as False.
+        # True once step4 gain fusion scaled this layer; checkpoints without it load as False.
         self.register_buffer("fused", torch.tensor(False))
         self.quant_weight = False
         self.quant_act = False
@@ -54,9 +52,8 @@ class ChipConv(nn.Module):
             return w, b
         if torch.is_grad_enabled():
             return quantize_conv(w, b, self.mask_bits, *self.chip_bits)
-        # Eval / calibration: weights do not change between batches, so quantize once. The key
-        # holds the parameters' in-place version counters (optimizer steps, load_state_dict,
-        # fusion all bump them) and storage, so any change recomputes.
+        # Without grad the weights are fixed, so quantize once; in-place version counters
+        # (bumped by optimizer steps, load_state_dict, fusion) and storage key the cache.
         key = (w._version, None if b is None else b._version, w.data_ptr(), w.dtype, w.device,
                self.mask_bits, tuple(self.chip_bits))
         cache = self.__dict__.get("_wq_cache")

@@ -11,8 +11,8 @@ the switches, not the stages:
 | fuse_gains   | gain fusion once (all caps become 31), recorded in the ``fused`` buffer |
 
 ``apply_mode`` runs after the stage's input checkpoint is loaded and before the optimizer / DDP
-wrapper is built (folding removes BN parameters). "Already fused" is part of the model's state,
-so a resumed step4 checkpoint is never fused twice.
+wrapper is built (folding removes BN parameters). "Fused" is model state, so a resumed step4
+checkpoint is never fused twice.
 """
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ModeReport:
-    """What apply_mode changed, for logs and the engine."""
     stage: str
     folded_bn: int = 0
     fused_now: bool = False
@@ -40,8 +39,7 @@ class ModeReport:
 
 def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
                stage: str = "") -> ModeReport:
-    """Configure every ChipConv of ``model`` for ``mode`` on ``chip``; ``stage`` names it in
-    messages."""
+    """Configure every ChipConv for ``mode`` on ``chip``; ``stage`` names it in messages."""
     layers = chip_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no ChipConv layers to configure")
@@ -83,9 +81,7 @@ def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
 
 
 def drop_bn(model: nn.Module) -> None:
-    """Give a freshly built model the structure of a BN-folded checkpoint before loading it:
-    BN is removed *without* folding (the loaded weights replace the conv parameters). ChipConv
-    also drops BN by itself when a checkpoint lacks ``bn.*`` keys; this makes it explicit and
-    happens before the optimizer exists."""
+    """Remove BN without folding, to load a BN-folded checkpoint (whose weights replace the
+    convs') into a fresh model before the optimizer exists."""
     for layer in chip_layers(model):
         layer.bn = None

@@ -1,8 +1,7 @@
 """Chip rounding: round half **away from zero** (docs/pipeline.md), not torch.round (half to even).
 
-``floor(|x| + 0.5)`` is the textbook formula but is wrong in floating point: for the largest float
-below 0.5 (0.49999997 in float32) ``x + 0.5`` rounds up to 1.0. Adding ``pred(0.5)`` instead is
-exact for every float (argument in mdk.quant.activation) and costs the same few passes.
+``floor(|x| + 0.5)`` is wrong in floating point (0.49999997 + 0.5 rounds to 1.0 in float32);
+adding ``pred(0.5)`` instead is exact for every float (argument in mdk.quant.activation).
 """
 from __future__ import annotations
 
@@ -28,19 +27,13 @@ def pred_half(dtype: torch.dtype) -> float:
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:
-    """R(x): nearest integer, ties away from zero (R(2.5)=3, R(-2.5)=-3). Works for any float dtype.
-
-    ``copysign(floor(|x| + h), x)`` with ``h = pred(0.5)``: exact for every float (see
-    mdk.quant.activation for the argument; tested against an exact-rational reference).
-    Exact zeros may come out as -0.0, which compares equal to 0.
-    """
+    """R(x): nearest integer, ties away from zero, any float dtype; zeros may come out as -0.0."""
     return torch.copysign(torch.floor(x.abs().add_(pred_half(x.dtype))), x)
 
 
 def gti_round(x: torch.Tensor) -> torch.Tensor:
-    """The GTI tools' R: ``floor(x + 0.5)`` where ``x >= 0``, else ``ceil(x - 0.5)``, in ``x``'s
-    dtype. Not used to train or export: it tells where the GTI converter writes another value
-    than :func:`round_half_away` (float32: 0.49999997 -> 1, and odd integers from 2^23 up)."""
+    """The GTI tools' R, ``floor(x + 0.5)`` / ``ceil(x - 0.5)``: only to find where the GTI
+    converter writes another value than :func:`round_half_away` (mdk.quant.gti_converter)."""
     return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
 
 

@@ -5,22 +5,19 @@
     python -m mdk.tools.plan_bits budget=0.75          # 75 % of the memory today's widths take
     python -m mdk.tools.plan_bits max_cost=0.02 by=map  # the least memory losing <= 0.02 mAP
 
-Reads the float stage's best.pth under ``paths.checkpoints`` (step1; the same composition as
-``python run.py``), measures what each chip width costs each major layer (only that major layer's
-weights quantized, on the first ``images`` val images: mdk/insight/bit_sensitivity.py), and picks
-the widths of least summed cost whose coefficients fit ``budget_kb`` KiB (exact: dynamic
-programming over memory, mdk/quant/bit_plan.py). ``budget_kb=current`` is the memory of the
-model's widths today, ``budget=F`` instead of ``budget_kb`` the fraction F of it; ``max_cost=C``
-instead of a budget: the widths of least memory whose summed cost is at most C (with ``by=map``,
-the mAP lost before fine-tuning). Prints the costs, the plan and the override to train with, e.g.
+Reads the float stage's best.pth under ``paths.checkpoints`` (composed as ``python run.py``),
+measures what each chip width costs each major layer on the first ``images`` val images, and
+picks, exactly, the widths of least summed cost whose coefficients fit ``budget_kb`` KiB.
+``budget_kb=current`` is the memory of today's widths, ``budget=F`` the fraction F of it;
+``max_cost=C`` instead: the widths of least memory whose summed cost is at most C (with
+``by=map``, the mAP lost before fine-tuning). Prints the costs, the plan and the override, e.g.
 
     python run.py 'pipeline=[step2,cal,step3,step4]' 'model.net.mask_bits=[8,8,3,...]'
 
-and writes them to ``out`` (default: ``plan_bits.json`` in the run dir, Hydra's ``hydra.run.dir``
-as for ``python run.py``, printed at the end). Tool keys: ``budget_kb``, ``budget`` or ``max_cost`` (one of them),
-``images`` (default 200), ``by`` (``loss``: the val loss increase, default; ``map``: the mAP lost;
-``fisher``: the loss increase the Fisher diagonal predicts, one backward pass over the images),
-``out``; every other argument is a config override.
+and writes them to ``out`` (default: ``plan_bits.json`` in the run dir). Tool keys: one of
+``budget_kb``, ``budget``, ``max_cost``; ``images`` (default 200); ``by`` (``loss``: the val loss
+increase, default; ``map``: the mAP lost; ``fisher``: the loss increase the Fisher diagonal
+predicts, one backward pass); ``out``. Every other argument is a config override.
 """
 from __future__ import annotations
 
@@ -82,8 +79,7 @@ def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def float_checkpoint(cfg: Any) -> Path:
-    """The float stage's best.pth under paths.checkpoints (the last float training stage of the
-    chain that has one)."""
+    """best.pth of the last float training stage that has one under paths.checkpoints."""
     root = checkpoint_root(cfg)
     floats = [s for s in stage_names() if stage_spec(s).trains and stage_spec(s).quant.is_float]
     for s in sorted(floats, key=lambda s: -len(chain(s))):
@@ -95,8 +91,7 @@ def float_checkpoint(cfg: Any) -> Path:
 
 
 def budget_bits(keys: dict[str, str], loaded: Loaded) -> int | None:
-    """The budget in bits: ``budget_kb`` KiB, or ``budget`` times today's widths' memory (None:
-    ``max_cost`` bounds the plan instead)."""
+    """The budget in bits (None: ``max_cost`` bounds the plan instead)."""
     if keys["max_cost"] is not None:
         return None
     bits = [int(layer.mask_bits) for layer in chip_layers(loaded.model)]
@@ -122,7 +117,6 @@ def budget_bits(keys: dict[str, str], loaded: Loaded) -> int | None:
 
 
 def per_layer(plan: BitPlan, groups: list[list[int]]) -> list[int]:
-    """One width per chip layer: each major layer's width for all of its layers."""
     return [b for g, b in zip(groups, plan.bits) for _ in g]
 
 

@@ -1,12 +1,12 @@
 """See a learning-rate schedule before spending compute on it.
 
-The curve itself is mdk.sched.curve's (the engine saves one per run). Command line (one curve per point of the planned sweep, Hydra's comma syntax)::
+One curve per point of the planned sweep (Hydra's comma syntax)::
 
     python -m mdk.tools.plot_lr scheduler=step,cosine scheduler.warmup.iters=0,200 \
         --epochs 12 --iters-per-epoch 60 --out lr.png
 
-The curves are obtained by really stepping the scheduler with a throw-away optimizer, so the plot
-shows exactly what a run gets (any LRScheduler factory works, not only :mod:`mdk.sched`).
+The curves come from really stepping the scheduler with a throw-away optimizer, so the plot shows
+exactly what a run gets (any LRScheduler factory works).
 """
 from __future__ import annotations
 
@@ -29,10 +29,8 @@ DEFAULT_CONFIG_DIR = CONF_DIR
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
-    """Hydra sweep syntax -> the cartesian product of plain overrides, as ``-m`` would run it.
-
-    Uses Hydra's own override parser, so ``a=1,2`` sweeps while ``a=[1,2]`` stays one list value.
-    """
+    """Hydra sweep syntax -> the cartesian product of plain overrides, as ``-m`` would run it
+    (Hydra's own parser: ``a=1,2`` sweeps, ``a=[1,2]`` stays one list value)."""
     axes = []
     for ov in OverridesParser.create().parse_overrides(list(overrides)):
         key = ov.get_key_element()
@@ -44,12 +42,8 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
 
 
 def compose_run(overrides: Sequence[str], epochs: int | None, config_dir: Path) -> DictConfig:
-    """Compose the real ``conf/`` for one sweep point.
-
-    With a root ``config.yaml`` the whole config is composed (so ``${trainer.epochs}`` and
-    ``optim.lr`` come from it); without one, the scheduler group is composed alone with an explicit
-    ``trainer.epochs`` (``--epochs``, default 12).
-    """
+    """Compose ``config_dir`` for one sweep point; without a root ``config.yaml`` the scheduler
+    group alone, with ``trainer.epochs`` from ``--epochs`` (default 12)."""
     has_root = (config_dir / "config.yaml").is_file()
     ovs: list[str] = []
     if has_root:
