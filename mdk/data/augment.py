@@ -1,24 +1,17 @@
-"""Training augmentation: flips, scale/shift (affine) and colour jitter, with boxes; strengths
-from ``dataset.augmentation`` (:class:`Strengths`).
+"""Training augmentation: flips, scale/shift (affine) and colour jitter, with boxes.
 
-Every random number of a sample comes from its generator, a function of (seed, epoch, index)
-only (``DetectionDataset.rng``), drawn up front in a fixed order (``draw``). So a sample is
-augmented the same way whatever the batch split, world size, worker count or device: the basis
-of the alignment check and of bit-identical resume.
+A sample's random numbers are drawn up front, in a fixed order (``draw``), from its
+(seed, epoch, index) generator, so it is augmented the same way whatever the batch split, world
+size, worker count or device (the alignment check and bit-identical resume rely on it).
 
-Two places run the image part, one parameter stream:
+The image part runs in one of two places, from the same parameters:
 
-* ``augment_image``: one sample in the loader worker, with torchvision's functional ops (the
-  CPU default; a CPU run's numbers are unchanged by the device path's existence);
-* ``BatchAugment``: a whole uint8 batch on the training device after the copy
-  (``dataset.augment_on: device``, the default with CUDA): one ``grid_sample`` for flip + affine
-  and batched colour ops, the same formulas as torchvision's, per-sample factors broadcast. The
-  loader then only hands over cached or decoded uint8 images, so it never makes the GPU wait
-  (at 448 px the per-sample CPU ops cost ~10 ms per image in a worker). Boxes and targets are
-  transformed in the loader either way (they are tiny).
+* ``augment_image``: one sample in the loader worker, with torchvision's ops (the CPU default);
+* ``BatchAugment``: a uint8 batch on the training device (``dataset.augment_on: device``, the
+  default with CUDA), torchvision's formulas batched, so slow per-sample CPU ops never make the
+  GPU wait. Boxes and targets are transformed in the loader either way.
 
-The two agree to rounding: bilinear weights and the contrast mean are float computations whose
-last bits differ between kernels, and results are rounded to uint8, so a pixel may be off by one.
+The two agree to rounding: a pixel may be off by one.
 """
 from __future__ import annotations
 
@@ -35,9 +28,8 @@ GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 @dataclass(frozen=True)
 class Strengths:
-    """``dataset.augmentation`` (mdk/data/config.py AugmentConf has the same keys and defaults).
-    The defaults are mild on purpose for the built-in data (the chip's 5-bit input already
-    removes detail); a small real dataset wants more (conf/experiment/bccd.yaml)."""
+    """``dataset.augmentation`` (the same keys and defaults as mdk/data/config.py AugmentConf).
+    Mild defaults: the chip's 5-bit input already removes detail."""
 
     flip: float = 0.5                           # probability of a horizontal flip
     vflip: float = 0.0                          # of a vertical flip (orientation-free images)
@@ -74,9 +66,8 @@ class AugParams:
 
 
 def draw(rng: np.random.Generator, size: int, st: Strengths = DEFAULT) -> AugParams:
-    """Every number of one sample, in a fixed order (the stream never depends on a drawn value;
-    the vertical flip's number is drawn last and only when it is on, so the default stream is
-    the one runs before it existed)."""
+    """Every number of one sample, in a fixed order that never depends on a drawn value (the
+    vertical flip's is drawn last, and only when on, keeping the older default stream)."""
     flip, use_affine = rng.random() < st.flip, rng.random() < st.affine
     scale = rng.uniform(*st.scale)
     shift = (rng.uniform(-st.shift, st.shift, 2) * size).tolist()
@@ -145,8 +136,8 @@ def params_tensor(params: Sequence[AugParams]) -> torch.Tensor:
 
 def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tensor
                   ) -> torch.Tensor:
-    """A uint8 batch [B, 3, H, W] on any device, each sample with its own parameters (a list,
-    or ``params_tensor``'s [B, 9], best already on the images' device: no host round trip)."""
+    """A uint8 batch [B, 3, H, W], each sample with its own parameters (a list, or
+    ``params_tensor``'s [B, 9], best already on the images' device)."""
     b, _, h, w = images.shape
     dev = images.device
     pt = params if torch.is_tensor(params) else params_tensor(params)
@@ -176,15 +167,14 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
 
 
 class BatchAugment:
-    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``,
-    with the parameters the loader drew for the boxes (or drawn again from the indices)."""
+    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
 
     def __call__(self, images: torch.Tensor, batch: Any) -> torch.Tensor:
-        """``batch``: (images, targets, index[, params]); the loader's workers send the
-        parameters they drew as a fourth item, else they are drawn again here from the index."""
+        """``batch``: (images, targets, index[, params]); without the params the loader drew for
+        the boxes, they are drawn again from the index."""
         if len(batch) > 3:
             return augment_batch(images, batch[3])
         ds = self.dataset

@@ -1,9 +1,7 @@
 """Build the train/val datasets from the ``dataset`` config group (conf/dataset/*.yaml).
 
-A dataset is its YAML: ``reader._target_`` names the class that reads its format into standard
-records (:mod:`mdk.data.records`; ``mdk.data.voc.VOCReader``, ``mdk.data.coco.COCOReader``, or a
-class of your own), ``generate._target_`` optionally makes the data first. Everything after the
-reader (the index cache, the image check, :class:`DetectionDataset`) sees records only.
+``reader._target_`` names the class that reads the format into records (:mod:`mdk.data.records`);
+``generate._target_`` optionally makes the data first.
 """
 from __future__ import annotations
 
@@ -34,9 +32,8 @@ def meta_dir_for(d: Mapping[str, Any], cache_root: str | Path) -> Path:
 
 
 def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
-    """The reader of ``dataset.reader`` (checked by :func:`mdk.data.config.check`): its
-    ``_target_`` class called with ``root=``, ``class_names=`` and the node's other keys; null:
-    :class:`~mdk.data.voc.VOCReader`. A DataError the reader raises reaches the user as itself."""
+    """The reader of ``dataset.reader``, called with ``root=``, ``class_names=`` and the node's
+    other keys; null: :class:`~mdk.data.voc.VOCReader`. Its DataError reaches the user as itself."""
     node = d.get("reader") or {"_target_": VOC_READER}
     hint = "name a reader class as package.module.Class"
     cls = build(node, "dataset.reader", error=DataError, hint=hint, check=True)
@@ -49,9 +46,8 @@ def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
 
 
 def generate(d: Mapping[str, Any], root: Path, image_size: int) -> None:
-    """Run ``dataset.generate``: its ``_target_`` called with ``root=``, ``class_names=``,
-    ``image_size=`` (the model's, unless the node sets it) and the node's other keys. Like
-    the reader, so that its DataError or DiskError reaches the user as itself."""
+    """Run ``dataset.generate`` with ``root=``, ``class_names=``, ``image_size=`` (the model's,
+    unless the node sets it) and the node's other keys; its DataError or DiskError propagates."""
     node = {"image_size": image_size, **d["generate"]}
     build(node, "dataset.generate", error=DataError, root=root, class_names=list(d["class_names"]),
           hint="name a function as package.module.function")
@@ -59,10 +55,8 @@ def generate(d: Mapping[str, Any], root: Path, image_size: int) -> None:
 
 def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
                         cache_root: Optional[str | Path] = None) -> int:
-    """Pre-flight, in the launching process, of a ``dataset`` node the config checks passed:
-    unless the data is generated on first use, the files of both splits (the reader's ``check``;
-    a split whose index cache under ``cache_root`` is fresh was checked when it was built).
-    Return the number of train images (``generate.num_train`` for generated data; 0 when
+    """Pre-flight in the launching process: the reader checks both splits' files (unless the data
+    is generated, or the split's index cache is fresh). Return the number of train images (0 when
     unknown). Relative paths are taken under ``base`` (the cwd), as the engine does."""
     d = plain(cfg_dataset)
     root = resolve_path(d["root"], base)
@@ -85,15 +79,11 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
                    head: Any, seed: int, cache_root: str | Path,
                    progress: Any = "auto", train: bool = True
                    ) -> tuple[Optional[DetectionDataset], DetectionDataset]:
-    """(train, val) datasets of the folder ``dataset.root``: the reader ``dataset.reader`` reads
-    each split's records (through the index cache under ``cache_root``), and a DetectionDataset
-    serves them. A dataset with a ``generate`` node (``_target_``: the built-in shapes generator)
-    first makes its data there (a no-op when it is already there). Any dataset is a YAML in
-    conf/dataset/; its ``name`` only labels its folders (checkpoints, meta files). Under DDP call
-    it on rank 0 first and barrier, so one process generates and indexes (concurrent calls are
-    still safe: writes are atomic). ``head``: the model's head (mdk.models.heads), which encodes
-    the targets. ``progress``: the image check's bar (trainer.progress).
-    ``train=False``: the val split alone (None for train), nothing of the train split read."""
+    """(train, val) datasets of ``dataset.root``, records read through the index cache under
+    ``cache_root``; a ``generate`` node first makes the data. Under DDP call it on rank 0 first
+    and barrier, so one process generates and indexes (concurrent calls are still safe).
+    ``head``: the model's head, which encodes the targets. ``progress``: the image check's bar.
+    ``train=False``: the val split alone (None for train)."""
     d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
     if d.get("generate"):

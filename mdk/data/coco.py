@@ -5,19 +5,10 @@ Layout (both paths are reader keys, relative to ``dataset.root``; ``{split}`` is
     <root>/annotations/instances_<split>.json    # reader.annotations
     <root>/<split>/<file_name>                   # reader.images: the folder file_name is under
 
-What is read: ``images`` (``id``, ``file_name``, ``width``, ``height``), in the file's order;
-``annotations`` (``image_id``, ``category_id``, ``bbox`` ``[x, y, width, height]`` in pixels,
-optional ``iscrowd``), in the file's order per image; ``categories`` (``id``, ``name``). A
-category is matched to ``dataset.class_names`` by its **name** (its id and order do not matter).
-
-* ``bbox [x, y, w, h]`` becomes ``[x, y, x + w, y + h]``, with the bad-box policy of every format
-  (:func:`mdk.data.records.clip_to_image`): clipped to the image and counted; a zero-area box is
-  counted and kept for evaluation only (training leaves it out);
-* ``iscrowd=1`` regions become **difficult** objects: left out of training targets and ignored
-  (neither a hit nor a miss) in evaluation, exactly as VOC ``<difficult>`` objects are;
-* everything else that is wrong (the JSON missing or malformed, a missing key, a category used by
-  an annotation but not in the class list, a listed image that is not there) raises
-  :class:`~mdk.errors.DataError`, one line naming the file and what to do.
+Images and annotations keep the file's order. A category is matched to ``dataset.class_names``
+by its **name** (not its id). ``bbox [x, y, w, h]`` follows the bad-box policy of
+:mod:`mdk.data.records`; ``iscrowd=1`` regions become **difficult** objects, as VOC's are.
+Anything else wrong raises a one-line :class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 
@@ -60,9 +51,8 @@ def _number(v: Any) -> bool:
 
 
 class COCOReader:
-    """COCO instances JSON + an image folder (see the module docstring); a
-    :class:`mdk.data.records.Reader`. ``annotations`` and ``images``: path patterns relative to
-    ``root`` with ``{split}`` for the split name."""
+    """COCO instances JSON + an image folder. ``annotations`` and ``images``: path patterns
+    relative to ``root`` with ``{split}`` for the split name."""
 
     def __init__(self, root: str | Path, class_names: Sequence[str],
                  annotations: str = ANNOTATIONS, images: str = IMAGES) -> None:

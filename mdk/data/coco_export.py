@@ -1,11 +1,9 @@
-"""Standard records -> a COCO instances JSON; a VOC-layout folder -> the COCO layout that
-:class:`mdk.data.coco.COCOReader` reads by default (``python -m mdk.tools.voc2coco`` is its
-command-line front end).
+"""Standard records -> a COCO instances JSON; a VOC folder -> the COCO layout that
+:class:`mdk.data.coco.COCOReader` reads by default (``python -m mdk.tools.voc2coco``).
 
-The export goes through the records, so what mdk trains on is what it writes: boxes as mdk reads
-them from VOC (as written in the XML, no 1-based shift, clipped by the bad-box policy), VOC
-difficult objects as ``iscrowd=1`` (both ignored the same way). Reading the export back with
-``dataset=coco`` gives the same records, bit for bit, in the same order.
+The export goes through the records, so it writes what mdk trains on (boxes as read and clipped,
+VOC difficult as ``iscrowd=1``); reading it back with ``dataset=coco`` gives the same records,
+bit for bit, in the same order.
 """
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ def _plain(v: float) -> int | float:
 
 
 def records_to_coco(records: Sequence[Record], class_names: Sequence[str]) -> dict:
-    """A COCO instances document of ``records``: image ``file_name`` is the record's file name
-    (its folder is the reader's ``images`` key), ids count from 1 in record order, category ids
-    from 1 in ``class_names`` order."""
+    """A COCO instances document of ``records``: ``file_name`` without its folder (the reader's
+    ``images`` key), ids from 1 in record order, category ids from 1 in ``class_names`` order."""
     images, annotations = [], []
     for n, rec in enumerate(records, start=1):
         images.append({"id": n, "file_name": PurePosixPath(rec.image).name,
@@ -81,8 +78,8 @@ def export_voc_to_coco(voc_root: str | Path, out_root: str | Path,
                        copy: bool = False) -> list[Path]:
     """Write ``<out_root>/annotations/instances_<split>.json`` and ``<out_root>/<split>/``
     (symlinks to the VOC images, or copies with ``copy``) for each split; return the JSON paths.
-    ``class_names`` None: the names the annotations use, sorted (categories are matched by name
-    when read back, so their order does not change the labels)."""
+    ``class_names`` None: the names the annotations use, sorted (read back by name, so the order
+    does not change the labels)."""
     voc_root, out_root = Path(voc_root).expanduser().resolve(), Path(out_root).expanduser()
     names = list(class_names) if class_names else voc_class_names(voc_root, splits)
     reader = VOCReader(voc_root, names)

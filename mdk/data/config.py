@@ -1,7 +1,5 @@
-"""The ``dataset`` config group (conf/dataset/*.yaml): its typed schema, its word lists, and
-:func:`check`, the one check of the node (each error names the key and what to do).
-
-Imported early (before torch): the standard library, omegaconf and mdk.errors only.
+"""The ``dataset`` config group (conf/dataset/*.yaml): its schema, word lists and :func:`check`.
+Imported before torch: the standard library, omegaconf and mdk.errors only.
 """
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from mdk.errors import ConfigError, DataError
 
-# dataset.augment_on: where images are augmented (auto: the training device with CUDA, else
-# the loader); the choice is made in mdk/engine/train.py.
+# dataset.augment_on (auto: the training device with CUDA, else the loader: mdk/engine/train.py).
 AUGMENT_ON = ("auto", "loader", "device")
 # dataset.on_bad_image: what an image that does not decode does (mdk/data/image_check.py).
 POLICIES = ("error", "skip")
@@ -23,8 +20,7 @@ REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_sp
 
 @dataclass
 class AugmentConf:
-    """``dataset.augmentation``: the strengths of the training augmentation (mdk/data/augment.py
-    Strengths: the same keys and defaults)."""
+    """``dataset.augmentation``: the same keys and defaults as mdk/data/augment.py ``Strengths``."""
 
     flip: float = 0.5              # probability of a horizontal flip
     vflip: float = 0.0             # of a vertical flip (microscopy, aerial: no up or down)
@@ -107,12 +103,11 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
 
 
 def check_dataset(cfg: DictConfig) -> None:
-    """The run config's ``dataset`` node (the config checks' entry; :func:`check` does the work)."""
+    """The config checks' entry for the ``dataset`` node."""
     check(cfg.dataset)
 
 
 def check_augmentation(a: Mapping[str, Any]) -> None:
-    """``dataset.augmentation``: probabilities and fractions in range, a zoom range lo <= hi."""
     def num(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, float))
 
@@ -132,7 +127,6 @@ def check_augmentation(a: Mapping[str, Any]) -> None:
 
 
 def check_bad_image_policy(policy: Any) -> None:
-    """``dataset.on_bad_image``: the config check's and the dataset's (mdk/data/image_check.py)."""
     if policy not in POLICIES:
         raise DataError(f"dataset.on_bad_image={policy!r} must be one of {list(POLICIES)} "
                         "(error: stop naming the file; skip: leave bad images out of the index "

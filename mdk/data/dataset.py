@@ -1,20 +1,16 @@
-"""Detection dataset over the standard records of one split (:mod:`mdk.data.records`), whatever
-format they were read from (the reader and the index cache are :mod:`mdk.data.build`'s).
+"""Detection dataset over the records of one split (:mod:`mdk.data.records`), whatever the format.
 
-Items are ``(image uint8 [3, H, W], target [S, S, D], index)`` with ``H = W = image_size`` and the
-target laid out by the model's head (mdk.models.heads: ``head.encode``).
+Items are ``(image uint8 [3, H, W], target [S, S, D], index)``, ``H = W = image_size``, the target
+laid out by the model's head (``head.encode``).
 
-Augmentation is *split-invariant*: every random number comes from a generator seeded by
-``(seed, epoch, index)``, never from global RNG, so a sample is augmented the same way whatever
-the batch split, world size or worker count (needed for single- vs multi-process alignment).
-Call :meth:`DetectionDataset.set_epoch` each epoch (as with ``DistributedSampler``).
+Augmentation is split-invariant: every random number comes from a generator seeded by
+``(seed, epoch, index)``, so a sample is augmented the same way whatever the batch split, world
+size or worker count (single- vs multi-process alignment relies on it). Call
+:meth:`DetectionDataset.set_epoch` each epoch.
 
-Objects flagged ``difficult`` (VOC difficult objects, COCO crowd regions) are left out of training
-targets (the VOC convention: they are ignored, not counted, in evaluation), and so are boxes of
-zero area (evaluation counts them, as the devkit does: mdk.data.records.clip_to_image);
-:meth:`DetectionDataset.gt` (boxes in the model-input frame) and
-:meth:`DetectionDataset.gt_original` (boxes in the image's original pixels) return them with their
-flag.
+``difficult`` objects (VOC difficult, COCO crowd) and zero-area boxes are left out of the training
+targets; :meth:`DetectionDataset.gt` and :meth:`DetectionDataset.gt_original` return them, flagged,
+for evaluation.
 """
 from __future__ import annotations
 
@@ -49,15 +45,13 @@ def load_image(path: Path, image_size: int) -> torch.Tensor:
     except DECODE_ERRORS as exc:  # changed since the start-up check (mdk.data.image_check)
         raise DataError(f"{path}: cannot decode image ({exc}); replace the file or set "
                         "dataset.on_bad_image=skip") from None
-    # HWC -> CHW in numpy: torch's multi-threaded copy of a small uint8 tensor spins its thread
-    # pool (25x the CPU with 2 threads, ~11 s of startup for the image cache on a busy machine).
+    # HWC -> CHW in numpy: torch's threaded copy of a small uint8 tensor spins its thread pool.
     return torch.from_numpy(np.array(arr.transpose(2, 0, 1), order="C"))  # a writable copy
 
 
 class DetectionDataset(Dataset):
     """``records`` of ``split`` (image paths relative to ``root``) as model inputs and targets.
-    ``meta_dir``: the folder of the split's index, where the image check keeps its cache;
-    ``progress``: its bar (trainer.progress, mdk/progress.py)."""
+    ``meta_dir``: where the image check keeps its cache; ``progress``: its bar."""
 
     def __init__(self, root: str | Path, split: str, records: Sequence[Record],
                  class_names: Sequence[str], image_size: int, grid: int, head: Any,
@@ -72,12 +66,11 @@ class DetectionDataset(Dataset):
         self.boxes_per_cell = head.boxes_per_cell
         self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
         self.strengths = Strengths.of(augmentation)  # dataset.augmentation
-        # True: images leave un-augmented, the training device augments whole batches
-        # (dataset.augment_on, mdk/data/augment.py); boxes and targets are augmented here.
+        # True: the training device augments the images in batches (dataset.augment_on); boxes
+        # and targets are still augmented here.
         self.defer_images = False
         self.records = list(records)
-        # Bad images leave the index here, before any sampler sees its length (deterministic
-        # epochs, full global batches); see mdk.data.image_check for why not on the fly.
+        # Before any sampler sees the length (mdk.data.image_check says why).
         bad = check_images(self.root, [e.image for e in self.records],
                            Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images",
                            progress=progress)
@@ -89,10 +82,8 @@ class DetectionDataset(Dataset):
             [image_size / e.width, image_size / e.height] * 2, dtype=np.float32)) for e in self.records]
         self.images: torch.Tensor | None = None
         if cache_images:
-            # Decoded once, before any DataLoader worker forks: workers share these pages
-            # (copy-on-write, never written) instead of each filling a private cache.
-            # Filled in numpy, not torch.stack: torch's threaded copy spins its thread pool on a
-            # busy machine (~7 s of CPU for the 2000 built-in images with 2 threads, vs ~0.1 s).
+            # Decoded before the loader workers fork, so they share these pages (copy-on-write,
+            # never written). Numpy, not torch.stack: torch's threaded copy spins its thread pool.
             buf = np.empty((len(self), 3, self.image_size, self.image_size), dtype=np.uint8)
             for i in range(len(self)):
                 buf[i] = self._read(i).numpy()
@@ -126,22 +117,20 @@ class DetectionDataset(Dataset):
         return e.width, e.height
 
     def gt_original(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`gt` in the image's original pixels, as the annotation gives them (VOC XML:
-        1-based inclusive integers, kept as written): what the VOC devkit scores against."""
+        """:meth:`gt` in the image's original pixels, as the annotation writes them (VOC:
+        1-based inclusive): what the VOC devkit scores against."""
         e = self.records[index]
         return (torch.from_numpy(e.boxes.copy()), torch.from_numpy(e.labels.copy()),
                 torch.from_numpy(e.difficult.copy()))
 
     def rng(self, index: int, epoch: int | None = None) -> np.random.Generator:
-        """The augmentation generator of one sample: a function of (seed, epoch, index) only
-        (``epoch`` None: the one ``set_epoch`` gave)."""
+        """The augmentation generator of one sample (``epoch`` None: the one ``set_epoch`` gave)."""
         e = self.epoch if epoch is None else epoch
         return np.random.default_rng([self.seed & 0xFFFFFFFF, int(e), int(index)])
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple:
-        """``(image uint8 [3, H, W], target, index)``; with ``defer_images`` (augmentation on
-        the training device) also the sample's augmentation parameters [8]. ``key``: an index,
-        or ``(epoch, index)`` from the training loader's sampler (persistent workers never see
+        """``(image uint8 [3, H, W], target, index)``, plus the augmentation parameters [9] with
+        ``defer_images``. ``key``: an index, or ``(epoch, index)`` (persistent workers never see
         ``set_epoch``, so the epoch travels with the index)."""
         epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
         faults.at("item")  # MDK_FAULT=raise:item:N:<rank>:<Class> (tests); a lookup when off

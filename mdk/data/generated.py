@@ -1,13 +1,8 @@
-"""Writing a generated dataset in VOC layout, whole or not at all (the built-in generators:
-:mod:`mdk.data.shapes`, :mod:`mdk.data.shapes_hard`).
+"""Writing a generated dataset in VOC layout, whole or not at all (:mod:`mdk.data.staging`).
 
-A generator gives ``render(i) -> (image, [(class name, [x1, y1, x2, y2])])`` for image ``i``; the
-first ``num_train`` images form ``train``, the next ``num_val`` form ``val``. The dataset is
-written into a temporary sibling folder and renamed into place, so a killed run never leaves half
-a dataset; ``manifest.json`` records the parameters and a change of any of them regenerates the
-folder (only a folder a generator made is ever replaced). The temp folder of a killed run is
-removed by the next call (:mod:`mdk.data.staging`); a disk that is full, read-only or not ours is
-one ``disk error`` line naming the folder.
+A generator gives ``render(i) -> (image, [(class name, [x1, y1, x2, y2])])``; the first
+``num_train`` images form ``train``, the next ``num_val`` ``val``. ``manifest.json`` records the
+parameters; a change of any of them regenerates the folder (only a folder a generator made).
 """
 from __future__ import annotations
 
@@ -27,8 +22,8 @@ from mdk.errors import DataError, disk_error, disk_reason
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-# Disk use per image, for the free-space check: its JPEG (0.38-0.43 bytes per pixel at quality 92
-# at 192-640 px, 2.7 KB at 64 px) and its XML (~0.9 KB), each rounded up to a 4 KiB block.
+# Disk use per image, for the free-space check: its JPEG (under 0.5 bytes per pixel at quality 92)
+# and its XML, each rounded up to a 4 KiB block.
 BYTES_PER_PIXEL, BLOCK = 0.5, 4096
 Objects = list[tuple[str, list[int]]]
 Render = Callable[[int], tuple[Image.Image, Objects]]
@@ -89,11 +84,7 @@ def bytes_for(params: dict, root: str | Path | None = None) -> int:
 def ensure_generated(root: Path, params: dict, generate: Callable[[Path, dict], None],
                      name: str) -> Path:
     """Make sure ``root`` holds the dataset ``generate(out, params)`` writes; return ``root``.
-
-    Idempotent: a matching ``manifest.json`` means nothing is done. A folder a generator made
-    with other parameters is regenerated; any other non-empty folder is refused (we never
-    delete user data). ``name`` ("shapes") is what messages call the dataset.
-    """
+    Any other non-empty folder is refused (never delete user data); ``name`` labels messages."""
     remove_leftovers(root, f"the {name} dataset")
     old = read_manifest(root)
     if old == params:
@@ -125,8 +116,7 @@ def ensure_generated(root: Path, params: dict, generate: Callable[[Path, dict], 
 
 def check_request(generator: str, class_names: Sequence[str], known: Sequence[str],
                   num_train: int, num_val: int, image_size: int) -> None:
-    """One line for a request a generator cannot draw: a class it does not know, no class, an
-    empty split or an image under 32 px."""
+    """A DataError for a request a generator cannot draw."""
     unknown = [n for n in class_names if n not in known]
     if unknown or not class_names:
         raise DataError(f"dataset.class_names={list(class_names)}: the {generator} generator "

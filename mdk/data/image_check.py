@@ -1,26 +1,16 @@
 """Bad images: every image of a split is decoded once, before any training, and the verdict cached.
 
-Why a check up front and not on the fly: with ``dataset.on_bad_image=skip`` a bad image must
-leave the index *before* the sampler draws the epoch, so the same seed gives the same batches
-and every global batch keeps its size (an on-the-fly skip would shorten or reshuffle a batch
-depending on which worker met the file). With ``error`` the check turns a corrupt file into one
-line from the main process before any loader worker exists, instead of an error in a worker.
+Up front, not on the fly: with ``dataset.on_bad_image=skip`` a bad image must leave the index
+before the sampler draws the epoch, so the same seed gives the same, full global batches; with
+``error`` it is one line from the main process instead of an error in a worker.
 
-What catches a bad file (measured on 448-px JPEGs, PIL 13): ``Image.open().verify()`` passes
-JPEGs truncated to 50 %, 90 % or missing only the last 2 bytes, and one with 4 KB of garbage in
-the middle; decoding catches all of them ("image file is truncated", "broken data stream"), and
-open() alone catches a non-image file. JPEGs are decoded in draft mode (DCT scaling to 1/8): the
-whole entropy-coded stream is still read, so it catches the same files, at about half the cost
-of a full decode (4.1 vs 8.3 ms per 448-px image on one busy core).
+Decoding, not ``Image.open().verify()``, which passes truncated or corrupted JPEGs. JPEGs are
+decoded in draft mode (1/8 DCT scaling): the whole stream is still read, at half the cost.
 
-The cache (``<meta_dir>/<split>.images.json``) keeps, per image, its size, mtime and ctime (all
-from one ``stat``) and the verdict: only new or changed files are decoded again, so a rebuilt
-meta file (the index's own staleness rule) re-checks exactly the images it newly lists. Why the
-ctime: a file replaced in place with its old modification time put back (``cp -p``, ``touch -d``,
-a restore from a backup, ``os.utime``) keeps size and mtime but gets a new ctime, which no user
-can set. Hashing the bytes instead, as the index does for its annotations, would read every
-image at each start (16k VOC JPEGs: ~1.6 GB); a stat costs ~5 us. Anything else that changes the
-ctime (chmod, a copy of the folder) only costs one decode of those files.
+The cache (``<meta_dir>/<split>.images.json``) keeps each image's size, mtime, ctime and verdict;
+only new or changed files are decoded again. The ctime (no user can set it) catches a file replaced
+with its old mtime put back (``cp -p``, a backup restore); hashing the bytes would read every image
+at each start.
 """
 from __future__ import annotations
 
@@ -86,16 +76,14 @@ def _read_cache(path: Path) -> dict[str, list]:
 
 
 def _write_cache(path: Path, files: dict[str, list]) -> None:
-    """Atomic, like the meta file: a kill never leaves a half-written cache."""
     write_json(path, {"version": CACHE_VERSION, "files": files})
 
 
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,
                  desc: str = "checking images", threads: Optional[int] = None,
                  progress: Any = "auto") -> dict[str, str]:
-    """Decode every image of ``images`` (paths relative to ``root``) that is not already in the
-    cache with the same size, mtime and ctime; return ``{relative path: reason}`` of the bad ones.
-    ``progress``: trainer.progress (mdk/progress.py); without a bar a log line says what runs."""
+    """Decode every image of ``images`` (paths relative to ``root``) the cache does not hold
+    unchanged; return ``{relative path: reason}`` of the bad ones."""
     root, cache_path = Path(root), Path(cache_path)
     cached = _read_cache(cache_path)
     stamps = {rel: _stamp(root / rel) for rel in dict.fromkeys(images)}
@@ -147,7 +135,7 @@ def bad_image_message(root: str | Path, split: str, bad: dict[str, str]) -> str:
 def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], policy: str,
                            total: int) -> set[str]:
     """``error``: raise DataError naming the first bad file. ``skip``: log every bad file once
-    and return the relative paths to leave out of the index."""
+    and return the relative paths to leave out."""
     check_bad_image_policy(policy)
     if not bad:
         return set()

@@ -1,26 +1,17 @@
-"""The dataset index: a cache of one split's standard records (:mod:`mdk.data.records`), for
-any reader, in one meta txt file (the seed MDK's ``tools/xml_2_txt.py`` step), and reading it back.
-``python -m mdk.tools.xml2txt`` is its command-line front end for VOC folders.
+"""The dataset index: one split's records, for any reader, cached in one meta txt file (the seed
+MDK's ``tools/xml_2_txt.py`` step; ``python -m mdk.tools.xml2txt``), and reading it back.
 
-Meta file format (v2). The first line is a header, ``# mdk-meta {json}``, recording the root,
-split, class list, reader class, the key of the reader's source files (``content``) and how many
-boxes were clipped/dropped (see :func:`mdk.data.records.clip_to_image` for that policy), so
-staleness can be checked and the counts reported whenever the file is used. Version 2 keeps
-zero-area boxes (version 1 dropped them): a version-1 file is rebuilt. Then one line per
-image, space separated::
+Meta file format (v2): a header line ``# mdk-meta {json}`` (root, split, class list, reader
+class, the sources' ``content`` key, the bad-box counts), then one line per image::
 
     relative/image/path width height x1 y1 x2 y2 cls difficult x1 y1 x2 y2 cls difficult ...
 
-The seed's lines are ``path x1 y1 x2 y2 cls ...``; we add the original image size (to rescale
-boxes without opening the image) and the ``difficult`` flag (evaluation ignores those objects).
+The seed's lines lack the image size (to rescale boxes without opening the image) and the
+``difficult`` flag. A version-1 file (which dropped zero-area boxes) is rebuilt.
 
-What the cache is keyed by (:func:`content_key`): the names, sizes and bytes of every source file
-of the split (a VOC split list and its annotation XMLs, a COCO JSON), hashed, not their
-modification times: an annotation edited, or a split list restored from a backup with its old
-time stamp, is seen all the same. Reading the bytes is cheap next to parsing them: 0.2-0.4 s for
-a 16k-image VOC folder (16k XMLs of ~1 KB, in the page cache) on a busy 2-core machine, against
-~2 s to parse them (``benchmarks/bench_data.py``). The images are not part of the key (the image
-check keys its own cache by size, mtime and ctime: :mod:`mdk.data.image_check`).
+The cache is keyed by a hash of the names, sizes and bytes of the split's source files, not their
+time stamps, so an edit or a restored backup is always seen; reading the bytes is cheap next to
+parsing them. The images are not part of the key (:mod:`mdk.data.image_check` has its own).
 """
 from __future__ import annotations
 
@@ -47,8 +38,8 @@ CHUNK = 1 << 20  # a large source (a COCO JSON of 450 MB) is hashed in pieces, n
 
 
 def content_key(root: str | Path, sources: Sequence[Path]) -> str:
-    """The key of the cache: a hash of each source's name (relative to ``root``), size and bytes,
-    in the reader's order; a missing file counts as its own state (the rebuild then names it)."""
+    """A hash of each source's name (relative to ``root``), size and bytes, in the reader's order;
+    a missing file counts as its own state (the rebuild then names it)."""
     h = hashlib.sha1()
     prefix = str(root).rstrip(os.sep) + os.sep
     for p in sources:
@@ -105,7 +96,7 @@ def build_meta(reader: Reader, split: str, out_path: str | Path) -> Path:
     """Read every record of ``split`` and write the meta file atomically; return its path."""
     out_path = Path(out_path)
     text = meta_text(reader, split)
-    write_text(out_path, text)  # a kill never leaves a half-written meta file
+    write_text(out_path, text)
     log.info("wrote %s (%d images)", out_path, text.count("\n") - 1)
     return out_path
 
@@ -120,9 +111,8 @@ def read_header(path: str | Path) -> dict | None:
 
 
 def is_stale(reader: Reader, split: str, meta_path: str | Path) -> bool:
-    """True when the meta file is missing or was made for another root/split/class list/reader,
-    or from source files whose names, sizes or bytes differ from now (:func:`content_key`,
-    whatever their time stamps): the one staleness rule."""
+    """The one staleness rule: the meta file is missing, or its header's ``KEY`` fields differ
+    from now."""
     header = read_header(meta_path)
     if header is None:
         return True
@@ -138,8 +128,8 @@ def ensure_meta(reader: Reader, split: str, out_path: str | Path) -> Path:
 
 
 def fresh_count(reader: Reader, split: str, meta_path: str | Path) -> Optional[int]:
-    """How many images the cache of ``split`` holds when it is fresh, else None: a pre-flight
-    count without reading the annotations again (a large COCO JSON takes seconds to parse)."""
+    """How many images the cache of ``split`` holds when it is fresh, else None (a pre-flight
+    count without parsing the annotations again)."""
     if is_stale(reader, split, meta_path):
         return None
     with open(meta_path) as f:
@@ -148,9 +138,8 @@ def fresh_count(reader: Reader, split: str, meta_path: str | Path) -> Optional[i
 
 def cached_records(reader: Reader, split: str, meta_dir: str | Path) -> list[Record]:
     """The records of ``split`` through the cache ``<meta_dir>/<split>.txt`` (built when stale);
-    the boxes clipped or of zero area are reported each time (they are data loss).
-    A cache that cannot be written (a full or read-only disk) costs a warning and a rebuild next
-    time, not the run: the records are the same, parsed from the text that was to be written."""
+    the bad-box counts are reported each time. A cache that cannot be written costs a warning and
+    a rebuild next time, not the run."""
     path = Path(meta_dir) / f"{split}.txt"
     if not is_stale(reader, split, path):
         header, records = read_meta(path)
@@ -170,7 +159,7 @@ def cached_records(reader: Reader, split: str, meta_dir: str | Path) -> list[Rec
 
 
 def box_counts(counts: dict) -> str:
-    """What the bad-box policy did to a split, in words (mdk.data.records.clip_to_image)."""
+    """What the bad-box policy did to a split, in words."""
     parts = [f"{counts.get('clipped', 0)} boxes clipped to the image"]
     if counts.get("zero_area"):
         parts.append(f"{counts['zero_area']} zero-area boxes kept for evaluation only (the VOC "

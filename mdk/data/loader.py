@@ -1,29 +1,15 @@
 """A DataLoader whose worker errors end the run at once, as the same one-line error.
 
-Two things go wrong with a plain ``torch.utils.data.DataLoader`` when a worker raises
-(measured with torch 2.14, 4 fork workers, a corrupt JPEG in a VOC set):
+With a plain DataLoader, a worker's exception re-raised in the main process forms a reference
+cycle with the iterator, so the iterator's ``__del__`` never stops the workers; at exit
+``multiprocessing`` SIGTERMs and joins them, and mdk's workers ignore SIGTERM (SLURM preemption:
+``mdk.engine.build.init_loader_worker``), so the process hangs. A forced ``gc.collect()`` is too
+late: the queues' finalizers have stopped their feeder threads. And the message is
+``"Caught DataError in DataLoader worker process 3.\\nOriginal Traceback ..."``, not one line.
 
-1. **The process never exits.** The DataLoader re-raises the worker's exception in the main
-   process from ``ExceptionWrapper.reraise``, whose frame holds the exception in a local: the
-   exception's traceback holds that frame, and the frames above it (``_next_data``) hold the
-   iterator, so iterator and exception form a reference cycle. Reference counting never frees
-   the iterator; only the cyclic GC could, and it does not run before exit. The iterator's
-   ``__del__`` would have shut the workers down; instead they sit in ``index_queue.get`` and at
-   interpreter exit ``multiprocessing``'s atexit hook SIGTERMs its daemonic children and
-   ``join()``s them without a timeout. mdk's workers ignore SIGTERM on purpose (SLURM sends it to
-   every process on preemption; see ``mdk.engine.build.init_loader_worker``), so that join
-   waits forever: the "data error" line is printed and the process hangs. Even a forced
-   ``gc.collect()`` is no cure: the weakref finalizers of the index queues run first and stop
-   their feeder threads, so the shutdown's final ``None`` never reaches the workers and each
-   costs 5 s + 5 s of timeouts before it is left alive.
-2. **The message is not one line.** The re-raised exception keeps its class (``DataError``), but
-   its message is ``"Caught DataError in DataLoader worker process 3.\\nOriginal Traceback ..."``
-   with the worker's traceback, and the original one-line message only on its last line.
-
-:class:`SafeLoader` fixes both where they start: when an exception leaves the iterator, it shuts
-the workers down (while every queue is still alive, so they exit at once) before the exception
-travels on, and a wrapped ``DataError`` is raised again with its own one-line message (the
-worker's traceback is kept as a note, shown with ``HYDRA_FULL_ERROR=1``).
+:class:`SafeLoader` shuts the workers down when an exception leaves the iterator (queues still
+alive, so they exit at once) and raises a wrapped user error again with its own message (the
+worker's traceback kept as a note, shown with ``HYDRA_FULL_ERROR=1``).
 """
 from __future__ import annotations
 
@@ -41,10 +27,8 @@ _WRAPPED = re.compile(r"^Caught (\w+) (in DataLoader worker process \d+|in pin m
 
 
 def unwrap_worker_error(exc: BaseException) -> BaseException:
-    """For an exception that a DataLoader re-raised from a worker (a ``DataError``, or any other
-    error class the user is shown as one line: config, checkpoint, ...), a new exception of the
-    same class whose message is the worker's own message, the worker's traceback kept as a note;
-    any other exception unchanged."""
+    """A user error (``UserError``) a DataLoader re-raised from a worker, as a new one of its class
+    with the worker's own message (the traceback kept as a note); any other exception unchanged."""
     if not isinstance(exc, UserError) or not exc.args or not isinstance(exc.args[0], str):
         return exc  # a bug keeps torch's message: the worker's traceback is what helps there
     text = exc.args[0]
@@ -74,8 +58,7 @@ def shutdown_workers(iterator: Any) -> None:
 
 
 class SafeIterator:
-    """Wraps a DataLoader iterator: batches pass through unchanged; an error stops the workers
-    first (see the module docstring). Other attributes are the wrapped iterator's."""
+    """A DataLoader iterator whose error stops the workers first; other attributes are its own."""
 
     def __init__(self, it: Iterator[Any]) -> None:
         self._it = it
@@ -104,18 +87,15 @@ class SafeIterator:
 
 
 class SafeLoader(DataLoader):
-    """``torch.utils.data.DataLoader`` (same arguments) whose workers are shut down as soon as an
-    error leaves an iteration, and whose worker ``DataError`` arrives with its own one-line
-    message (see the module docstring for what a plain DataLoader does instead)."""
+    """``torch.utils.data.DataLoader`` (same arguments) that stops its workers as soon as an error
+    leaves an iteration, a worker's user error arriving as its own one line."""
 
     def __iter__(self) -> SafeIterator:
         return SafeIterator(super().__iter__())
 
     def close(self) -> None:
-        """Stop persistent workers now. Their DataLoader keeps them until it is freed, and a
-        loader held in a reference cycle (a trainer and its hooks) is freed only by the garbage
-        collector, which does not run before ``multiprocessing``'s exit hook joins the workers
-        (which ignore SIGTERM: see mdk.engine.build.init_loader_worker): a hang at exit."""
+        """Stop persistent workers now: a loader in a reference cycle (a trainer and its hooks)
+        is not freed before exit joins its SIGTERM-deaf workers, a hang (module docstring)."""
         it = getattr(self, "_iterator", None)
         if it is not None:
             shutdown_workers(it)

@@ -1,22 +1,16 @@
 """The standard record every dataset format is read into, and the reader interface.
 
-A dataset format is one reader class: it turns its own files into a list of :class:`Record` per
-split, and nothing after it knows the format. The index cache (:mod:`mdk.data.index`), the image
-check, :class:`~mdk.data.dataset.DetectionDataset` (targets, augmentation, the image cache) and
-evaluation all work on records. A reader is named in the dataset's YAML::
+A dataset format is one reader class: it turns its own files into :class:`Record` lists per
+split, and nothing after it knows the format. A reader is named in the dataset's YAML::
 
     reader:
       _target_: mdk.data.coco.COCOReader   # the class; it is called with root= and class_names=
       annotations: annotations/instances_{split}.json   # its own keys, passed as they are
 
-Readers of this repository: :class:`mdk.data.voc.VOCReader` (Pascal VOC layout, the built-in
-data) and :class:`mdk.data.coco.COCOReader` (COCO instances JSON).
-
 The bad-box policy is the same for every format (:func:`clip_to_image`): a box partly outside
-the image is clipped to it and counted; a box of zero area (after clipping) is counted and kept
-for evaluation only, as the VOC devkit (and detectron2's voc_eval) count it: an object no
-detection can match; the training targets leave it out (:class:`~mdk.data.dataset.DetectionDataset`);
-anything else wrong is a :class:`~mdk.errors.DataError` naming the file.
+the image is clipped and counted; a box of zero area is counted and kept for evaluation only, as
+the VOC devkit counts it (an object no detection can match); anything else wrong is a
+:class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 
@@ -41,9 +35,8 @@ class Record:
 
 @dataclass
 class SplitRecords:
-    """What a reader gives for one split: the records in the format's own order, and how many
-    boxes the bad-box policy clipped and kept at zero area (reported once per split); ``dropped``:
-    boxes a reader of your own left out (the shipped readers drop none)."""
+    """One split's records in the format's own order, and how many boxes the bad-box policy
+    clipped and kept at zero area; ``dropped``: boxes a reader of your own left out."""
 
     records: list[Record]
     clipped: int = 0
@@ -55,10 +48,8 @@ READER_METHODS = ("check", "count", "records", "sources")
 
 
 class Reader(Protocol):
-    """A dataset format. Built as ``cls(root=..., class_names=..., **its own YAML keys)``.
-
-    Every method raises :class:`~mdk.errors.DataError` with one line naming the file (or key)
-    and what to do; none of them writes anything."""
+    """A dataset format. Built as ``cls(root=..., class_names=..., **its own YAML keys)``. Every
+    method raises a one-line :class:`~mdk.errors.DataError` naming the file; none writes."""
 
     root: Path               # the dataset root (``dataset.root``); record paths are relative to it
     class_names: list[str]   # ``dataset.class_names``; labels are indices into it
@@ -74,15 +65,13 @@ class Reader(Protocol):
         """Every image of ``split`` with its objects (image files must exist)."""
 
     def sources(self, split: str) -> list[Path]:
-        """The files the records of ``split`` are read from (they key the index cache: when
-        one changes or the list does, the cache is rebuilt)."""
+        """The files the records of ``split`` are read from (they key the index cache)."""
 
 
 def clip_to_image(box: list[float], width: int, height: int) -> tuple[list[float], bool]:
     """The bad-box policy: ``(box clipped to [0, width] x [0, height], whether it changed)``. VOC
-    itself has boxes touching the border with 1-based ``xmax == width``, so clipping is the sane
-    fix and losing them would cost recall. A result of zero area (:func:`zero_area`) is kept:
-    the devkit counts it as an object, so dropping it would score higher than published tools."""
+    has border boxes with 1-based ``xmax == width``; dropping them would cost recall. A zero-area
+    result is kept: the devkit counts it, so dropping it would score higher than published tools."""
     fixed = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
              min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
     return fixed, fixed != box

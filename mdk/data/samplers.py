@@ -1,11 +1,9 @@
 """Samplers that make a global batch independent of how it is split over ranks.
 
-Training: one permutation per epoch from a generator seeded by (seed, epoch); global batch g is
-``perm[g*B:(g+1)*B]`` and rank r takes the r-th contiguous slice of it. So world 1 x batch 16 and
-world 2 x batch 8 see exactly the same images in the same global batches (the basis of the
-alignment check), and resuming mid-epoch is "skip the first k global batches".
-
-Evaluation: rank r takes indices r, r+W, ... with no padding, so no image is counted twice.
+Training: one permutation per epoch seeded by (seed, epoch); rank r takes the r-th contiguous
+slice of each global batch. So world 1 x batch 16 and world 2 x batch 8 see the same global
+batches (the alignment check relies on it), and a mid-epoch resume skips the first k of them.
+Evaluation: no padding, so no image is counted twice.
 """
 from __future__ import annotations
 
@@ -64,8 +62,8 @@ class ShardSampler(Sampler[int]):
 
 
 class EpochTagged(Sampler[list[tuple[int, int]]]):
-    """The batches of a GlobalBatchSampler as ``(epoch, index)`` keys: the dataset's persistent
-    loader workers (started once, not per epoch) then augment each sample for its epoch."""
+    """The batches of a GlobalBatchSampler as ``(epoch, index)`` keys, so persistent loader
+    workers augment each sample for its epoch."""
 
     def __init__(self, sampler: GlobalBatchSampler) -> None:
         self.sampler = sampler

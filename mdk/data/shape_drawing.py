@@ -1,7 +1,5 @@
-"""Drawing pieces both generated datasets use (:mod:`mdk.data.shapes`,
-:mod:`mdk.data.shapes_hard`): class polygons, the gradient background, a colour that stands out,
-box overlap. Every draw comes from the caller's RNG, in a fixed order: changing one changes the
-generated images, which the tests pin by digest.
+"""Drawing pieces both generated datasets use. Every draw comes from the caller's RNG in a fixed
+order: changing one changes the generated images, which the tests pin by digest.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The built-in detection dataset: coloured shapes on noisy, cluttered backgrounds, in VOC layout.
 
-Generated on first use, never downloaded. Image ``i`` is drawn from its own RNG seeded by
-``(seed, i)``, so the output is byte-identical for the same parameters, and growing ``num_val``
-does not change the training images. The first ``num_train`` images form ``train``, the next
-``num_val`` form ``val``.
-
-The whole dataset is written into a temporary sibling folder and renamed into place, and a
-change of any parameter regenerates it (:mod:`mdk.data.generated`). A harder variant with 15
-classes, small overlapping objects and textured clutter: :mod:`mdk.data.shapes_hard`.
+Generated on first use (:mod:`mdk.data.generated`), never downloaded. Image ``i`` has its own RNG
+seeded by ``(seed, i)``: the output is byte-identical for the same parameters, and growing
+``num_val`` does not change the training images (the first ``num_train`` images).
 """
 from __future__ import annotations
 
@@ -90,16 +85,15 @@ def _params(num_train: int, num_val: int, image_size: int, seed: int,
 def bytes_to_generate(root: str | Path, num_train: int = 1600, num_val: int = 400,
                       image_size: int = 192, seed: int = 0,
                       class_names: Sequence[str] = SHAPE_CLASSES) -> int:
-    """About how many bytes :func:`ensure_shapes_dataset` writes for these parameters; 0 when
-    ``root`` holds them already (the free-space check before a run)."""
+    """About how many bytes :func:`ensure_shapes_dataset` writes; 0 when ``root`` holds them."""
     return bytes_for(_params(num_train, num_val, image_size, seed, class_names), root)
 
 
 def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int = 400,
                           image_size: int = 192, seed: int = 0,
                           class_names: Sequence[str] = SHAPE_CLASSES) -> Path:
-    """Make sure ``root`` holds the shapes dataset for these parameters; return ``root``
-    (idempotent; regenerates a folder it made with other parameters: :mod:`mdk.data.generated`)."""
+    """Make sure ``root`` holds the shapes dataset for these parameters (a folder made with others
+    is regenerated); return ``root``."""
     root = Path(root).expanduser().resolve()
     check_request("shapes", class_names, SHAPE_CLASSES, num_train, num_val, image_size)
     params = _params(num_train, num_val, image_size, seed, class_names)

@@ -1,17 +1,9 @@
 """The harder built-in dataset: 15 classes of small, overlapping shapes on textured clutter.
 
-Five kinds (circle, square, triangle, star, cross) in three fill styles (solid, outline,
-striped) make the 15 classes: ``<kind>_<style>``, so a class is told apart both by its outline
-and by its fill. Objects span 7-40 % of the image side (log-uniform, so small ones are common),
-2-5 per image; their boxes may overlap (IoU up to ``MAX_IOU``) and a later object may hide up to
-a third of an earlier one's box. Backgrounds are a gradient under stripes, a checkerboard or colour
-blobs, with distractors that are no class (irregular polygons, long ellipses, arcs, lines, dots)
-under the objects and lines across them, then pixel noise.
-
-Generated on first use, never downloaded, like :mod:`mdk.data.shapes` (whose drawing pieces it
-reuses): image ``i`` comes from its own RNG seeded by ``(seed, i)``, so the output is
-byte-identical for the same parameters; written whole or not at all, regenerated when a
-parameter changes (:mod:`mdk.data.generated`).
+Five kinds in three fill styles (solid, outline, striped) make the 15 classes ``<kind>_<style>``,
+told apart by outline and fill. Object sizes are log-uniform (small ones are common); boxes may
+overlap; distractors that are no class lie under and across the objects. Generated like
+:mod:`mdk.data.shapes`: byte-identical for the same parameters.
 """
 from __future__ import annotations
 
@@ -201,8 +193,7 @@ def _params(num_train: int, num_val: int, image_size: int, seed: int,
 def bytes_to_generate(root: str | Path, num_train: int = 3200, num_val: int = 800,
                       image_size: int = 224, seed: int = 0,
                       class_names: Sequence[str] = HARD_CLASSES) -> int:
-    """About how many bytes :func:`ensure_shapes_hard_dataset` writes; 0 when ``root`` holds
-    them already (the free-space check before a run)."""
+    """About how many bytes :func:`ensure_shapes_hard_dataset` writes (0 if ``root`` holds them)."""
     return bytes_for(_params(num_train, num_val, image_size, seed, class_names), root)
 
 

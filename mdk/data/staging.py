@@ -1,10 +1,8 @@
 """A folder written whole or not at all: made in a temp sibling, then renamed into place.
 
-A writer works in ``.<name>.tmp-<random>`` beside the target and holds an exclusive lock on a
-file inside it (``flock``) while it writes. A killed writer leaves its temp folder behind, but
-the kernel drops its lock, so the next call can tell a leftover (lock free) from a folder a live
-process is still writing (lock held) and removes only the leftovers. Used by the built-in
-generators (:mod:`mdk.data.generated`); only folders of these names beside the target are touched.
+A writer holds a ``flock`` on a file in its ``.<name>.tmp-<random>`` folder while it writes. The
+kernel drops the lock of a killed writer, so a leftover (lock free) can be told from a folder a
+live process is writing, and only leftovers are removed.
 """
 from __future__ import annotations
 
@@ -48,7 +46,7 @@ def _alive(d: Path) -> bool:
 
 
 def remove_leftovers(target: Path, what: str) -> list[Path]:
-    """Remove the temp folders that killed writers of ``target`` left; return them."""
+    """Remove (and return) the temp folders that killed writers of ``target`` left."""
     removed = []
     for d in temp_names(target) if target.parent.is_dir() else []:
         if d.is_dir() and not _alive(d):
@@ -62,7 +60,7 @@ def remove_leftovers(target: Path, what: str) -> list[Path]:
 @contextmanager
 def staged(target: Path) -> Iterator[Path]:
     """A locked temp folder beside ``target`` to write into; the caller renames it into place
-    (:func:`replace`) before the block ends. The folder is removed when the block ends."""
+    (:func:`replace`) before the block ends; whatever is left is removed."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     fd = os.open(tmp / LOCK, os.O_WRONLY | os.O_CREAT, 0o644)

@@ -1,19 +1,8 @@
-"""Pascal VOC reading: annotation XML, split lists, image lookup, and :class:`VOCReader`, the
-reader of a VOC-layout folder (``dataset.reader._target_: mdk.data.voc.VOCReader``).
+"""Pascal VOC reading: annotation XML, split lists, image lookup, and :class:`VOCReader`.
 
-Bad-box policy (one place for every format, :func:`mdk.data.records.clip_to_image`):
-
-* a box partly outside the image is **clipped** to the image and counted (``SplitRecords.clipped``);
-  VOC itself has boxes touching the border with 1-based ``xmax == width``, so clipping to
-  ``[0, width] x [0, height]`` is the sane fix and losing them would cost recall;
-* a box of zero area (``xmax <= xmin`` or ``ymax <= ymin``, after clipping; this includes a box
-  entirely outside the image) is counted (``SplitRecords.zero_area``) and kept for evaluation only:
-  the VOC devkit counts it as an object no detection can match; training leaves it out;
-* everything else that is wrong (malformed XML, a missing field, a non-numeric coordinate, a class
-  name not in the class list, a non-positive image size) raises :class:`DataError` naming the file,
-  because guessing would silently train on the wrong labels.
-
-Coordinates are kept as written in the XML (no 1-based shift), as float pixels ``x1, y1, x2, y2``.
+Boxes follow the bad-box policy of :mod:`mdk.data.records`; anything else wrong in a file raises
+:class:`DataError` naming it (guessing would silently train on wrong labels). Coordinates are
+kept as written in the XML (no 1-based shift).
 """
 from __future__ import annotations
 
@@ -49,8 +38,7 @@ def _number(node: ET.Element, tag: str, path: Path, where: str) -> float:
 
 def parse_voc_xml(path: str | Path, class_names: Sequence[str], image: str = ""
                   ) -> tuple[Record, int, int]:
-    """Parse one VOC annotation file: ``(its record, boxes clipped, boxes of zero area)`` (see
-    the module docstring for the bad-box policy; each box it changes is logged at DEBUG).
+    """Parse one VOC annotation file: ``(its record, boxes clipped, boxes of zero area)``.
     ``image``: the record's image path, relative to the dataset root."""
     path = Path(path)
     try:
@@ -134,7 +122,7 @@ def read_split(root: str | Path, split: str) -> list[str]:
 
 
 def find_image(root: str | Path, image_id: str, split_path: Path | None = None) -> Path:
-    """``JPEGImages/<id>.jpg`` (or .jpeg/.png); a clear error when none exists."""
+    """``JPEGImages/<id>.jpg`` (or .jpeg/.png)."""
     base = Path(root) / "JPEGImages"
     for ext in IMAGE_EXTENSIONS:
         candidate = base / f"{image_id}{ext}"
@@ -147,8 +135,7 @@ def find_image(root: str | Path, image_id: str, split_path: Path | None = None) 
 
 class VOCReader:
     """Pascal VOC layout: ``<root>/JPEGImages/<id>.jpg``, ``Annotations/<id>.xml`` and the split
-    lists ``ImageSets/Main/<split>.txt`` (a :class:`mdk.data.records.Reader`). Records come in
-    split-list order; objects in XML order; ``<difficult>1`` objects are flagged difficult."""
+    lists ``ImageSets/Main/<split>.txt``; records in split-list order. Takes no keys of its own."""
 
     def __init__(self, root: str | Path, class_names: Sequence[str]) -> None:
         self.root = Path(root).expanduser()

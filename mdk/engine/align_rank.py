@@ -1,8 +1,5 @@
-"""One rank of an alignment run (``python -m launchers.align``): the same global batches trained
-for a few iterations from given weights, the final state saved for comparison.
-
-What is made equal across world sizes, and why it holds, is the tool's docstring
-(launchers/align.py); this module only holds the per-rank work and the config it runs with.
+"""One rank of an alignment run (``python -m launchers.align``, whose docstring says what is made
+equal and why): the same global batches trained a few iterations, the final state saved.
 """
 from __future__ import annotations
 
@@ -26,10 +23,8 @@ log = logging.getLogger(__name__)
 
 def alignment_config(cfg: DictConfig, batch_size: int, iters: int, dtype: str,
                      out: Path, exact_chunk: Optional[int] = None) -> DictConfig:
-    """A new config with what alignment needs switched on/off (``cfg`` is not changed).
-
-    ``exact_chunk``: world-size-invariant gradients in chunks of that many images, one CPU thread
-    per process (a kernel's summation order follows its thread count)."""
+    """A new config with what alignment needs switched on/off. ``exact_chunk``: world-size-invariant
+    gradients in chunks of that many images, one CPU thread per process."""
     net: dict[str, Any] = {}
     dist: dict[str, Any] = {"nodes": 1, "rank": 0, "dist_url": "auto", "sync_bn": False,
                             "exact_chunk": exact_chunk,

@@ -38,8 +38,8 @@ def build_loss(cfg: DictConfig) -> torch.nn.Module:
 
 def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None, train: bool = True
                ) -> tuple[Any, Any]:
-    """Datasets; rank 0 generates/indexes the built-in data first, the others wait and reuse it.
-    ``world`` None: this process alone. ``train=False``: (None, val), the train split unread."""
+    """Datasets; rank 0 generates/indexes the data first, the others wait and reuse it.
+    ``world`` None: this process alone. ``train=False``: (None, val)."""
     world = alone(world)
     cache_root = resolve_path(cfg.paths.data, os.getcwd())
     ds_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
@@ -59,17 +59,10 @@ def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None, train:
 def init_loader_worker(worker_id: int) -> None:
     """DataLoader worker init: leave stop signals to the trainer, and die with it.
 
-    SLURM signals every process of a job step on preemption or time-out (SIGTERM, SIGUSR1 with
-    ``--signal``, and submitit's SIGUSR2, whose default action is to terminate), and Ctrl-C sends
-    SIGINT to every process of the terminal's foreground group. A worker ended that way makes the
-    next batch fetch raise "DataLoader worker ... exited unexpectedly" before the trainer, which
-    got the same signal, can write last.pth at the step boundary. So all of them are ignored here.
-
-    Workers are forked, so they also hold copies of the rank's gloo sockets. If the rank is killed
-    (OOM killer, kill -9), a surviving worker keeps those connections open: the peer ranks see no
-    "connection reset" and wait for the collective timeout instead of failing at once, and an
-    orphaned worker can linger (holding the job's stdout). PR_SET_PDEATHSIG makes the kernel kill
-    the worker when the rank dies, however it dies."""
+    SLURM and Ctrl-C signal every process (SIGTERM, SIGINT, SIGUSR1/2); a worker ended that way
+    fails the next batch fetch before the trainer can write last.pth, so they are ignored here.
+    A forked worker also holds the rank's gloo sockets: one outliving a killed rank would make the
+    peers wait for the collective timeout instead of failing at once. Hence PR_SET_PDEATHSIG."""
     for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None),
               getattr(signal, "SIGUSR2", None)):
         if s is not None:
@@ -102,14 +95,10 @@ def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = 
                                  cfg.seed, shuffle=True,
                                  limit_batches=cfg.trainer.limit_train_batches)
     nw = loader_workers(cfg, world)
-    # Persistent workers (a GPU epoch can take a second; starting N workers each epoch cost a
-    # large part of it): the epoch reaches them with every index (EpochTagged), not through
-    # dataset.set_epoch(). Own generator: each iter() of a DataLoader draws a worker base seed; from the global RNG
-    # that would make a resumed run's torch RNG state drift from an uninterrupted one.
-    # fork where available: ranks started by spawn inherit 'spawn' as the default, which would
-    # pickle the whole in-memory image cache into every worker every epoch.
-    # SafeLoader: a worker's error stops the workers at once and keeps its one-line message; with
-    # torch's DataLoader the process hangs at exit (mdk/data/loader.py explains why).
+    # Persistent workers (starting them each epoch costs much of a GPU epoch) get the epoch with
+    # every index (EpochTagged). Own generator: each iter() draws a worker base seed, which from
+    # the global RNG would make a resumed run's RNG drift. fork: spawn (the default in spawned
+    # ranks) would pickle the in-memory image cache into every worker.
     ctx = "fork" if nw > 0 and sys.platform == "linux" else None
     persistent = persistent and nw > 0
     loader = SafeLoader(train_ds, batch_sampler=EpochTagged(sampler) if persistent else sampler,
@@ -121,9 +110,8 @@ def build_train_loader(cfg: DictConfig, train_ds: Any, world: Optional[World] = 
 
 
 def loader_workers(cfg: DictConfig, world: World) -> int:
-    """``trainer.num_workers`` (null: the dataset's ``num_workers``); ``auto``: the cores of this
-    machine per process minus the one the process itself trains on, at least 1, at most 8 (more
-    workers than that only add memory: each holds a prefetched batch)."""
+    """``trainer.num_workers`` (null: the dataset's); ``auto``: the cores per process minus the
+    training one, 1 to 8 (more only add memory: each holds a prefetched batch)."""
     nw = cfg.trainer.num_workers
     nw = cfg.dataset.get("num_workers", 0) if nw is None else nw
     if nw == "auto":

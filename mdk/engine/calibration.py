@@ -1,10 +1,8 @@
-"""The ``calibrate`` kind of work (the cal stage): one pass over the training split, no gradient,
-no optimizer step.
+"""The ``calibrate`` kind of work (the cal stage): one pass over the training split, no gradient.
 
-Each rank observes its slice of every global batch; the statistics are taken on the global batch
-(mdk/quant/calibrate.py), so W processes calibrate exactly like one, bit for bit. The result is
-saved as the stage's best.pth/last.pth (weights + caps, marked finished: a rerun reports it
-instead of calibrating again) and as a human-readable caps.json.
+The statistics are taken on the global batch (mdk/quant/calibrate.py), so W processes calibrate
+like one, bit for bit. The result is saved as the stage's checkpoints, marked finished (a rerun
+reports it instead of calibrating again), and as a readable caps.json.
 """
 from __future__ import annotations
 
@@ -45,7 +43,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
                 model(images.to(world.device, non_blocking=True))
                 n += 1
         finally:
-            loader.close()  # its persistent workers (mdk.data.loader.SafeLoader.close)
+            loader.close()  # its persistent workers
         caps = calibrate.finalize_caps(model)
     train_ds.augment = aug
     log.info("calibrated %d layers on %d batches (%s): caps %s", len(caps), n, c.method,

@@ -15,7 +15,6 @@ from mdk.world import World
 
 @dataclass
 class StageContext:
-    """Everything a stage's work gets (mdk/engine/runner.py builds it)."""
     cfg: DictConfig
     run_dir: Path
     world: World

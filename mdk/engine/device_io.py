@@ -1,10 +1,8 @@
 """Moving data between host and GPU without making either wait.
 
 ``CudaPrefetcher``: the next batch is copied to the GPU on a side stream while the current step
-computes (a 32 x 448 px uint8 batch is 19 MB: ~1 ms of copy that, on the compute stream, the
-GPU would otherwise spend idle every step). ``DeferredRead``: a small device tensor (logged loss
-terms, the NaN flag) copied back to pinned host memory without waiting and read one log interval
-later, when the copy has long finished; on the CPU it is read at once.
+computes. ``DeferredRead``: a small device tensor (loss terms, the NaN flag) copied back to pinned
+host memory without waiting and read one log interval later; on the CPU it is read at once.
 """
 from __future__ import annotations
 
@@ -14,9 +12,8 @@ import torch
 
 
 class CudaPrefetcher:
-    """Iterate ``batches`` with the tensors of each already on ``device``, copied one step ahead
-    on a side stream. Items whose position is in ``keep_on_host`` stay where they are (e.g. the
-    sample indices, read on the host)."""
+    """Iterate ``batches`` with each one's tensors already on ``device``; items whose position is
+    in ``keep_on_host`` stay where they are (the sample indices, read on the host)."""
 
     def __init__(self, batches: Iterator[Any], device: torch.device,
                  keep_on_host: tuple[int, ...] = (2,)) -> None:

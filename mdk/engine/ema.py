@@ -5,38 +5,23 @@ After optimizer step ``n`` (counting the EMA's own updates, 1, 2, ...)::
     d_n = decay * (1 - exp(-n / tau))          (tau = 0: d_n = decay)
     ema <- ema + (1 - d_n) * (w - ema)          (torch.lerp; = d_n * ema + (1 - d_n) * w)
 
-The warm-up ``1 - exp(-n / tau)`` (the YOLOv5 form) makes early updates follow the weights
-closely, so an EMA started from random weights is useful within a few ``tau`` steps instead of
-``1 / (1 - decay)``. ``lerp`` leaves an entry that does not change bit-identical (its difference
-is 0), so frozen weights and constant buffers (activation caps, ``out_scale``) stay exact.
+The warm-up ``1 - exp(-n / tau)`` (the YOLOv5 form) makes an EMA started from random weights
+useful within a few ``tau`` steps. ``lerp`` leaves an unchanged entry bit-identical, so frozen
+weights and constant buffers (activation caps, ``out_scale``) stay exact.
 
-What is averaged: every floating-point entry of the model's ``state_dict`` (parameters and
-buffers such as BatchNorm running statistics), kept in ``dtype`` (float32 or float64) on the
-model's device. Integer/bool entries (``num_batches_tracked``, ``fused``) are copied, not
-averaged. Quantized stages (step2, step3) train float weights that the forward pass quantizes;
-the EMA averages those float weights, and an EMA model is quantized the same way when evaluated
-or exported.
+Every floating-point entry of the ``state_dict`` (parameters and buffers) is averaged in
+``dtype``; integer/bool entries are copied. Quantized stages average the float weights, which
+are quantized the same way when the EMA is evaluated or exported.
 
-DDP: after each optimizer step every rank holds identical parameters, so each rank updates its
-own EMA with no collective and the EMAs agree. Buffers are the exception: with DDP's default
-``broadcast_buffers`` the model's BatchNorm running statistics are rank 0's at each forward but
-then updated locally, so the EMA buffers drift apart per rank. ``EMAHook`` therefore broadcasts
-the EMA *buffers* (not parameters) from rank 0 after each epoch, before evaluation (register it
-before the evaluation hook); rank 0's EMA, the one saved, is never changed by it, so a resumed
-run continues bit-identically. With fp16 AMP, a step the GradScaler skips (inf gradients) still
-counts as an EMA update (the weights did not move, so it only decays towards them once more);
-steps the NaN guard skips (``trainer.skip_step``) are not counted.
+DDP: every rank holds the same parameters after a step, so each updates its own EMA without a
+collective. BatchNorm buffers, though, are updated locally and drift apart per rank, so
+``EMAHook`` broadcasts the EMA buffers from rank 0 after each epoch, before evaluation (rank 0's
+EMA, the one saved, is unchanged: resume stays bit-identical). A step the fp16 GradScaler skips
+still counts as an update; steps the NaN guard skips (``trainer.skip_step``) do not.
 
-Stages:
-- The EMA is per stage: it starts from the weights the stage starts from, after the stage's
-  structure change (BN folding from step2 on, gain fusion at step4), and is saved in the stage's
-  checkpoints; it never crosses from one stage to the next (the next stage starts from the
-  weights its ``init_from`` checkpoint holds).
-- ``cal`` does not train: no optimizer step, so no EMA. It calibrates the weights it is given
-  (step2's best.pth: the EMA weights if step2 chose and saved its best by the EMA).
-- ``step4`` fusion rescales weights and caps: an EMA of pre-fusion weights is in another
-  parametrisation, so step4's EMA starts fresh from the fused weights (it is built after
-  ``apply_stage``); carrying step3's EMA over would need the same fusion applied to it.
+The EMA is per stage: built after the stage's structure change, saved in its checkpoints, never
+carried to the next stage. step4's starts fresh from the fused weights (an EMA of pre-fusion
+weights is in another parametrisation); cal has no optimizer step, so no EMA.
 """
 from __future__ import annotations
 
@@ -113,9 +98,8 @@ class ModelEMA:
 
     @contextmanager
     def swapped(self, model: nn.Module) -> Iterator[nn.Module]:
-        """Within the block ``model`` holds the EMA weights (cast to its dtypes); on exit its own
-        weights are put back bit for bit (a copy is kept meanwhile). Yields the unwrapped
-        module. The optimizer still refers to the same parameter objects throughout."""
+        """Within the block ``model`` holds the EMA weights; on exit its own are put back bit for
+        bit. Yields the unwrapped module; the parameter objects (the optimizer's) stay the same."""
         sd = self._model_state(model)
         with torch.no_grad():
             raw = {k: v.detach().clone() for k, v in sd.items()}
@@ -129,13 +113,11 @@ class ModelEMA:
                     v.copy_(raw[k])
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
-        """The EMA weights as a ``model.state_dict()`` (the model's dtypes, CPU copies): what to
-        save as the EMA model (e.g. best.pth's weights when the EMA is what was evaluated)."""
+        """The EMA weights as a ``model.state_dict()`` (the model's dtypes, CPU copies)."""
         return {k: v.detach().to(self.model_dtypes[k]).cpu().clone()
                 for k, v in self.shadow.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue bit-identically."""
         return {"decay": self.decay, "tau": self.tau, "updates": self.updates,
                 "dtype": str(self.dtype).replace("torch.", ""),
                 "shadow": {k: v.detach().clone() for k, v in self.shadow.items()}}
@@ -166,9 +148,8 @@ class ModelEMA:
 
 
 def ema_from_config(node: Any, model: nn.Module) -> Optional[ModelEMA]:
-    """``trainer.ema`` (``{enabled, decay, tau, dtype}``) -> a ModelEMA of ``model`` built now
-    (after the stage's structure change and ``model.to(device)``), or None when the node is
-    absent or ``enabled`` is false."""
+    """``trainer.ema`` -> a ModelEMA of ``model`` (call after the stage's structure change and
+    ``model.to(device)``), or None when it is absent or not enabled."""
     if node is None or not node.get("enabled", False):
         return None
     decay, tau = float(node.get("decay", 0.9999)), float(node.get("tau", 2000.0))
@@ -178,10 +159,8 @@ def ema_from_config(node: Any, model: nn.Module) -> Optional[ModelEMA]:
 
 
 class EMAHook(HookBase):
-    """Updates ``ema`` after every optimizer step that happened (not when ``trainer.skip_step``);
-    after each epoch of a ``distributed`` World it makes the EMA buffers rank 0's (see the module
-    docstring). Register it before the evaluation hook so an evaluation at the epoch end sees the
-    synced EMA."""
+    """Updates ``ema`` after every optimizer step taken; after each epoch of a ``distributed``
+    World it makes the EMA buffers rank 0's. Register it before the evaluation hook."""
 
     def __init__(self, ema: ModelEMA, distributed: bool = False) -> None:
         self.ema, self.sync = ema, distributed

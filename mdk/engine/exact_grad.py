@@ -1,17 +1,11 @@
 """World-size-invariant gradients (``dist.exact_chunk``): the same bits for every split of a batch.
 
-DDP's all-reduce adds per-rank gradient sums, so world 1 x 8 and world 2 x 4 round differently
-(~1e-7 relative) and float32 training amplifies that until runs differ visibly (docs/
-distributed.md). With ``dist.exact_chunk=c`` the global batch is cut into chunks of c images. Each
-chunk's gradient is computed on its own: the same kernels on the same images, whatever the world
-size. The chunk gradients are then added one at a time in global order, rank 0's first
-(``mdk.dist.ordered_sum``), and divided by the number of chunks. Every world size whose
-per-process batch is a whole number of chunks computes the same float32 gradient bits, hence the
-same weights. What it needs: no training-mode BatchNorm (its statistics would be per chunk, and its
-running averages per rank), and on CPU the same ``dist.cpu_threads`` in every run compared (a
-kernel's own summation order follows its thread count). Cost: kernels on smaller batches, one flat
-gradient copy per local chunk, and a chain of W-1 sends plus a broadcast in place of one
-all-reduce. It is for checking and reproducing runs, not for speed.
+DDP's all-reduce adds per-rank sums, so world 1 x 8 and world 2 x 4 round differently and float32
+training amplifies that (docs/distributed.md). With ``dist.exact_chunk=c`` each chunk of c images
+gets its own gradient (the same kernels on the same images whatever the world size), and the chunk
+gradients are added one at a time in global order (``mdk.dist.ordered_sum``). Needs no
+training-mode BatchNorm and, on CPU, the same ``dist.cpu_threads`` in every run compared (a
+kernel's summation order follows its thread count). For checking and reproducing runs, not speed.
 """
 from __future__ import annotations
 
@@ -48,8 +42,7 @@ def chunked_forward_backward(model: torch.nn.Module, forward_backward: ForwardBa
                              images: torch.Tensor, targets: torch.Tensor,
                              chunk: int, world_size: int = 1) -> dict[str, torch.Tensor]:
     """Leave the global-batch gradient in ``p.grad`` (same bits for every split); return the
-    loss terms averaged over this rank's chunks (for logging, like the whole-batch terms).
-    ``world_size``: the World's, every rank holding as many chunks as this one."""
+    loss terms averaged over this rank's chunks. Every rank holds as many chunks as this one."""
     params = [p for p in model.parameters() if p.requires_grad]
     parts: list[torch.Tensor] = []
     sums: dict[str, torch.Tensor] = {}

@@ -1,17 +1,15 @@
 """Training hooks named by config: ``trainer.hooks: {name: {_target_: pkg.module.Class, ...}}``.
 
-The engine builds them for every training stage, like the metric sinks, so a hook from outside
-the library (a search's trial reporter, launchers/hydra_app/optuna_trial.py) runs in the loop
-without the engine importing it. Each is constructed as ``cls(stage=, run_dir=, is_main=,
-so_far=, **options)`` on every rank and registered after the checkpoint hook: at its
-``after_epoch`` the epoch's last.pth (and best.pth) are written.
+A hook from outside the library (e.g. launchers/hydra_app/optuna_trial.py) thus runs in the loop
+without the engine importing it. Each is built as ``cls(stage=, run_dir=, is_main=, so_far=,
+**options)`` on every rank and registered after the checkpoint hook (the epoch's checkpoints are
+written when its ``after_epoch`` runs).
 
-* ``so_far()``: the stage's numbers so far under the names of ``StageResult``
-  (``best_map50``: the best val mAP@0.5 up to this epoch, None before any evaluation;
-  ``final_loss``: the training loss of the last log step);
-* a hook that ends training early sets ``trainer.stop = True`` and ``trainer.stop_reason`` on
-  every rank at the same epoch (it agrees across ranks itself): the loop leaves after that epoch,
-  and the stage's result gets ``stopped_epoch`` and ``stop_reason``.
+* ``so_far()``: the stage's numbers so far under ``StageResult``'s names (``best_map50``: None
+  before any evaluation; ``final_loss``: the training loss of the last log step);
+* to end training early a hook sets ``trainer.stop = True`` and ``trainer.stop_reason`` on every
+  rank at the same epoch (agreeing across ranks itself); the result then gets ``stopped_epoch``
+  and ``stop_reason``.
 """
 from __future__ import annotations
 

@@ -49,10 +49,8 @@ class EvalHook(HookBase):
 class CheckpointHook(HookBase):
     """Writes last.pth every epoch (and every ``every_iters``), best.pth when mAP improves.
 
-    ``state_fn`` builds the checkpoint (the run state's parts and the metadata); it runs on
-    every rank (gathering per-rank RNG states is a collective), and only rank 0 (``is_main``)
-    writes, through ``save_fn(state, name)`` (the stage checkpointer's ``save``). Its own state,
-    the best evaluation so far, is one of the run state's parts (through the trainer's hooks)."""
+    ``state_fn`` builds the checkpoint on every rank (the RNG gather is a collective); only rank 0
+    writes it, through ``save_fn(state, name)``."""
 
     def __init__(self, state_fn: Callable[[bool], dict], save_fn: Callable[..., None],
                  is_main: bool, every_iters: int = 0,
@@ -100,8 +98,7 @@ class CheckpointHook(HookBase):
 
 
 class FaultHook(HookBase):
-    """Fault injection for the tests (``MDK_FAULT``, mdk/faults.py): kill -9 at an iteration,
-    NaN loss, injected errors. Registered only when MDK_FAULT is set."""
+    """Fault injection for the tests (``MDK_FAULT``, mdk/faults.py); registered only when set."""
 
     def after_backward(self) -> None:
         faults.poison_loss(self.trainer)
@@ -111,14 +108,13 @@ class FaultHook(HookBase):
 
 
 class MetricsHook(HookBase):
-    """Loss terms averaged over the iterations since the last log, and the LR, every ``every``
-    iterations and at each epoch's end; mAP per epoch. The terms are summed on the device each
-    step and read once per log (one host sync per log, none per step); under DDP the sum is
-    all-reduced then, so the logged loss is the same for 1 process and W processes."""
+    """Loss terms averaged since the last log, and the LR, every ``every`` iterations and at each
+    epoch's end; mAP per epoch. Summed on the device and read once per log (no host sync per
+    step); under DDP all-reduced, so 1 and W processes log the same loss."""
 
     def __init__(self, sink: NullSink, every: int, step_offset: int = 0,
                  world_size: int = 1) -> None:
-        self.sink, self.every, self.world_size = sink, max(1, every), world_size  # World.size
+        self.sink, self.every, self.world_size = sink, max(1, every), world_size
         self.offset = step_offset  # earlier stages' steps: one global step across a pipeline
         self.last: dict[str, float] = {}
         self._sum: Optional[torch.Tensor] = None
@@ -157,10 +153,8 @@ class MetricsHook(HookBase):
 
 
 class ProgressHook(HookBase):
-    """A tqdm bar per epoch on rank 0, its postfix refreshed at log steps only, when
-    ``trainer.progress`` (``setting``) draws bars (mdk/progress.py: with ``auto``, on a terminal).
-    With ``auto`` and no terminal (SLURM logs, pipes) a log line every ``line_every_s`` seconds
-    tells how far the epoch is instead."""
+    """A tqdm bar per epoch on rank 0 when ``trainer.progress`` (``setting``) draws bars; with
+    ``auto`` and no terminal (SLURM logs, pipes), a log line every ``line_every_s`` seconds."""
 
     def __init__(self, metrics: MetricsHook, setting: Any, is_main: bool,
                  line_every_s: float = 60.0) -> None:

@@ -68,9 +68,8 @@ class Trainer:
         self.stop_reason: Optional[str] = None  # why a hook ended training early (the result says)
         self.skip_step = False
         self.data_wait_s = 0.0
-        # Mixed precision: ``amp_dtype`` is trainer.amp resolved by mdk/engine/precision.py
-        # (None: float32). float16 needs a GradScaler against gradient underflow; bfloat16 has
-        # float32's exponent range and needs none.
+        # ``amp_dtype``: None is float32. float16 needs a GradScaler against gradient underflow;
+        # bfloat16 has float32's exponent range.
         self.amp_dtype: Optional[torch.dtype] = amp_dtype
         self.scaler: Optional[torch.amp.GradScaler] = (
             torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None)

@@ -16,16 +16,12 @@ log = logging.getLogger(__name__)
 
 
 class NanGuardHook(HookBase):
-    """A NaN/Inf loss stops the run naming the iteration and the term, and no NaN ever reaches a
-    checkpoint (the last good one is kept).
+    """A NaN/Inf loss stops the run naming the iteration and the term; no NaN reaches a checkpoint.
 
-    Without a per-step host sync (``skip_limit`` 0, the default): each step records on the device
-    the first iteration whose loss was not finite; the flag is read (one sync, and under DDP one
-    MIN all-reduce so the ranks agree) only at ``check()``: at log steps, before every checkpoint
-    write (CheckpointHook calls it) and at each epoch end, before evaluation. The weights after a
-    bad step are never saved or evaluated. With ``skip_limit`` > 0 the answer is needed before
-    the optimizer step (skip it or not), so every step syncs once; that many bad batches are
-    skipped before it stops, the ranks agreeing through a MAX all-reduce."""
+    ``skip_limit`` 0 (default): each step records on the device the first bad iteration; the flag
+    is read (one sync, under DDP a MIN all-reduce) only at ``check()``: at log steps, before every
+    checkpoint write and before each evaluation. With ``skip_limit`` > 0 every step syncs once (to
+    skip the optimizer step or not); that many bad batches are skipped before it stops."""
 
     NONE = 2 ** 62  # "no bad iteration yet"
 
@@ -71,9 +67,8 @@ class NanGuardHook(HookBase):
     def after_step(self) -> None:
         t = self.trainer
         if t.iter % self.every == 0 and not self.limit and self.first_bad is not None:
-            # At log steps: read the flag of the previous log step (copied back meanwhile, no
-            # wait on CUDA) and start copying this one. Before a save and at each epoch's end
-            # check() reads it now.
+            # Read the previous log step's flag (copied back meanwhile: no wait on CUDA) and
+            # start copying this one.
             got = self._read.pop()
             if got is not None and int(got[0]) != self.NONE:
                 self.check()

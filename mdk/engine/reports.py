@@ -1,16 +1,13 @@
 """What an evaluation leaves for people to look at (rank 0, ``eval.reports``).
 
-* After every evaluation: per-class AP and its table in the sinks (cheap scalars and text).
-* Once, at the end of the stage: the pictures of the stage's best evaluation (the one that chose
-  best.pth): a grid of val detections (``detections_<stage>.png`` in the run dir, and
-  ``val/best_detections`` in the sinks at the stage's last step) and the precision-recall curves
-  (``pr_<stage>_<k>.png``). Drawn when they are read, not at every improvement: the grid and its
-  PNG cost ~0.4 s, a PR figure ~0.1 s, ~0.5 s per epoch of a run that drew them each epoch.
+* After every evaluation: per-class AP and its table in the sinks.
+* Once, at the end of the stage (not at every improvement, as drawing costs time): the pictures
+  of the best evaluation, a grid of val detections (``detections_<stage>.png``, and
+  ``val/best_detections`` in the sinks) and the PR curves (``pr_<stage>_<k>.png``).
 
-Exact and cheap: the best evaluation's own result and merged detections are kept in memory
-(``keep``, a few MB for 400 images), nothing is evaluated again. A stage resumed after its best
-epoch has no such evaluation in this process: it says so, and ``python -m mdk.tools.evaluate
-<best.pth> --reports DIR`` draws them from the checkpoint (on demand, any time).
+The best evaluation's result and detections are kept in memory (``keep``), so nothing is
+evaluated again. A stage resumed after its best epoch says so; ``python -m mdk.tools.evaluate
+<best.pth> --reports DIR`` draws them from the checkpoint.
 """
 from __future__ import annotations
 
@@ -53,8 +50,8 @@ class EvalReporter:
             log.warning("could not write the evaluation reports: %s", e)
 
     def write_best(self, step: int) -> list[Path]:
-        """The pictures of the best evaluation kept so far (the grid also to the sinks at
-        ``step``); returns the files written."""
+        """Write the pictures of the best evaluation so far (the grid also to the sinks); return
+        the files."""
         if not self.enabled or self.best is None:
             return []
         result, detections = self.best
@@ -83,9 +80,8 @@ def maybe_reporter(cfg: Any, run_dir: Path, stage: str, dataset: Any, sink: Null
 
 
 class ReportHook(HookBase):
-    """After each epoch's evaluation (register after the CheckpointHook, which decides whether it
-    is the new best): hand the evaluation to the reporter at the run's global step. When the
-    loop ends (finished, stopped on request or failed): the best evaluation's pictures."""
+    """Hand each epoch's evaluation to the reporter, and its best one's pictures when the loop
+    ends. Register after the CheckpointHook, which decides what is best."""
 
     def __init__(self, reporter: EvalReporter, checkpoint_hook: Any, step_offset: int = 0,
                  best_path: Optional[Path] = None) -> None:

@@ -1,10 +1,8 @@
-"""What a stage returns: one typed record, the same for the run summary, a sweep's result.json,
-the seed aggregate and a search's objective.
+"""What a stage returns: one typed record for the run summary, a sweep's result.json, the seed
+aggregate and a search's objective.
 
-A stage's work function (``kind`` in its record: train, calibrate or ``pkg.module.fn``) returns a
-mapping of some of these fields; the stage runner adds where the checkpoints are, the next stage,
-the export and the time. Results travel between processes as ``to_dict()`` (JSON) and come back
-with ``from_dict``: every reader sees the same names, and no reader guesses.
+A stage's work returns a mapping of some of these fields; the stage runner adds the rest. Results
+cross processes as ``to_dict()`` (JSON) and come back with ``from_dict``.
 """
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ class StageResult:
 
     @classmethod
     def from_work(cls, stage: str, out: Mapping[str, Any]) -> "StageResult":
-        """The result of a work function's mapping: known names become fields, any other name
-        goes to ``extra`` (a custom work may report numbers of its own)."""
+        """A work function's mapping: known names become fields, any other goes to ``extra``."""
         known = set(cls.fields())
         extra = {k: v for k, v in out.items() if k not in known}
         return cls(**{**{k: v for k, v in out.items() if k in known}, "stage": stage},

@@ -1,15 +1,9 @@
 """What a training stage's last.pth holds: one mapping of named stateful parts, walked the same
 way to save and to load (after torchtitan's ``states={name: Stateful}``), so the two cannot drift.
 
-The parts of a training stage (mdk/engine/train.py builds the mapping): ``optimizer`` (its
-state; its hyper-parameters stay the config's: ``ConfiguredOptimizer``),
-``scheduler``, ``scaler`` (fp16 only), ``ema`` (``trainer.ema.enabled``), ``loss`` (a loss with
-state, e.g. the GTI loss's running mean), ``rng`` (every rank's generators), ``trainer`` (the
-loop's position: epoch and iteration; the training sampler's position in its epoch follows from
-them) and ``hooks`` (each stateful hook's own state: the best evaluation so far, the NaN guard's
-skip count). A part that is None in this run (no scaler, no EMA) is neither saved nor loaded.
-The model's weights are not a part: the stage checkpointer writes them beside the parts and
-loads them first, because the model's structure must be prepared for them (mdk/stage_checkpoint.py).
+mdk/engine/train.py builds the mapping; a part that is None in this run (no scaler, no EMA) is
+neither saved nor loaded. The model's weights are not a part: the stage checkpointer loads them
+first, as the model's structure must be prepared for them.
 """
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ class RunState:
         return {name: part.state_dict() for name, part in self.parts.items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore every part from ``state``; a part the checkpoint has no entry for (a scaler
-        or EMA switched on since it was written) keeps its fresh state."""
+        """Restore every part; one the checkpoint lacks (switched on since) starts fresh."""
         for name, part in self.parts.items():
             if state.get(name) is not None:
                 part.load_state_dict(state[name])
@@ -53,10 +46,8 @@ class RunState:
 
 class ConfiguredOptimizer:
     """The optimizer as a part whose hyper-parameters stay this run's: loading restores its
-    per-parameter state (momentum, Adam's moments) but keeps this config's lr, weight decay,
-    betas... where torch's ``load_state_dict`` would put the checkpoint's back. A resumed stage
-    goes on with the values it is run with (docs/pipeline.md); equal values load as before.
-    The lr itself is the scheduler's, loaded after this part."""
+    per-parameter state (momentum, moments) but, unlike torch's ``load_state_dict``, keeps this
+    config's lr, weight decay, betas (docs/pipeline.md). The lr is the scheduler's, loaded after."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -113,8 +104,7 @@ class HookStates:
         return {name: h.state_dict() for name, h in self.hooks.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore each hook by its class name; a saved hook this run does not have (a hook
-        switched off or renamed since) is a warning, not silently dropped."""
+        """Restore each hook by its class name; a saved hook this run lacks is a warning."""
         unknown = sorted(set(state) - set(self.hooks))
         if unknown:
             log.warning("the checkpoint holds the state of hooks this run does not have: %s "

@@ -1,11 +1,8 @@
 """Run one stage of the pipeline in this process: build, start, do the stage's work, export.
 
-What a stage does is its record (conf/step/<stage>.yaml, mdk/stage.py): the chip layers' mode,
-the kind of work and whether to export. Where its weights come from is the stage checkpointer's
-(mdk/stage_checkpoint.py). The work itself is a function of a ``StageContext``
-(mdk/engine/context.py): ``train`` (mdk/engine/train.py), ``calibrate``
-(mdk/engine/calibration.py), or any ``pkg.module.fn`` named by the record's ``kind``, so a new
-kind of stage needs no change here. It returns a mapping of ``StageResult`` fields.
+What a stage does is its record (mdk/stage.py); where its weights come from, the stage
+checkpointer's. The work is a function of a ``StageContext``: ``train``, ``calibrate``, or any
+``pkg.module.fn`` the record's ``kind`` names, so a new kind of stage needs no change here.
 """
 from __future__ import annotations
 
@@ -40,9 +37,9 @@ def _work(kind: str) -> Callable[[StageContext], Mapping[str, Any]]:
 
 def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
               step_offset: int = 0, group: Optional[str] = None) -> StageResult:
-    """Run ``cfg.step`` in this process: a rank of ``world`` (made by the launcher, process group
-    joined), or alone when ``world`` is None. ``step_offset``: the optimizer steps of the earlier
-    stages of a pipeline (metrics continue one global step); ``group``: the sweep's name."""
+    """Run ``cfg.step`` in this process: a rank of ``world`` (process group joined), or alone when
+    ``world`` is None. ``step_offset``: the optimizer steps of the pipeline's earlier stages
+    (metrics continue one global step); ``group``: the sweep's name."""
     t_start = time.perf_counter()
     world = alone(world, cfg.trainer.device)
     faults.set_rank(world.rank)

@@ -1,17 +1,12 @@
 """Graceful stop on request: write last.pth at the next step boundary, then leave the loop.
 
-Who asks is not this module's business (``mdk`` knows nothing about SLURM): the launcher turns a
-stop signal (SIGTERM, SIGINT, SIGUSR1, submitit's time-out signal) into ``request_stop(reason)``;
-a signal handler must not save a checkpoint itself, because it can run in the middle of an
-optimizer step. The hook checks the flag after every step, so the saved state is always a
-consistent "N steps done" state, the same kind of last.pth the periodic checkpoints write, and a
-resumed run continues bit-identically.
+The launcher turns a stop signal into ``request_stop(reason)``; a signal handler must not save
+itself, as it can run mid optimizer step. The hook checks the flag after every step, so last.pth
+is a consistent "N steps done" state and a resumed run continues bit-identically.
 
-Under DDP the ranks may see the signal at different steps (or only one rank may get it): the
-flag is MAX-all-reduced so all ranks stop after the same step. The all-reduce of step N is
-started after step N and read after step N+1, so it costs no host sync per step (on CUDA the
-host only waits for step N to finish); all ranks then stop after step N+1. At an epoch's end,
-after its evaluation and checkpoint, the ranks agree at once (one sync per epoch).
+Under DDP the ranks may see the signal at different steps (or only one may): the flag is
+MAX-all-reduced so all stop after the same step. Step N's all-reduce is read after step N+1 (no
+host sync per step); at an epoch's end, after evaluation and checkpoint, the ranks agree at once.
 """
 from __future__ import annotations
 
@@ -29,12 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class StopOnRequestHook(HookBase):
-    """Register after the CheckpointHook. ``save_last`` writes ``last.pth`` (on rank 0; every rank
-    calls it, as for the periodic checkpoint, since the RNG gather inside is a collective);
-    ``distributed``: the run's World has several ranks, which agree on when to stop."""
+    """Register after the CheckpointHook. ``save_last`` writes ``last.pth`` (every rank calls it:
+    the RNG gather inside is a collective); ``distributed``: the World has several ranks."""
 
     def __init__(self, save_last: Callable[[], None], distributed: bool = False) -> None:
-        self.save_last, self.distributed = save_last, distributed  # World.distributed
+        self.save_last, self.distributed = save_last, distributed
         self._pending: Optional[Callable[[], float]] = None  # the last step's agreement
         self._at_epoch_end = False  # agreed on the epoch's last step: stop after its checkpoint
 

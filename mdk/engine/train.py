@@ -1,10 +1,8 @@
 """The ``train`` kind of work: the training loop with its hooks, for any training stage.
 
-EMA (``trainer.ema.enabled``): the averaged weights are what is evaluated, what chooses
-best.pth and what the next stage, the tools and the export load (``model_ema`` in the
-checkpoint, beside the raw ``model`` weights that resuming continues from); its state is saved
-and resumed bit-identically. It is per stage and built after the stage's mode is applied, so a
-step4 EMA starts from the fused weights; cal has no optimizer steps and no EMA.
+With ``trainer.ema.enabled`` the averaged weights are evaluated, choose best.pth and are what the
+next stage, the tools and the export load (``model_ema`` in the checkpoint, beside the raw
+``model`` weights a resume continues from).
 """
 from __future__ import annotations
 
@@ -58,10 +56,8 @@ def _training_net(ctx: StageContext, channels_last: bool) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def _standard_layout(model: torch.nn.Module, channels_last: bool) -> Iterator[None]:
-    """Evaluate in the standard (NCHW) layout, whatever the training layout: a float sum in NHWC
-    can differ in its last bit, and best.pth's numbers must be what ``mdk.tools.evaluate`` and
-    the integer reference give for that file. The weights' values are untouched; the layout is
-    put back for training (a copy of ~16 weight tensors per evaluation)."""
+    """Evaluate in the standard (NCHW) layout: a float sum in NHWC can differ in its last bit, and
+    best.pth's numbers must be what ``mdk.tools.evaluate`` gives for that file."""
     if not channels_last:
         yield
         return
@@ -127,8 +123,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                               is_main=world.is_main, so_far=lambda: _so_far(ckpt, metrics))
     # Order matters: the guard sees a bad loss before anything reads or saves it; metrics read
     # the LR before it steps; the EMA is updated before the evaluation reads it; checkpoints
-    # see the evaluated metric; reports know whether it was a new best. The fault hook exists
-    # only when MDK_FAULT is set (kill/NaN injection for the tests).
+    # see the evaluated metric; reports know whether it was a new best.
     trainer.register_hooks([FaultHook() if faults.enabled() else None,
                             sampler_epoch_hook(sampler, ctx.train_ds), guard, metrics,
                             LRSchedulerHook(scheduler), progress,
@@ -137,8 +132,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             ReportHook(reporter, ckpt, ctx.step_offset,
                                        ctx.checkpoints.dir / BEST) if reporter else None,
                             *extra,  # trainer.hooks: after the epoch's checkpoints are written
-                            # after ckpt: a stop request (preemption signal, launchers/hydra_app/submitit_requeue.py)
-                            # writes last.pth at the next step and leaves the loop
+                            # after ckpt: a stop request writes last.pth and leaves the loop
                             StopOnRequestHook(ckpt.save_last, world.distributed)])
     # What last.pth holds, saved and resumed by walking the same names (RNG last: restored
     # right before the loop starts drawing).
@@ -174,7 +168,7 @@ def _plot_lr(ctx: StageContext, iters_per_epoch: int) -> None:
 
 
 def _so_far(ckpt: CheckpointHook, metrics: MetricsHook) -> dict[str, Any]:
-    """The stage's numbers so far, named as in StageResult (what a trainer.hooks hook reads)."""
+    """The stage's numbers so far, named as in StageResult (for trainer.hooks)."""
     return {"best_map50": ckpt.best if ckpt.best_epoch >= 0 else None,
             "final_loss": metrics.last.get("loss/total")}
 

@@ -1,39 +1,18 @@
-"""Warmup + closed-form main schedule: the base class of :mod:`mdk.sched`.
+"""Warmup + closed-form main schedule: the base class of :mod:`mdk.sched` (docs/schedulers.md).
 
-How warmup and the main schedule compose (the one rule every class here follows)
---------------------------------------------------------------------------------
-The scheduler counts optimizer steps: ``it = 0, 1, 2, ...`` (``last_epoch`` holds it; the engine
-calls ``step()`` once after every ``optimizer.step()``). The learning rate used by optimizer step
-``it`` is the closed form
+The scheduler counts optimizer steps ``it`` (``last_epoch``, stepped after each
+``optimizer.step()``); the lr is a pure function of it, so a resume needs only ``it``, exactly:
 
-    lr(it) = warmup_factor(it) * main_lr(t(it))
+    mode mdk (default): lr(it) = warmup_factor(it) * main_lr(t(it))
+    mode gti (GTI MDK): lr(it) = warmup_factor(it) * base_lr for it < W, else main_lr(t(it - W))
 
-* The main schedule's clock starts at iteration 0, *not* after warmup: warmup iterations count
-  toward ``step_size`` / ``milestones`` / ``T_max`` / ``T_0``. Warmup only multiplies
-  (as detectron2's ``WarmupParamScheduler``), so a run with and without warmup has the same
-  decay points.
-* ``t(it) = it // iters_per_epoch`` with ``interval: epoch`` (the default; the lr is constant
-  inside an epoch, exactly what the torch scheduler of that name gives when stepped once per
-  epoch) or ``t(it) = it`` with ``interval: iter`` (the main-schedule parameters then count
-  iterations).
-* ``warmup_factor(it) = 1`` for ``it >= warmup.iters``; before that it is ``start_factor``
-  (``method: constant``) or ``start_factor + (1 - start_factor) * it / warmup.iters``
-  (``method: linear``, so it reaches 1.0 exactly when warmup ends).
-
-``warmup.mode: gti`` (the GTI GNetDet MDK's ``WarmupLRScheduler``) composes the other way: the
-warmup ramps from ``start_factor * base_lr`` toward the base lr and the main schedule starts only
-after it, on a clock delayed by the warmup length ``W`` (in iterations):
-
-    lr(it) = warmup_factor(it) * base_lr        for it < W
-           = main_lr(t(it - W))                 for it >= W
-
-``warmup.epochs`` gives the warmup length in whole epochs instead of ``warmup.iters`` (then the
-factor moves once per epoch, ``(it // iters_per_epoch) / epochs``, as a scheduler stepped per epoch
-does). The GTI MDK's warmup is ``mode: gti``, ``epochs: E``, ``method: linear`` and ``start_factor
-= 1e-10 / base_lr`` (its ``min_lr`` 1e-10): epoch ``e < E`` trains at ``1e-10 + e * (base - 1e-10)
-/ E``, epoch ``E`` at the base lr, epoch ``E + k`` at ``main_lr(k)``.
-
-Because the lr is a pure function of ``it``, resuming only needs ``it`` (``state_dict``) and is exact.
+* ``t(it) = it // iters_per_epoch`` (``interval: epoch``) or ``it`` (``interval: iter``). In ``mdk``
+  mode warmup iterations count toward ``step_size`` / ``milestones`` / ``T_max`` / ``T_0`` (as
+  detectron2's ``WarmupParamScheduler``), so runs with and without warmup decay at the same points.
+* ``warmup_factor`` is 1 from ``W`` (``warmup.iters``) on; before, ``start_factor`` (``constant``)
+  or a linear ramp reaching 1.0 at ``W``. ``warmup.epochs`` gives ``W`` in epochs; the factor then
+  moves once per epoch. The GTI MDK's warmup: ``mode: gti``, ``epochs: E``, ``method: linear``,
+  ``start_factor = 1e-10 / base_lr``.
 """
 from __future__ import annotations
 
@@ -83,22 +62,15 @@ def _float(key: str, value: Any, lo: float, lo_open: bool, hi: float | None = No
 
 
 class WarmupScheduler(LRScheduler):
-    """Base class: warmup in iterations (or epochs) and a closed-form main schedule.
-
-    ``mode: mdk``: warmup multiplies the main schedule, whose clock runs from iteration 0 (warmup
-    iterations count toward it). ``mode: gti``: the main schedule starts after warmup. See the
-    module docstring for the exact formulas. Subclasses implement :meth:`_main_lr`.
+    """Warmup and a closed-form main schedule (module docstring); subclasses give :meth:`_main_lr`.
 
     Args:
-        optimizer: the wrapped optimizer; each param group's lr at construction is its base lr.
-        iters_per_epoch: optimizer steps per epoch (converts iterations to epochs).
-        warmup: mapping with keys ``iters`` (int >= 0, 0 = no warmup), ``start_factor``
-            (in (0, 1]), ``method`` (``linear`` | ``constant``), ``mode`` (``mdk``: warmup
-            multiplies the main schedule, whose clock starts at iteration 0 | ``gti``: the main
-            schedule starts after warmup) and ``epochs`` (int >= 0: warmup length in epochs
-            instead of ``iters``); ``None`` = no warmup.
-        interval: ``epoch`` (main-schedule parameters count epochs) or ``iter`` (they count
-            iterations).
+        optimizer: each param group's lr at construction is its base lr.
+        iters_per_epoch: optimizer steps per epoch.
+        warmup: keys ``iters`` (0 = no warmup), ``start_factor`` (in (0, 1]), ``method``
+            (``linear`` | ``constant``), ``mode`` (``mdk`` | ``gti``) and ``epochs`` (the length
+            in epochs instead of ``iters``); ``None`` = no warmup.
+        interval: the main-schedule parameters count ``epoch``s or ``iter``ations.
     """
 
     def __init__(
@@ -152,8 +124,7 @@ class WarmupScheduler(LRScheduler):
         return self.warmup_start_factor + (1.0 - self.warmup_start_factor) * alpha
 
     def main_clock(self, it: int) -> int:
-        """The main schedule's time at iteration ``it`` (epochs or iterations, from 0; in ``gti``
-        mode from the end of warmup, and 0 during it)."""
+        """The main schedule's time at iteration ``it`` (in ``gti`` mode from the end of warmup)."""
         if self.warmup_mode == "gti":
             it = max(0, it - self.warmup_iters)
         return it // self.iters_per_epoch if self.interval == "epoch" else it
@@ -171,8 +142,7 @@ class WarmupScheduler(LRScheduler):
         return [w * self._main_lr(float(b), t) for b in self.base_lrs]
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
-        # Closed form of the counter, never the chained "previous lr * x" recurrence: a resumed
-        # or re-created scheduler therefore gives bit-identical values.
+        # Closed form, never torch's chained recurrence: a resumed scheduler is bit-identical.
         return self.lr_at(self.last_epoch)
 
     def _get_closed_form_lr(self) -> list[float]:
@@ -192,11 +162,8 @@ class WarmupScheduler(LRScheduler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the iteration counter and re-apply the closed-form lr to the optimizer.
 
-        The *current* config wins: its schedule parameters and its base lrs (the optimizer's lr
-        when this scheduler was built); a mismatch with the checkpoint is logged (a resumed run
-        with a changed schedule or lr is allowed, the new one applying from the saved iteration
-        on, but it is then not a replay). Logged at info: the engine names the changed config keys
-        in one warning (mdk/checkpoint_meaning.py).
+        The current config's schedule and base lrs win from the saved iteration on; a mismatch is
+        logged at info only (the engine warns once, naming the keys: mdk/checkpoint_meaning.py).
         """
         saved = state_dict.get("schedule")
         if saved is not None and saved != self._schedule_params():
@@ -210,8 +177,7 @@ class WarmupScheduler(LRScheduler):
                         self.base_lrs, saved_lrs)
         self.last_epoch = int(state_dict["last_epoch"])
         self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
-        # Writing the lr here makes resume independent of whether the optimizer state is loaded
-        # before or after the scheduler state.
+        # So resume does not depend on whether the optimizer state is loaded before or after this.
         lrs = self.lr_at(self.last_epoch)
         for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
@@ -223,8 +189,7 @@ class WarmupScheduler(LRScheduler):
             "start_factor": self.warmup_start_factor,
             "method": self.warmup_method,
         }
-        # Only when not the defaults, so checkpoints written before these keys existed still
-        # compare equal on resume.
+        # Only when not the defaults: older checkpoints, without these keys, still compare equal.
         if self.warmup_mode != "mdk":
             warmup["mode"] = self.warmup_mode
         if self.warmup_epochs:

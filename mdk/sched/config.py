@@ -1,6 +1,5 @@
-"""The ``scheduler`` config group's schemas (conf/scheduler/*.yaml). Torch-free: they load before
-Hydra composes. The values are checked by the scheduler classes themselves (each names the
-``scheduler.<key>`` it refuses); ``mdk.sched.base.check_config`` runs them before any work.
+"""The ``scheduler`` config group's schemas (conf/scheduler/*.yaml); torch-free, they load before
+Hydra composes. The scheduler classes check the values (``mdk.sched.base.check_config``).
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""A learning-rate schedule as a curve and a PNG: what a run's LR does, before or while it runs.
+"""A learning-rate schedule as a curve and a PNG (``lr_<stage>.png``, ``mdk.tools.plot_lr``).
 
-The curves are obtained by really stepping the scheduler with a throw-away optimizer, so the plot
-shows exactly what a run gets (any LRScheduler factory works, not only :mod:`mdk.sched`). The
-engine saves one run's curve (``lr_<stage>.png``); ``python -m mdk.tools.plot_lr`` draws a planned
-sweep's curves.
+The curve steps the real scheduler on a throw-away optimizer, so it is exactly what a run gets
+(any LRScheduler factory works).
 """
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ def lr_curve(source: SchedulerSource, iters_per_epoch: int, epochs: int,
              base_lr: float = 1.0) -> list[float]:
     """LR of param group 0 used by each optimizer step ``0 .. epochs*iters_per_epoch - 1``."""
     param = torch.nn.Parameter(torch.zeros(1))
-    # grad stays None, so optimizer.step() changes nothing, yet it keeps torch's
-    # "scheduler.step() before optimizer.step()" check satisfied.
+    # grad stays None: optimizer.step() changes nothing but satisfies torch's step-order check.
     opt = torch.optim.SGD([param], lr=base_lr)
     sched = build_scheduler(source, opt, iters_per_epoch)
     lrs = []
@@ -88,7 +85,7 @@ def plot_lr_curves(curves: Mapping[str, Sequence[float]], iters_per_epoch: int,
 
 def plot_lr_curve(scheduler_factory_or_cfg: SchedulerSource, iters_per_epoch: int, epochs: int,
                   path: str | Path, base_lr: float = 1.0, label: str = "lr") -> Figure:
-    """Save the PNG of one run's LR schedule (what the engine calls once per run)."""
+    """Save the PNG of one run's LR schedule."""
     lrs = lr_curve(scheduler_factory_or_cfg, iters_per_epoch, epochs, base_lr)
     target = (scheduler_factory_or_cfg.get("_target_", "")
               if isinstance(scheduler_factory_or_cfg, Mapping) else "")

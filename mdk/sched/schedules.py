@@ -1,7 +1,5 @@
-"""The four main schedules (torch's names), each with warmup; the composition rule is in
-:mod:`mdk.sched.base`: the main clock runs from iteration 0 and warmup multiplies it
-(``warmup.mode: mdk``), or the main clock starts after warmup (``warmup.mode: gti``). The class
-docstrings below describe the default mode."""
+"""The four main schedules (torch's names), each with warmup (the rule: :mod:`mdk.sched.base`).
+``t`` is the main clock; in the default mode it runs from iteration 0 (warmup counts toward it)."""
 from __future__ import annotations
 
 import bisect
@@ -15,11 +13,7 @@ from mdk.sched.base import WarmupScheduler, _fail, _float, _int
 
 
 class WarmupStepLR(WarmupScheduler):
-    """StepLR with warmup: ``main_lr(t) = base_lr * gamma ** (t // step_size)``.
-
-    ``t`` is the main clock (epochs by default, iterations with ``interval='iter'``), running from
-    iteration 0: warmup iterations count toward ``step_size``. Warmup multiplies the result.
-    """
+    """StepLR with warmup: ``main_lr(t) = base_lr * gamma ** (t // step_size)``."""
 
     def __init__(
         self,
@@ -42,10 +36,7 @@ class WarmupStepLR(WarmupScheduler):
 
 
 class WarmupMultiStepLR(WarmupScheduler):
-    """MultiStepLR with warmup: ``main_lr(t) = base_lr * gamma ** #{m in milestones : m <= t}``.
-
-    Milestones are on the main clock, which runs from iteration 0 (warmup counts toward them).
-    """
+    """MultiStepLR with warmup: ``main_lr(t) = base_lr * gamma ** #{m in milestones : m <= t}``."""
 
     def __init__(
         self,
@@ -76,9 +67,7 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
     """CosineAnnealingLR with warmup:
     ``main_lr(t) = eta_min + (base_lr - eta_min) * (1 + cos(pi * min(t, T_max) / T_max)) / 2``.
 
-    The clock runs from iteration 0 (warmup counts toward ``T_max``). Unlike torch's scheduler,
-    the lr stays at ``eta_min`` after ``T_max`` instead of rising again (torch's cosine is periodic).
-    ``eta_min`` is an absolute lr, as in torch.
+    Unlike torch's (periodic) one, the lr stays at ``eta_min`` (an absolute lr) after ``T_max``.
     """
 
     def __init__(
@@ -104,10 +93,7 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
 
 class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
     """CosineAnnealingWarmRestarts with warmup (SGDR): cycle ``i`` lasts ``T_0 * T_mult**i``;
-    inside a cycle ``main_lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``.
-
-    The clock runs from iteration 0 (warmup counts toward the first cycle ``T_0``).
-    """
+    inside a cycle ``main_lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``."""
 
     def __init__(
         self,

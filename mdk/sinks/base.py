@@ -1,9 +1,7 @@
 """The sink interface, its null object and the fan-out to several sinks.
 
-A sink that cannot write (its disk full, read-only or not ours: an OSError from any of its
-methods) warns once, naming the sink and why, and writes nothing more; the run goes on. Every
-subclass of :class:`NullSink` gets this for the methods it defines (``__init_subclass__``), so a
-new sink needs no code for it.
+A sink whose method raises OSError (a full, read-only or foreign disk) warns once and writes
+nothing more; the run goes on. Every :class:`NullSink` subclass gets this (``__init_subclass__``).
 """
 from __future__ import annotations
 
@@ -44,7 +42,7 @@ def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
 
 class NullSink:
     """Logs nothing. Every sink has these methods; ``step`` is the pipeline's global step (it
-    continues across the stages of one pipeline, so stages never overlap on the x axis)."""
+    continues across stages, so they never overlap on the x axis)."""
 
     broken = False  # set when a write failed: the sink said so once and is silent from then on
     guard_writes: ClassVar[bool] = True  # the fan-out leaves that to each of its sinks

@@ -1,10 +1,8 @@
 """Build the metric sinks of ``conf/logger/*.yaml``. Off (or not rank 0) means a null object, so
 the engine never asks "is logging on?".
 
-The logger group's keys are described and checked in mdk/sinks/config.py. A new sink is a YAML
-file in ``conf/logger/`` plus a class whose constructor takes the keyword arguments ``run_dir,
-stage, group, resume_step, config`` (see :func:`build_sinks`) and its YAML options, with the
-methods of :class:`NullSink`.
+A new sink is a YAML file in ``conf/logger/`` plus a :class:`NullSink` subclass whose constructor
+takes ``run_dir, stage, group, resume_step, config`` (see :func:`build_sinks`) and its YAML options.
 """
 from __future__ import annotations
 
@@ -25,19 +23,16 @@ def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any],
                 resume_step: Optional[int] = None) -> NullSink:
     """The sinks of ``logger_cfg.sinks`` for one stage, or a :class:`NullSink`.
 
-    - ``run_dir``: the job's output folder (Hydra's run/job dir); sinks write under it.
+    - ``run_dir``: the job's output folder; sinks write under it.
     - ``config``: the resolved run config as a plain dict (recorded by wandb).
-    - ``is_main``: False on ranks other than 0, which then get a NullSink (no files, no runs).
-    - ``stage``: the stage logging (``step1`` ... ``step4``, ``cal``); TensorBoard writes
-      ``<run_dir>/tensorboard/<stage>``, wandb makes one run per stage (``job_type``). Default:
+    - ``is_main``: False on ranks other than 0, which then get a NullSink.
+    - ``stage``: the stage logging; TensorBoard and wandb keep one run per stage. Default:
       ``config["step"]["name"]``.
-    - ``group``: the sweep this job belongs to (e.g. the sweep dir name), None for a single run.
+    - ``group``: the sweep this job belongs to, None for a single run.
     - ``resume_step``: the global step of the checkpoint this stage resumes from, None when it
-      starts fresh. TensorBoard discards this stage's events after it (they are redone).
+      starts fresh; TensorBoard discards this stage's events after it (they are redone).
 
-    Each sink is constructed as ``cls(run_dir=, stage=, group=, resume_step=, config=,
-    **options)`` with the options of its YAML node. Errors in a node raise ``ConfigError``
-    naming ``logger.sinks.<name>``.
+    A node's error raises ``ConfigError`` naming ``logger.sinks.<name>``.
     """
     if not is_main:
         return NullSink()

@@ -1,5 +1,5 @@
 """The ``logger`` config group: its schema and checks (conf/logger/*.yaml). Torch-free: the schema
-loads before Hydra composes; the check imports each named sink class only when it runs.
+loads before Hydra composes.
 
 A logger config holds ``log_every`` and a map ``sinks: {name: {_target_: class, options...}}``;
 ``logger=none`` has an empty map, ``logger=[tensorboard,wandb]`` merges both maps, and

@@ -1,14 +1,10 @@
 """TensorBoard: one event folder per stage, ``<run_dir>/tensorboard/<stage>``.
 
-One folder per stage makes each stage a TensorBoard "run": ``tensorboard --logdir <run_dir>``
-(or the sweep dir) shows ``step1``, ``step2``, ... as separately coloured curves of the same tags
-(``loss/total``, ``val/...``), one after the other on the pipeline's continuing global step, and
-each can be hidden on its own. (A tag prefix in one folder would put each stage in its own chart
-section instead, and a purge on one stage's resume would drop the steps of any stage above it.)
+A folder per stage makes each stage a TensorBoard "run": the stages are separately coloured
+curves of the same tags, one after the other (a tag prefix in one folder would split the charts,
+and a purge on one stage's resume would drop the later stages' steps).
 
-Resume: the writer is opened with ``purge_step = resume_step + 1``, so TensorBoard discards the
-events of this stage's folder that were logged after the checkpoint the run resumes from (they
-are redone); without it the redone steps are drawn twice.
+Resume opens the writer with ``purge_step = resume_step + 1``, so redone steps are not drawn twice.
 """
 from __future__ import annotations
 
@@ -25,9 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def _quiet_writer_thread() -> None:
-    """TensorBoard writes in a thread; an OSError there (a full disk) would print the thread's
-    traceback, then come back from the next call in this thread, where the sink warns once
-    (mdk/sinks/base.py). Only that thread's OSErrors are kept quiet; the rest as before."""
+    """Silence OSErrors in TensorBoard's writer thread: they come back from the sink's next call,
+    which warns once (mdk/sinks/base.py), instead of a thread traceback."""
     prev = threading.excepthook
     if getattr(prev, "mdk_tensorboard", False):
         return

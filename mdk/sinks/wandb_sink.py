@@ -1,15 +1,12 @@
 """Weights & Biases: one wandb run per stage of a job, its id kept in the job's folder.
 
-- The id of each stage's run is stored in ``<run_dir>/wandb_ids.json`` (``{stage: id}``) when the
-  run is first made. A resumed or requeued job has the same run dir, finds the id and calls
-  ``wandb.init(id=..., resume="allow")``: the same wandb run continues.
-- ``group`` = the sweep (all jobs of a sweep side by side), ``job_type`` = the stage, ``name`` =
-  ``<job dir name>-<stage>`` unless set. Steps are the pipeline's global step.
-- Without ``WANDB_API_KEY`` (and no ``WANDB_MODE``) it runs offline and never touches the
-  network; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later. Offline runs of a
-  requeued job are separate folders that carry the same id, so syncing them fills one run.
-- Unlike TensorBoard, wandb cannot forget steps: after a resume, the redone steps at or below
-  the run's last logged step are dropped by wandb (with its warning) and keep their first values.
+- Each stage's run id is kept in ``<run_dir>/wandb_ids.json``, so a resumed or requeued job (same
+  run dir) continues the same wandb run.
+- ``group`` = the sweep, ``job_type`` = the stage, ``name`` = ``<job dir name>-<stage>`` unless set.
+- Without ``WANDB_API_KEY`` (and no ``WANDB_MODE``) it runs offline, never touching the network;
+  ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later, all of a job's folders into one run.
+- Unlike TensorBoard, wandb cannot forget steps: after a resume, redone steps up to its last
+  logged step are dropped by wandb (with its warning) and keep their first values.
 """
 from __future__ import annotations
 
