@@ -44,6 +44,9 @@ for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.d
 logging.getLogger("torchelastic-events-null").setLevel(logging.CRITICAL)
 
 STOP_WAIT_S = 120  # after a stop signal: time for the ranks to save last.pth and end
+# mdk's handlers own the stop signals (stop_signals.py; SIGHUP ends the ranks too) and the ranks
+# get STOP_WAIT_S to save. A torch without these knobs handles the signals itself, 30 s grace.
+KNOBS = {"signals_to_handle": "SIGHUP", "shutdown_timeout": STOP_WAIT_S}
 SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
 
 
@@ -74,9 +77,8 @@ def _launch_config(cfg: DictConfig, run_dir: Path) -> LaunchConfig:
         min_nodes=nodes, max_nodes=nodes, nproc_per_node=int(cfg.dist.gpus),
         run_id=f"mdk-{cfg.step.name}", max_restarts=0,
         rdzv_configs={"rank": int(cfg.dist.rank), "timeout": timeout}, **rdzv,
-        # mdk's handlers own the stop signals (stop_signals.py); SIGHUP ends the ranks too
-        signals_to_handle="SIGHUP", shutdown_timeout=STOP_WAIT_S, monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / ".ranks")))
+        monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / ".ranks")),
+        **{k: v for k, v in KNOBS.items() if k in LaunchConfig.__dataclass_fields__})
 
 
 def _rendezvous_error(cfg: DictConfig, e: BaseException) -> RendezvousError:
