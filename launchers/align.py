@@ -58,7 +58,7 @@ log = logging.getLogger("launchers.align")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """The real conf/ plus ``overrides``, resolved into a plain config (no Hydra run needed)."""
+    """The real conf/ plus ``overrides``, validated and resolved."""
     cfg = compose(overrides)
     validate(cfg)
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -68,13 +68,9 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
                   dtype: str = "float32", out: Optional[Path] = None,
                   noise_floor: float = 0.0, exact_chunk: Optional[int] = None) -> dict[Any, list]:
     """Train world 1 and every W in ``worlds`` from the same weights; {W: [TensorDiff, ...]}.
-
-    ``exact_chunk``: world-size-invariant gradients (dist.exact_chunk); None: DDP's all-reduce.
-
-    ``noise_floor > 0`` adds the key ``"floor"``: world 1 once more, from the initial weights
-    times (1 + noise_floor * N(0, 1)), against world 1. That is how far this configuration's
-    training carries a rounding-sized change without any DDP involved: no split can be expected
-    to end closer than that."""
+    ``exact_chunk``: world-size-invariant gradients; None: DDP's all-reduce. ``noise_floor > 0``
+    adds ``"floor"``: world 1 from weights times (1 + noise_floor * N(0, 1)), how far training
+    carries a rounding-sized change (no split can end closer)."""
     for w in worlds:
         if batch_size % w:
             raise SystemExit(f"align: --batch-size {batch_size} does not divide by world {w}")

@@ -22,8 +22,8 @@ NEEDED = ("torch", "torchvision", "hydra", "omegaconf", "submitit", "tqdm", "tor
 # pair fails at import ('operator torchvision::nms does not exist').
 TORCH_PINS = {"x86_64": ("torch==2.14.1", "torchvision==0.29.1"),
               "aarch64": ("torch==2.9.1", "torchvision==0.24.1")}
-# Packages an earlier mdk installed and no longer uses: removed when the venv is refreshed
-# (hydra-optuna-sweeper pinned optuna < 3; its Hydra plugin would stay on the plugin path).
+# Packages an earlier mdk installed, removed on refresh (a leftover Hydra plugin stays on the
+# plugin path).
 REMOVED = ("hydra-optuna-sweeper",)
 
 
@@ -49,7 +49,7 @@ def _run(cmd: list[str]) -> None:
 
 
 def install() -> None:
-    """Create/refresh the venv (about 2 minutes the first time)."""
+    """Create or refresh the venv."""
     stamp_file = VENV / ".mdk-stamp"
     if stamp_file.is_file() and stamp_file.read_text() == _stamp():
         return

@@ -1,13 +1,9 @@
-"""Checkpoint files: atomic writes, loads that fail with a clear message, and resume fallback.
+"""Checkpoint files: atomic writes (temp file, fsync, rename: a kill or full disk leaves the old
+file or the new, never half of one) and loads that name the path and the defect. Which files a
+stage has is mdk/stage_checkpoint.py's.
 
-A checkpoint is serialised in memory, written to a temp file in the same directory, fsynced and
-renamed over the old one, so a kill or a full disk at any moment leaves either the previous
-complete file or the new one, never a half-written file. Loading tells a truncated file from a
-foreign one and names the path. Which files a stage has and resumes from is
-mdk/stage_checkpoint.py's.
-
-Checkpoints are trusted local files written by this code (``weights_only=False``: they hold RNG
-states and the config); do not load files from untrusted sources.
+Checkpoints are trusted local files (``weights_only=False``: they hold RNG states and the config);
+do not load files from untrusted sources.
 """
 from __future__ import annotations
 
@@ -43,7 +39,7 @@ def _umask() -> int:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """Write ``obj`` to ``path`` via temp file + fsync + rename; CheckpointError on any OS error."""
+    """Write ``obj`` to ``path`` atomically; CheckpointError on any OS error."""
     path = Path(path)
     buf = io.BytesIO()
     torch.save(obj, buf)  # serialise first: an OS error below is then always an OSError
@@ -78,7 +74,6 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
-    """Names of floating-point tensors holding NaN or Inf."""
     return [k for k, v in state.items()
             if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
@@ -110,7 +105,7 @@ def _diagnose(path: Path, exc: Exception) -> str:
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
                     advice: str = "move it away (or restore it) and run again") -> dict[str, Any]:
-    """Load a checkpoint written by mdk; raise CheckpointError naming the file and the defect."""
+    """Load an mdk checkpoint; CheckpointError names the file and the defect."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -132,7 +127,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
 
 
 def remove_stale_temps(stage_dir: Path) -> list[Path]:
-    """Delete temp files left by a write that was killed before its rename (never a real file)."""
+    """Delete temp files of writes killed before their rename."""
     stale = sorted(Path(stage_dir).glob(".*.pth.*.tmp"))
     for p in stale:
         log.warning("removing %s: a checkpoint write was interrupted there; the previous file is "

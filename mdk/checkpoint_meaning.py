@@ -1,28 +1,18 @@
 """What a stage checkpoint means and what it was trained with, compared with a later run's config.
 
-Every stage checkpoint stores two flat ``{config key: value}`` records (mdk/stage_checkpoint.py
-``contents``):
-
-* ``meaning``: the facts its weights are only valid under: the class names in their order (the
-  head's class channels), the input size and the model's structure (``model.net``; its mask
-  widths only once the weights are quantized: float weights take any, so a bit plan made after
-  step1 can start step2), the stage that wrote it (``step.name``) and the mode its chip layers
-  trained in (``step.quant``), and the chip when its weights or activations are quantized;
-* ``hparams``: what it was trained with: ``optim``, ``scheduler``, ``loss``, ``seed``, the
-  trainer's length, batch, batch limit and clipping, EMA, augmentation, frozen layers, a
-  calibration's parameters.
+Every stage checkpoint stores two flat ``{config key: value}`` records: ``meaning``, the facts
+its weights are only valid under (``MEANING_KEYS``, and the chip once quantized), and
+``hparams``, what it was trained with (``HPARAM_KEYS``).
 
 The rules (docs/pipeline.md, "Where a stage's weights come from"):
 
-* a run that resumes a stage, or starts from its input stage's best.pth, with another meaning is
-  refused, naming the first key that differs and both values;
-* a resumed stage with changed hyper-parameters goes on with the new values from the resume point
-  (the engine logs each change: ``log_changes``); an optimizer or loss of another class starts
-  with fresh state there (``unfit_parts``);
-* a stage whose checkpoint has nothing left to do in this run (trained to the end of
-  ``trainer.epochs``, or a one-pass stage done) is refused when a hyper-parameter changed, instead
-  of reporting the old result as this run's;
-* a checkpoint written before these records existed is not compared (the engine logs that).
+* resuming a stage, or starting from its input's best.pth, under another meaning is refused,
+  naming the first key that differs;
+* a resumed stage with changed hyper-parameters goes on with the new values; an optimizer or loss
+  of another class starts with fresh state (``unfit_parts``);
+* a stage with nothing left to do is refused when a hyper-parameter changed, instead of reporting
+  the old result as this run's;
+* a checkpoint from before these records is not compared.
 """
 from __future__ import annotations
 
@@ -42,7 +32,7 @@ MEANING_KEYS = ("dataset.class_names", "model.image_size", "model.net", "step.na
 HPARAM_KEYS = ("optim", "scheduler", "loss", "seed", "trainer.epochs", "trainer.batch_size",
                "trainer.limit_train_batches", "trainer.grad_clip", "trainer.ema", "dataset.augment",
                "model.freeze", "step.calibration")
-MASK_BITS = "model.net.mask_bits"  # not a meaning of float weights (older files recorded it)
+MASK_BITS = "model.net.mask_bits"  # not a meaning of float weights
 _OWN_STAGE = ("step.",)  # meaning keys that describe the stage itself, not its input's
 _SKIP = ("_partial_",)   # how a node is instantiated, not what it is
 _WHY = {"dataset.class_names": "its class channels would mean other classes",
@@ -51,7 +41,7 @@ _WHY = {"dataset.class_names": "its class channels would mean other classes",
         "step.quant": "it was trained with its chip layers in the other mode",
         "step.name": "it was written by another stage"}
 
-# A run-state part and the key naming its class: another class cannot take the saved state.
+# A run-state part and the key naming its class: another class cannot take its saved state.
 _PART_CLASS = {"optimizer": "optim._target_", "loss": "loss._target_"}
 
 Change = tuple[str, Any, Any]  # (key, the checkpoint's value, this run's value)
@@ -62,7 +52,7 @@ def _plain(v: Any) -> Any:
 
 
 def _flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
-    """``{dotted key: plain value}`` for ``keys``, a mapping node spread into its leaves."""
+    """``{dotted key: plain value}`` of ``keys``' leaves."""
     out: dict[str, Any] = {}
 
     def put(key: str, v: Any) -> None:
@@ -81,7 +71,6 @@ def _flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def meaning_of(cfg: DictConfig, spec: StageSpec) -> dict[str, Any]:
-    """The meaning of a checkpoint written by stage ``spec`` under ``cfg``."""
     out = _flat(cfg, MEANING_KEYS)
     if spec.quant.weights or spec.quant.activations:
         out["chip"] = str(cfg.chip)  # the chip's bit widths are in the weights
@@ -95,7 +84,6 @@ def _float_weights(meaning: Mapping[str, Any]) -> bool:
 
 
 def hparams_of(cfg: DictConfig) -> dict[str, Any]:
-    """The hyper-parameters a checkpoint written under ``cfg`` was trained with."""
     return _flat(cfg, HPARAM_KEYS)
 
 
@@ -110,7 +98,7 @@ def _show(v: Any) -> str:
 
 def meaning_difference(ck: Mapping[str, Any], cfg: DictConfig, own: bool) -> Optional[Change]:
     """The first meaning key whose value in ``cfg`` differs from the checkpoint's, or None.
-    ``own``: the stage's own checkpoint (its stage keys count too), else an input stage's."""
+    ``own``: the stage's own checkpoint (its ``step.*`` keys count too), else an input stage's."""
     meaning = ck.get("meaning") or {}
     for key, then in meaning.items():
         if not own and key.startswith(_OWN_STAGE) or key == MASK_BITS and _float_weights(meaning):
@@ -122,8 +110,7 @@ def meaning_difference(ck: Mapping[str, Any], cfg: DictConfig, own: bool) -> Opt
 
 
 def resume_changes(ck: Mapping[str, Any], cfg: DictConfig) -> Optional[list[Change]]:
-    """The hyper-parameters ``cfg`` changes against the checkpoint's (empty: none); None for a
-    checkpoint written before they were recorded."""
+    """The hyper-parameters ``cfg`` changes against the checkpoint's; None when it records none."""
     saved = ck.get("hparams")
     if saved is None:
         return None
@@ -133,8 +120,8 @@ def resume_changes(ck: Mapping[str, Any], cfg: DictConfig) -> Optional[list[Chan
 
 
 def nothing_left(ck: Mapping[str, Any], cfg: DictConfig, spec: StageSpec) -> bool:
-    """The checkpoint has done all this run would do: one-pass work finished, or training at the
-    end of ``trainer.epochs`` (its last epoch done, or an epoch past the end)."""
+    """The checkpoint has done all this run would do (one-pass work finished, or training at the
+    end of ``trainer.epochs``)."""
     if not spec.trains:
         return bool(ck.get("finished"))
     t = ck.get("trainer") or {}
@@ -153,9 +140,8 @@ def _differs(key: str, then: Any, now: Any) -> str:
 
 def check_resume(ck: Mapping[str, Any], path: Path, cfg: DictConfig,
                  spec: StageSpec) -> Optional[list[Change]]:
-    """Refuse to resume ``spec`` from its own checkpoint ``ck`` (at ``path``) under another
-    meaning, or when nothing is left to do and a hyper-parameter changed; else the changes that
-    apply from the resume point (None: the checkpoint records none)."""
+    """Refuse to resume ``spec`` from its own checkpoint under another meaning, or when nothing is
+    left to do and a hyper-parameter changed; else ``resume_changes``."""
     where = (f"use the checkpoint's value, give this run another paths.checkpoints, or "
              f"trainer.resume=false to start {spec.name} over (its checkpoints are then replaced)")
     diff = meaning_difference(ck, cfg, own=True)
@@ -186,14 +172,13 @@ def check_input(ck: Mapping[str, Any], path: Path, cfg: DictConfig, spec: StageS
 
 def unfit_parts(ck: Mapping[str, Any], cfg: DictConfig) -> list[str]:
     """The run-state parts whose class this run changes (``optim=sgd`` on an AdamW checkpoint):
-    their saved state does not fit the new class, so they start fresh at the resume point."""
+    their saved state does not fit, so they start fresh."""
     saved = ck.get("hparams") or {}
     return [part for part, key in _PART_CLASS.items()
             if key in saved and saved[key] != _now(cfg, key)]
 
 
 def log_changes(stage: str, path: Path, iteration: int, changes: Optional[list[Change]]) -> None:
-    """Say what a resumed stage goes on with (``check_resume``'s result)."""
     if changes is None:
         log.info("%s was written before checkpoints recorded what they mean and were trained "
                  "with: this run's config is not compared with it", path)

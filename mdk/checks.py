@@ -1,7 +1,6 @@
-"""The value checks every config group's owner uses: an integer >= n, a number > 0, one word of a
-list, a map of ``_target_`` nodes. Each raises a ConfigError whose message names the key and says
-what to write. And ``build``, the one way a ``_target_`` node becomes an object. A leaf: no torch,
-nothing of mdk but the errors.
+"""The value checks every config group's owner uses, each raising a ConfigError that names the key
+and says what to write; and ``build``, the one way a ``_target_`` node becomes an object. A leaf:
+no torch, nothing of mdk but the errors.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ def get(cfg: DictConfig, key: str) -> Any:
 
 
 def check_min(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
-    """An integer >= minimum (also type-checked here: the checks run on plain configs too)."""
+    """An integer >= minimum (type-checked too: the checks also run on plain configs)."""
     v = get(cfg, key)
     if v is None and optional:
         return
@@ -50,14 +49,11 @@ def check_one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
 def build(node: Any, key: str, *args: Any, error: type[Exception] = ConfigError,
           hint: str = "give a class path as package.module.Class", check: bool = False,
           **kwargs: Any) -> Any:
-    """What the ``_target_`` node at ``key`` builds: Hydra's ``instantiate`` of its target with the
-    node's other keys (nested nodes built first; from a plain dict, its values as they are) and the
-    runtime ``args``/``kwargs``. ``node`` may also be a dotted name alone (``step.kind``). ``check``:
-    nothing built, the target returned once it imports (and, given runtime arguments, once they
-    bind to its signature with the node's keys): a check before any work. One ``error`` line
-    naming ``key``: a target that does not import (``hint``: what to write), arguments it does
-    not take; a ValueError it raises (a bad value) is one ConfigError line; its own user errors,
-    and bugs, reach the caller as raised."""
+    """What the ``_target_`` node at ``key`` builds with the runtime ``args``/``kwargs``; ``node``
+    may also be a dotted name alone. ``check``: nothing built, the target returned once it imports
+    (and the arguments bind to its signature). A target that does not import (``hint``: what to
+    write) or arguments it does not take are one ``error`` line naming ``key``; a ValueError it
+    raises is one ConfigError line; its own user errors and bugs propagate."""
     where, node = (key, {"_target_": node}) if isinstance(node, str) else (f"{key}._target_", node)
     target = node.get("_target_")
     module, _, attr = str(target).rpartition(".")
@@ -89,10 +85,9 @@ def build(node: Any, key: str, *args: Any, error: type[Exception] = ConfigError,
 
 def target_nodes(nodes: Any, key: str, what: str, example: str, map_hint: str = ""
                  ) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """(``<key>.<name>``, the node as plain values, ``build``'s hint) of every node of the map at
-    ``key`` that is on (a null node is off): the sinks of ``logger.sinks``, the hooks of
-    ``trainer.hooks``. ``what`` names a node's class in messages ("sink"), ``example`` is a class
-    path to show."""
+    """(``<key>.<name>``, the node as plain values, ``build``'s hint) of every non-null node of the
+    map at ``key`` (e.g. ``logger.sinks``). ``what`` names a node's class in messages ("sink"),
+    ``example`` is a class path to show."""
     if nodes is None:
         nodes = {}
     if not hasattr(nodes, "items"):

@@ -1,9 +1,7 @@
 """The one owner of config composition: the real ``conf/`` composed with Hydra.
 
-Used by the run (for each stage of a pipeline), the tools, the tests and the benchmarks. Inside a
-running Hydra app (``python run.py``, a sweep job, a submitit job) it composes with that app's
-config search path (so ``hydra.searchpath`` additions, e.g. a test's extra stage, are seen);
-anywhere else it composes ``conf/`` of this repository.
+Inside a running Hydra app (a run, a sweep or submitit job) it uses that app's search path, so
+``hydra.searchpath`` additions are seen; elsewhere it composes this repository's ``conf/``.
 """
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ CONFIG_NAME = "config"
 
 
 def _app() -> tuple[list[str], Optional[str]]:
-    """``hydra.searchpath`` and the primary config name of the running Hydra app (([], None)
-    outside one)."""
+    """The running Hydra app's search path and primary config name ([], None outside one)."""
     if HydraConfig.initialized():
         hc = HydraConfig.get()
         return [str(p) for p in hc.searchpath], hc.job.config_name
@@ -44,14 +41,12 @@ def _app() -> tuple[list[str], Optional[str]]:
 
 
 def app_searchpath() -> list[str]:
-    """The running Hydra app's ``hydra.searchpath`` ([] outside one)."""
     return _app()[0]
 
 
 @contextmanager
 def _hydra_context(config_dir: Optional[Path] = None) -> Iterator[None]:
-    """Hydra's global state for the compose API: the running app's, or ``config_dir``
-    (default: ``conf/`` of this repo)."""
+    """Hydra's global state for the compose API: the running app's, or ``config_dir``."""
     register_resolvers()
     register_schemas()
     other = config_dir is not None and Path(config_dir).resolve() != CONF_DIR
@@ -69,10 +64,9 @@ _APP_DEFAULT = object()
 
 def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
             config_dir: Optional[Path] = None, hydra_config: bool = False) -> DictConfig:
-    """``conf/`` (or ``config_dir``) composed with ``overrides`` (Hydra override syntax);
-    Hydra's own errors (an unknown key or option, a wrong type) become ConfigError with one
-    line naming the key. ``config_name=None`` composes groups without a primary config;
-    ``hydra_config=True`` keeps the ``hydra`` node (a tool's run dir: ``hydra.run.dir``)."""
+    """``conf/`` (or ``config_dir``) composed with ``overrides``; Hydra's errors become a one-line
+    ConfigError naming the key. ``config_name=None`` composes groups without a primary config;
+    ``hydra_config=True`` keeps the ``hydra`` node."""
     over = list(overrides)
     sp, app_config = _app()
     if config_name is _APP_DEFAULT:
@@ -92,8 +86,7 @@ def group_options(group: str) -> list[str]:
     with _hydra_context():
         loader = GlobalHydra.instance().config_loader()
         if searchpath:
-            # The app's loader lists conf/ only: hydra.searchpath additions (a stage declared in
-            # another folder) are applied per composition. List them with a loader that has them.
+            # The app's loader lists conf/ only (searchpath additions apply per composition).
             path = create_config_search_path(str(CONF_DIR))
             for entry in searchpath:
                 path.append("searchpath", entry)
@@ -105,8 +98,7 @@ _TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a 
 
 
 def _explain_cause(cause: BaseException) -> str:
-    """One line for an OmegaConf error: a wrong type in the words validate uses, an unknown key
-    in the same words for typed (schema) and untyped groups."""
+    """One line for an OmegaConf error, in the words validate uses, typed group or not."""
     full_key = getattr(cause, "full_key", None)
     first = str(cause).strip().splitlines()[0].strip() if str(cause).strip() else ""
     if full_key and "could not be converted to" in first:
@@ -127,8 +119,7 @@ _UNQUOTED = "ASCII letters, digits, spaces and _-+./:@$%*?|"
 
 
 def _bad_position(e: OverrideParseException) -> Optional[int]:
-    """Where in the override Hydra's parser stopped: the caret under a lexer error, or the token
-    of a parser error (None when the message says neither)."""
+    """Where in the override Hydra's parser stopped (None when its message does not say)."""
     text, lines = e.override, (e.message or "").splitlines()
     if len(lines) > 1 and lines[0].endswith(text) and lines[1].strip() == "^":
         i = lines[1].index("^") - (len(lines[0]) - len(text))
@@ -149,9 +140,7 @@ def _quoted(key: str, value: str) -> str:
 
 
 def grammar_error(e: OverrideParseException) -> str:
-    """One line for an override Hydra's grammar cannot parse: the override, the character it
-    stopped at, and how to write it (Hydra's own message is the parser's, e.g.
-    ``LexerNoViableAltException: paths.checkpoints=/data/ck ü``)."""
+    """One line for an override Hydra cannot parse: where it stopped, and how to write it."""
     text = e.override
     where = _bad_position(e)
     at = f" (at {text[where]!r})" if where is not None else ""
@@ -170,8 +159,7 @@ def grammar_error(e: OverrideParseException) -> str:
 
 
 def one_line(e: BaseException) -> str:
-    """Hydra/OmegaConf messages run over several lines (the cause, full_key, object_type, a
-    hint); keep what names the key, the value and what to do, on one line."""
+    """A multi-line Hydra/OmegaConf message as one line: the key, the value, what to do."""
     if isinstance(e, OverrideParseException) and e.override:
         return grammar_error(e)
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
@@ -197,7 +185,7 @@ def one_line(e: BaseException) -> str:
 
 
 def node(overrides: Sequence[str], key: str) -> Optional[DictConfig]:
-    """One node of a composition, unresolved (interpolations stay for the target config)."""
+    """One node of a composition, unresolved."""
     cfg = compose(overrides)
     sub = OmegaConf.select(cfg, key)
     return None if sub is None else OmegaConf.create(OmegaConf.to_container(sub, resolve=False))

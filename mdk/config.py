@@ -1,12 +1,8 @@
-"""Every config check, once per run, before any rank or worker starts: one clear error naming
-the bad key. This module only dispatches: each config group's owner checks its own keys and owns
-its word lists, beside its typed schema (mdk/schema.py lists the schemas).
+"""Every config check, once per run, before any rank or worker starts: one error naming the bad
+key. This module only dispatches; each config group's owner checks its own keys.
 
-Hydra rejects unknown keys (struct mode), unknown group choices and, through the typed schemas,
-values of the wrong type, at compose time. The checks below add ranges and the checks that look
-at several keys at once. The composed config is never mutated: derived values are returned, not
-written back. Checks of the machine and the files (CUDA present, a checkpoint folder that can be
-written, dataset files, input checkpoints) are mdk/preflight.py's.
+Hydra already rejects unknown keys and wrong types at compose time; these add ranges and checks
+across keys. The config is never mutated. Checks of the machine and files are mdk/preflight.py's.
 """
 from __future__ import annotations
 
@@ -28,26 +24,22 @@ from mdk.stage_config import running_stages
 
 
 def check_schedulers(cfg: DictConfig) -> None:
-    """The ``scheduler`` node as each training stage of the command will build it (a stage's
-    own ``epochs`` reaches e.g. the cosine ``T_max``)."""
+    """The ``scheduler`` node as each training stage builds it (its ``epochs`` reach T_max)."""
     for s in running_stages(cfg):
         scfg = stage_config(cfg, s)
         if StageSpec.from_node(scfg.step).trains:
             check_scheduler_node(scfg.scheduler)
 
 
-# Owner by owner (after trainer and dist, which need the world size): what runs, on which chip,
-# with which data and model, how it is measured and logged, the loss and the LR schedule.
+# Run after trainer and dist, which take the world size.
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
     check_pipeline, check_chip, check_dataset, check_model, check_eval, check_logger, check_loss,
     check_schedulers)
 
 
 def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
-    """Raise a user error naming the first bad key; returns nothing on a good config.
-
-    ``world_size``: the real number of processes when something else started them (torchrun,
-    SLURM); by default ``dist.gpus * dist.nodes``."""
+    """Raise a user error naming the first bad key. ``world_size``: the real number of processes
+    when something else started them (torchrun, SLURM); default ``dist.gpus * dist.nodes``."""
     try:
         check_trainer(cfg)
         check_optim(cfg)

@@ -1,10 +1,7 @@
-"""The one module that owns distributed state.
+"""The collectives between ranks (who a process is, is its ``mdk.world.World``).
 
-Nothing here says who a process is: the launcher makes the process's ``mdk.world.World`` once
-and passes it down (rank, world size, device); these are the collectives between the ranks. All helpers are safe to call
-when torch.distributed is not initialised (single process): rank 0 of a world of 1. Collectives
-take tensors on any device and move them to the backend's device (NCCL: this process's GPU;
-gloo: the CPU) when they are not already there.
+Every helper works without torch.distributed (rank 0 of 1), and takes tensors on any device,
+moving them to the backend's (NCCL: this GPU; gloo: the CPU) when needed.
 """
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ def is_initialized() -> bool:
 
 
 def _place() -> tuple[int, int]:
-    """(rank, size) of this process in the process group, for the collectives below only: who
-    does what in a run (rank-0 side effects, shards, what a mean divides by) is the
-    ``mdk.world.World``'s, passed down from the launcher."""
+    """(rank, size) in the process group, for these collectives only (roles are the World's)."""
     return (tdist.get_rank(), tdist.get_world_size()) if is_initialized() else (0, 1)
 
 
@@ -43,8 +38,7 @@ def comm_device() -> torch.device:
 
 
 def _all_reduce(t: torch.Tensor, op: tdist.ReduceOp) -> torch.Tensor:
-    """In-place all-reduce of ``t`` wherever it lives: a tensor on another device than the
-    backend's (a CPU flag under NCCL, a CUDA tensor under gloo) goes through a copy."""
+    """In-place all-reduce of ``t`` wherever it lives (through a copy off the backend's device)."""
     if not is_initialized():
         return t
     dev = comm_device()
@@ -63,9 +57,8 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
 
 
 def max_flag_started(value: float) -> Callable[[], float]:
-    """Start a MAX all-reduce of one number and return how to read the result later: the call
-    waits for it then. Issued every step and read one step later, it costs no host sync per step
-    (the stop flag's agreement: mdk/engine/stop_hook.py). In a single process: ``value``."""
+    """Start a MAX all-reduce of one number; the returned call waits for and reads it. Read a step
+    later, it costs no host sync per step (the stop flag's agreement)."""
     if not is_initialized():
         return lambda: value
     dev = comm_device()
@@ -90,15 +83,12 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of every rank's ``parts`` in global order (rank 0's parts first), added one at a time
-    from the left; every rank gets the result.
+    """Sum of every rank's ``parts`` in global order, added one at a time from the left; every
+    rank gets the result.
 
-    Float addition is not associative, so an all-reduce (which adds per-rank sums, in an order of
-    the backend's choosing) gives bits that depend on the world size. Here rank r receives the
-    running sum from rank r-1, adds its own parts and passes it on; the last rank broadcasts. The
-    additions are then the same, in the same order, for every world size that holds the same parts
-    in the same global order, and so is the result, bit for bit. ``parts`` must be non-empty, of
-    one shape and dtype, and the same count on every rank."""
+    Float addition is not associative, so an all-reduce's bits depend on the world size; passing
+    a running sum from rank to rank gives the same bits for every split. ``parts`` must be
+    non-empty, of one shape and dtype, and the same count on every rank."""
     rank, world = _place()
     home, dev = parts[0].device, comm_device() if world > 1 else parts[0].device
     acc = None
@@ -117,8 +107,7 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def all_gather_cat(t: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Every rank's 1-d ``t`` (rank r holds ``counts[r]`` values, known to all) concatenated in
-    rank order, on every rank, on ``t``'s device; ``t`` itself in a single process."""
+    """Every rank's 1-d ``t`` (rank r holds ``counts[r]`` values) concatenated in rank order."""
     if not is_initialized():
         return t
     dev, most = comm_device(), max(counts)
@@ -130,7 +119,6 @@ def all_gather_cat(t: torch.Tensor, counts: list[int]) -> torch.Tensor:
 
 
 def broadcast(t: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """In-place broadcast of ``t`` from rank ``src`` (through the backend's device)."""
     if not is_initialized():
         return t
     dev = comm_device()
@@ -144,7 +132,6 @@ def broadcast(t: torch.Tensor, src: int = 0) -> torch.Tensor:
 
 
 def all_gather_object(obj: object) -> list:
-    """Gather any picklable object from every rank (rank order); [obj] in a single process."""
     if not is_initialized():
         return [obj]
     out: list = [None] * tdist.get_world_size()
@@ -161,12 +148,8 @@ def broadcast_object(obj: object, src: int = 0) -> object:
 
 
 def convert_sync_bn(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """``dist.sync_bn=true``: every rank normalises with the statistics of the *global* batch
-    (what one process would compute).
-
-    CUDA: torch.nn.SyncBatchNorm. CPU (gloo): torch's SyncBatchNorm refuses CPU tensors in its
-    training forward, so mdk.sync_bn.GlobalBatchNorm2d does the same maths with plain tensor ops
-    and all-reduces. Models without BN (folded from step2 on) are returned unchanged."""
+    """``dist.sync_bn=true``: BN over the global batch; torch's SyncBatchNorm on CUDA,
+    mdk.sync_bn on the CPU (torch's refuses CPU tensors)."""
     n = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if n == 0:
         log.info("dist.sync_bn=true but the model has no BatchNorm at this stage; nothing to convert")

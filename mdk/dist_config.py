@@ -1,6 +1,5 @@
 """The ``dist`` config group: its schema, the device and backend words (mdk/world.py resolves
-them) and its checks, including those that depend on the world size. Torch-free: the schema loads
-before Hydra composes.
+them) and its checks. Torch-free: the schema loads before Hydra composes.
 """
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def check_dist_url(url: str) -> None:
 
 
 def parse_dist_url(url: str) -> tuple[str, int]:
-    """``host:port`` (optionally ``tcp://host:port``) -> (host, port): the one parser of
-    ``dist.dist_url``, for the config check and the rendezvous."""
+    """``[tcp://]host:port`` -> (host, port): the one parser of ``dist.dist_url``."""
     host, sep, port = str(url).removeprefix("tcp://").rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"dist.dist_url={url!r} must be host:port with a port in 1..65535 "
@@ -48,15 +46,14 @@ def parse_dist_url(url: str) -> tuple[str, int]:
 
 
 def check_batch_divides(batch: int, world: int, where: str = "the world size") -> None:
-    """The global batch splits evenly over the processes (the config check and the sampler's)."""
     if batch % world:
         raise ConfigError(f"trainer.batch_size={batch} is the global batch and must divide by "
                           f"{where}={world}")
 
 
 def check_world(cfg: DictConfig, world_size: Optional[int] = None) -> None:
-    """The checks that depend on the world size: the real one when the launcher knows it (torchrun
-    or SLURM decide it, not ``dist.gpus * dist.nodes``), else the configured one."""
+    """Checks on the world size: the launcher's real one when given (torchrun, SLURM), else the
+    configured one."""
     world = int(world_size or cfg.dist.gpus * cfg.dist.nodes)
     where = ("the world size dist.gpus*dist.nodes" if world_size is None
              else "the world size (processes started by the launcher)")

@@ -1,10 +1,8 @@
 """The user-error classes: a bad config, dataset, checkpoint, disk, or a run that cannot go on.
 
-Each carries its ``label``, the words the user sees before its message (``config error: ...``):
-a user error is one line on stderr, not a traceback, from whichever process raised it (the
-parent, a rank or a loader worker). They live in the lowest module so any layer can raise them
-without importing a higher one. A new kind is a subclass of ``UserError`` with a label; every
-list of kinds (the one-line printer, the loader's unwrap, fault injection) is ``user_errors()``.
+A user error is one line on stderr, ``<label>: <message>``, not a traceback, from whichever
+process raised it. They live in the lowest module so any layer can raise them. A new kind is a
+subclass of ``UserError`` with a label; ``user_errors()`` lists them all.
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ class ConfigError(UserError, ValueError):
 
 
 class DataError(UserError, ValueError):
-    """A dataset file is missing or wrong; the message names the file and what to do."""
+    """A dataset file is missing or wrong; the message names the file."""
 
     label = "data error"
 
@@ -55,14 +53,12 @@ class NonFiniteLossError(UserError, FloatingPointError):
 
 
 class DiskError(UserError, OSError):
-    """A file the run must write cannot be written: the disk is full, read-only or not ours.
-    The message names the path and what to do (free space, or another folder)."""
+    """A file the run must write cannot be written: the disk is full, read-only or not ours."""
 
     label = "disk error"
 
 
-# The OSErrors that are the machine's or the user's (a full or read-only disk, a file or folder
-# without permission), not a bug: what each means in the one line, and what cures it.
+# OSErrors that are the machine's or the user's, not a bug: what each means, and its cure.
 FREE = ("free space there, or set {keys} to a folder on another disk, then run the same command "
         "again")
 WRITABLE = "set {keys} to a folder you can write to"
@@ -75,20 +71,19 @@ KEYS = "paths.checkpoints, paths.data or hydra.run.dir"  # the folders a run wri
 
 
 def disk_reason(exc: Optional[BaseException]) -> Optional[str]:
-    """What a full/read-only/forbidden disk error means in words, else None (another error)."""
+    """What a full/read-only/forbidden disk error means in words, else None."""
     return DISK_REASONS.get(exc.errno, (None,))[0] if isinstance(exc, OSError) else None
 
 
 def disk_error(exc: OSError, path: Any, what: str = "", keys: str = KEYS) -> DiskError:
-    """The DiskError of an OSError while writing ``path``: ``"<path>: <reason>; [<what>: ]<what
-    to do>"``; ``keys`` names the settings that move the folder."""
+    """The DiskError of an OSError while writing ``path``; ``keys`` names the settings that move
+    the folder."""
     reason, cure = DISK_REASONS.get(exc.errno, (exc.strerror or str(exc), WRITABLE))
     return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure.format(keys=keys)}")
 
 
 def user_errors() -> list[type[UserError]]:
-    """Every user-error class defined so far (subclasses elsewhere, e.g. the launchers'
-    rendezvous error, included once their module is imported), most derived first."""
+    """Every user-error class imported so far, most derived first."""
     out: list[type[UserError]] = []
     todo = [UserError]
     while todo:
@@ -100,8 +95,7 @@ def user_errors() -> list[type[UserError]]:
 
 def error_line(exc: BaseException) -> str | None:
     """``"<label>: <message>"`` for a user error, else None (a bug keeps its traceback). An
-    OSError of a full, read-only or forbidden disk that no caller named (from a library, or
-    Hydra making the run dir) is a user error too: the line names its file when it is known."""
+    unwrapped OSError of a full, read-only or forbidden disk counts as a user error too."""
     if isinstance(exc, UserError):
         return f"{exc.label}: {exc}"
     if disk_reason(exc) is None:

@@ -1,29 +1,21 @@
 """Fault injection for the resume and NaN tests: kill -9 or a NaN loss at a chosen point.
 
-Off unless the environment variable ``MDK_FAULT`` is set, so the tests can make a real
-``python run.py`` process die at an exact iteration instead of sleeping and hoping. Format: a
-comma-separated list of ``<action>:<point>:<n>[:<rank>]``
+Off unless ``MDK_FAULT`` is set: a comma-separated list of ``<action>:<point>:<n>[:<rank>]``
+(``rank`` default 0), so a test can make a real ``run.py`` die at an exact iteration.
 
-* ``kill:iter:N``  SIGKILL right after optimizer step N (1-based, counted over the whole stage,
-  so a resumed process counts on from the checkpoint's iteration), before its checkpoint hook;
-* ``kill:eval:N``  SIGKILL on entering the N-th evaluation of this process;
-* ``kill:save:N``  SIGKILL in the N-th checkpoint write of this process, after the temp file is
-  written and fsynced but before it is renamed over the old file;
+* ``kill:iter:N``  SIGKILL right after optimizer step N (1-based over the whole stage, so a
+  resumed process counts on from the checkpoint), before its checkpoint hook;
+* ``kill:eval:N``  SIGKILL on entering this process's N-th evaluation;
+* ``kill:save:N``  SIGKILL in the N-th checkpoint write, after the fsync, before the rename;
 * ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
-* ``raise:iter:N`` after optimizer step N, raise InjectedError (a bug-like crash of one rank);
-  ``raise:<point>:N:<rank>:<Class>`` raises that user-error class instead (ConfigError,
-  DataError, CheckpointError, DiskError, MissingStageInput, NonFiniteLossError): each place a
-  user error can start, for the one-line-error tests; the points are ``iter`` (a rank), ``item`` (a
-  DataLoader worker fetching its N-th training sample) and ``start`` (the launching process,
-  before any rank starts);
-* ``exit:iter:N:<rank>:<code>`` after optimizer step N, end the process with that exit code
-  at once (``os._exit``: no traceback, no record; a rank that dies in a C library);
-* ``hold:iter:N``  after optimizer step N, wait until a stop is requested (a preemption signal,
-  mdk.stop) or HOLD_S seconds pass, then go on: a test can signal a job at a known
-  iteration however fast the job runs (the hold changes no numbers).
+* ``raise:iter:N`` after step N, raise InjectedError (a bug in one rank);
+  ``raise:<point>:N:<rank>:<Class>`` raises that user-error class instead, at ``iter`` (a rank),
+  ``item`` (a loader worker's N-th training sample) or ``start`` (the launching process);
+* ``exit:iter:N:<rank>:<code>`` after step N, ``os._exit(code)`` (a rank dying in a C library);
+* ``hold:iter:N``  after step N, wait until a stop is requested or HOLD_S pass, so a test can
+  signal a job at a known iteration (changes no numbers).
 
-``rank`` (default 0) picks the process of a distributed run that takes the fault.
-Nothing here is used in normal runs; the cost when off is one dictionary lookup per call.
+Off, the cost is one dictionary lookup per call.
 """
 from __future__ import annotations
 
@@ -87,8 +79,7 @@ _this: dict[str, int] = {"rank": 0}
 
 
 def set_rank(rank: int) -> None:
-    """The rank whose faults this process takes: its World's (the stage runner sets it; a
-    process running alone, or the launching one, is rank 0). Forked loader workers inherit it."""
+    """The rank whose faults this process takes (default 0); forked loader workers inherit it."""
     _this["rank"] = int(rank)
 
 
@@ -104,7 +95,7 @@ def _kill(where: str) -> None:
 
 
 def at(point: str, n: int | None = None) -> None:
-    """Kill this process if a ``kill:<point>`` fault matches; ``n`` defaults to a per-point call count."""
+    """Act on a fault at ``point`` that matches; ``n`` defaults to a per-point call count."""
     if not enabled():
         return
     if n is None:
@@ -135,7 +126,6 @@ def _hold(where: str) -> None:
 
 
 def wrap(point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with a ``kill:<point>:N`` check on entry (for evaluation)."""
     if not enabled():
         return fn
 
@@ -147,7 +137,6 @@ def wrap(point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def poison_loss(trainer: Any) -> None:
-    """Make this iteration's loss terms and gradients NaN if a ``nan:iter:N`` fault matches."""
     if not enabled():
         return
     it = trainer.iter + 1

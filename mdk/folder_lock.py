@@ -1,16 +1,12 @@
 """One run per checkpoint folder: an advisory lock, held for the whole run.
 
-``<paths.checkpoints>/.mdk.lock`` is locked with ``flock`` by the process that starts the run
-(for a run of several processes, the one that hosts rank 0: launchers/hydra_app/one_run.py)
-and names its holder: pid, host, start time and run directory. A second run on the same folder
-finds it locked and stops with one line naming that run. The kernel drops a lock when its
-process ends, however it ends (kill -9 included), so the lock of a crashed run is simply taken
-over: its leftover text is replaced and the takeover logged. On release the text is emptied;
-the file stays (deleting a lock file races with a process about to lock it).
+``<paths.checkpoints>/.mdk.lock`` is flocked by the process that starts the run and names its
+holder (pid, host, start, run dir), so a second run stops with one line naming the first. The
+kernel drops a flock however its process ends, so a crashed run's lock is simply taken over. On
+release the text is emptied but the file stays (deleting it races with a process about to lock).
 
-Forked children (DataLoader workers) close their copy of the descriptor at once, so a worker
-that outlives its run never keeps the folder locked. Where the file system has no working
-``flock`` (some NFS or Lustre mounts) the run goes on unlocked, with a warning.
+Forked children (DataLoader workers) close their copy at once, so a worker outliving its run never
+keeps the folder locked. Without a working ``flock`` (some NFS/Lustre) the run goes on, warned.
 """
 from __future__ import annotations
 
@@ -30,7 +26,7 @@ from mdk.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".mdk.lock"
-_held: set[int] = set()  # descriptors of the locks this process holds
+_held: set[int] = set()  # lock descriptors this process holds
 
 
 def _close_in_child() -> None:
@@ -63,7 +59,7 @@ def _holder(text: str) -> tuple[str, str]:
 
 
 def _holder_of(path: Path) -> tuple[str, str]:
-    """Who holds ``path``: its text, read again for a moment while a new holder writes it."""
+    """Who holds ``path``; retried briefly, as a new holder may be writing it."""
     for _ in range(25):
         with contextlib.suppress(OSError):
             text = path.read_text().strip()
@@ -80,9 +76,8 @@ def _me(run_dir: str) -> str:
 
 @contextlib.contextmanager
 def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
-    """Hold ``folder``'s lock for the ``with`` block; CheckpointError when another run holds it.
-
-    Yields the lock file's path. ``run_dir``: where this run logs (named to a second run)."""
+    """Hold ``folder``'s lock for the ``with`` block, yielding its path; CheckpointError when
+    another run holds it. ``run_dir``: where this run logs (named to a second run)."""
     folder = Path(folder)
     path = folder / LOCK_NAME
     try:

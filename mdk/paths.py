@@ -1,6 +1,5 @@
 """The ``paths`` config group: its schema, the ``mdk_ckpt`` resolver behind the default
-checkpoint root, and how a configured path is read (relative paths from the directory the command
-runs in: Hydra never changes the cwd). A leaf: imported before anything is composed.
+checkpoint root, and how a configured path is read. A leaf: imported before anything is composed.
 """
 from __future__ import annotations
 
@@ -40,6 +39,6 @@ def _ckpt_root(single_run_default: str) -> str:
 
 
 def register_resolvers() -> None:
-    """Idempotent: called by every entry point (and the compose helper) before a config is read."""
+    """Idempotent; every entry point calls it before a config is read."""
     if not OmegaConf.has_resolver("mdk_ckpt"):
         OmegaConf.register_new_resolver("mdk_ckpt", _ckpt_root)

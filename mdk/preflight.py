@@ -1,19 +1,11 @@
-"""Checks that run in the launching process before any worker is spawned or any data is built.
+"""Checks in the launching process before any worker is spawned or any data is built: the
+machine, dataset files, the folders the run writes, and the first stage's starting checkpoint.
+Each raises the error the engine would raise later, seconds after the command instead.
 
-Everything a user can get wrong that is cheap to detect up front beyond the config itself
-(``mdk.config.validate`` checked that, once, before this): the machine (``check_environment``),
-dataset files that are missing or too few, a folder the run must write that takes no file or
-has too little free space (``check_paths``), a stage whose input checkpoint is missing,
-unreadable, from another model or of another meaning.
-Each raises the same error type the engine would raise later, so the message is the same; only
-it comes seconds after the command instead of after spawning N processes.
-
-The free-space check adds up, per disk, an estimate of what the run writes there: the
-checkpoint files of each stage (a new file is written beside the old one, so a stage that has
-none yet needs three: best.pth, last.pth and the temp file of a save), the run dir's logs,
-TensorBoard events and report pictures, and a dataset to generate with its index cache. Only
-paths.data is allowed to be read-only when nothing has to be written there (a generated dataset
-and its caches already in place: a cache that cannot be written later only warns).
+The free-space check adds up, per disk, an estimate of what the run writes: each stage's
+checkpoints (a stage with none yet needs three: best, last and a save's temp file), the run dir's
+logs and pictures, and a dataset to generate with its index. paths.data may be read-only when
+nothing has to be written there.
 """
 from __future__ import annotations
 
@@ -51,8 +43,7 @@ CHECKPOINT_COPIES, CHECKPOINT_EXTRA = 4, 1 * MB
 
 def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
                       device_count: Optional[int] = None) -> None:
-    """Checks against this machine (before any process is spawned): CUDA asked for but absent,
-    more processes per node than GPUs, NCCL without CUDA. Arguments override detection (tests)."""
+    """Checks against this machine; the arguments override detection (tests)."""
     backend_for(cfg.trainer.device, cfg.dist.backend, cuda_available)
     check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
 
@@ -66,8 +57,8 @@ def _existing(p: Path) -> Path:
 
 def probe(path: Path, key: str, value: Any = None) -> Path:
     """The folder ``path`` is or will be made in, after a real write there (as root,
-    ``os.access`` says yes on read-only mounts and /proc): ConfigError naming ``key`` (set to
-    ``value``, default ``path``) when it is a file or takes no file."""
+    ``os.access`` says yes on read-only mounts): ConfigError naming ``key`` (set to ``value``,
+    default ``path``) when it takes no file."""
     q = _existing(path)
     path = str(path if value is None else value)
     if not q.is_dir():
@@ -83,7 +74,7 @@ def probe(path: Path, key: str, value: Any = None) -> Path:
 
 
 def checkpoint_bytes(cfg: DictConfig) -> int:
-    """About how large one checkpoint of this model is (an estimate for the free-space check)."""
+    """About how large one checkpoint of this model is."""
     weights = sum(v.numel() * v.element_size() for v in build_model(cfg).state_dict().values())
     return CHECKPOINT_COPIES * weights + CHECKPOINT_EXTRA
 
@@ -133,8 +124,8 @@ def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[P
 
 
 def check_paths(cfg: DictConfig, base: str | Path, run_dir: Optional[Path] = None) -> None:
-    """Every folder the run writes takes files (ConfigError naming its key), and each disk has
-    the free space its folders need (DiskError with the estimate, see the module docstring)."""
+    """Every folder the run writes takes files (else ConfigError), and each disk has the free
+    space its folders need (else DiskError with the estimate)."""
     by_disk: dict[int, list[tuple[Path, int, str]]] = {}
     for folder, need, what in _needs(cfg, Path(base), run_dir):
         by_disk.setdefault(os.stat(folder).st_dev, []).append((folder, need, what))
@@ -149,14 +140,12 @@ def check_paths(cfg: DictConfig, base: str | Path, run_dir: Optional[Path] = Non
 
 
 def train_images(cfg: DictConfig) -> int:
-    """The number of train images (through the dataset's reader and its index cache; a
-    generated dataset's configured size), checking the files of both splits on the way."""
+    """The number of train images, checking the files of both splits on the way."""
     base = os.getcwd()
     return check_dataset_files(cfg.dataset, base, resolve_path(cfg.paths.data, base))
 
 
 def _check_dataset(cfg: DictConfig) -> None:
-    # The files of both splits through the dataset's reader (any format).
     n_train = train_images(cfg)
     generated = bool(cfg.dataset.get("generate"))
     batch = int(cfg.trainer.batch_size)
@@ -194,11 +183,9 @@ def _check_input(cfg: DictConfig) -> None:
 
 
 def _check_meaning(cfg: DictConfig) -> None:
-    """The first stage's starting point means what this config means (class names in their
-    order, input size, model, stage, chip), and a done stage is not rerun with changed
-    hyper-parameters (mdk/checkpoint_meaning.py). Runs before ``_check_input``, so a changed class
-    list is named as such rather than as the shape mismatch it may also cause; a missing or
-    unreadable file is ``_check_input``'s to report."""
+    """The first stage's starting point means what this config means (mdk/checkpoint_meaning.py).
+    Runs before ``_check_input``, so a changed class list is named as such rather than as a shape
+    mismatch; a missing or unreadable file is ``_check_input``'s to report."""
     spec = StageSpec.from_node(cfg.step)
     checkpoints = StageCheckpointer(cfg, spec)
     own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
@@ -228,12 +215,8 @@ def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None
 
 
 def preflight(cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
-    """Raise ConfigError / DataError / CheckpointError / MissingStageInput / DiskError before
-    any work.
-
-    ``cfg`` is the resolved config of the first stage to run (later stages of a pipeline get
-    their input from it), already validated (mdk.config.validate, once per run); ``run_dir``
-    the run's output folder (Hydra's), probed with the other folders the run writes."""
+    """Raise a user error before any work. ``cfg``: the validated, resolved config of the first
+    stage to run; ``run_dir``: the run's output folder, probed with the others."""
     check_environment(cfg)
     check_paths(cfg, os.getcwd(), run_dir)
     _check_dataset(cfg)

@@ -1,12 +1,8 @@
-"""When a progress bar is drawn: one rule for every bar of mdk (training, evaluation,
-calibration, the image check), set by ``trainer.progress``.
+"""When a progress bar is drawn: one rule for every bar of mdk, set by ``trainer.progress``.
 
-* ``auto`` (default): a bar only when stderr is a terminal. In a file (a SLURM log,
-  ``python run.py > run.log 2>&1``) a bar is a line of hundreds of carriage-return frames per
-  epoch, and the epoch lines already carry its numbers.
-* ``true``: bars even in a file. ``false``: never a bar.
-
-Only the run's main process draws (``is_main``).
+``auto`` (default): only when stderr is a terminal; in a log file a bar is hundreds of
+carriage-return frames per epoch, and the epoch lines carry its numbers anyway. ``true``: bars
+even in a file. ``false``: never. Only the main process draws.
 """
 from __future__ import annotations
 
@@ -16,11 +12,8 @@ from typing import Any, Iterable, Optional
 
 from tqdm import tqdm
 
-# tqdm's default lock also holds a multiprocessing RLock: a named semaphore, which a rank that
-# leaves through os._exit (launchers/processes/env.py leave_process) never unlinks, so the
-# launching process printed "resource_tracker: There appear to be 1 leaked semaphore objects"
-# after every multi-process run with a bar. Bars are drawn by one process only: a thread lock
-# is all they need.
+# tqdm's default lock holds a multiprocessing semaphore, which a rank leaving through os._exit
+# never unlinks ("leaked semaphore objects" warnings); one process draws, so a thread lock does.
 _THREAD_LOCK = threading.RLock()
 
 
@@ -35,9 +28,8 @@ def bars_on(setting: Any = "auto", is_main: bool = True) -> bool:
 
 def progress_bar(iterable: Optional[Iterable] = None, *, setting: Any = "auto",
                  is_main: bool = True, **tqdm_args: Any) -> Any:
-    """A tqdm bar on stderr over ``iterable`` (or, without one, a bar to ``update()`` by hand)
-    when ``bars_on(setting, is_main)``; otherwise ``iterable`` itself (None without one), and
-    no tqdm object is made at all."""
+    """A tqdm bar on stderr over ``iterable`` (without one, a bar to ``update()`` by hand) when
+    bars are on; otherwise ``iterable`` itself, and no tqdm object is made."""
     if not bars_on(setting, is_main):
         return iterable
     tqdm.set_lock(_THREAD_LOCK)

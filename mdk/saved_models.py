@@ -1,6 +1,5 @@
-"""Models from saved files, as the tools and the quantization report load them: a stage
-checkpoint's own model config (``with_checkpoint_model``), and an exported chip model behind the
-usual ``model(images)`` call (``ChipModelNet``: the integer reference or onnxruntime)."""
+"""Models from saved files for the tools and the quantization report: a stage checkpoint's own
+model config, and an exported chip model behind the usual ``model(images)`` call."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,12 +51,9 @@ def head_kind(node: Any) -> Optional[str]:
 
 
 class ChipModelNet(nn.Module):
-    """An exported chip model behind the usual ``model(images)`` call (CPU only).
-
-    ``integer``: mdk.quant.integer_ref.integer_forward (int64 throughout), output cast to float32 —
-    exact, because every output is a 5-bit level times the float32 ``out_scale``. ``onnx``: the
-    exported ``model.onnx`` in onnxruntime (one session, reused for every batch).
-    """
+    """An exported chip model behind the usual ``model(images)`` call (CPU only): the integer
+    reference (its float32 cast is exact: every output is a 5-bit level times ``out_scale``) or
+    the exported ``model.onnx`` in onnxruntime."""
 
     def __init__(self, directory: Path, runtime: str = "integer") -> None:
         super().__init__()

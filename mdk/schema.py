@@ -1,11 +1,9 @@
 """The registry of typed config schemas (Hydra structured configs), one entry per config group.
 
-Each schema sits with the code that owns its group (``SCHEMAS`` in that owner's config module,
-which imports no torch: this registry loads before Hydra composes). Each YAML of a group starts
-with ``defaults: [/_schema_<group>_<name>@_here_, _self_]``: Hydra merges the file onto its
-dataclass, so an unknown key or a value of the wrong type (``trainer.epochs=abc``) fails at
-compose time naming the key. Ranges and checks across keys are each owner's (``mdk.config``
-dispatches them). ``Any`` marks keys that take a word or a number (``cpu_threads: auto | 4``).
+Each schema sits in its group owner's config module (torch-free: this loads before Hydra
+composes). A group's YAML starts with ``defaults: [/_schema_<group>_<name>@_here_, _self_]``, so
+an unknown key or a wrong type fails at compose time naming the key; ranges and cross-key checks
+are the owners' (mdk.config). ``Any`` marks keys that take a word or a number (``auto | 4``).
 """
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from mdk.models import config as models_config
 from mdk.sched import config as sched_config
 from mdk.sinks import config as sinks_config
 
-# group -> {schema name: dataclass}; the owner of each is the module named.
 SCHEMAS: dict[str, dict[str, type]] = {
     "trainer": trainer_config.TRAINER_SCHEMAS,
     "optim": trainer_config.OPTIM_SCHEMAS,
@@ -34,14 +31,12 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 
 def schema_name(group: str, name: str) -> str:
-    """The ConfigStore name of a schema: a top-level config (not a group, so ``--help`` does not
-    list schemas as config groups), referenced as ``/_schema_<group>_<name>@_here_``."""
+    """A top-level ConfigStore name, not a group, so ``--help`` does not list schemas as groups."""
     return f"_schema_{group}_{name}"
 
 
 def register_schemas() -> None:
-    """Store the schemas in Hydra's ConfigStore (idempotent; must run before Hydra composes:
-    run.py, mdk.compose and tests/conftest.py call it)."""
+    """Store the schemas in Hydra's ConfigStore; idempotent, must run before Hydra composes."""
     cs = ConfigStore.instance()
     for group, items in SCHEMAS.items():
         for name, node in items.items():

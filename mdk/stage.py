@@ -1,16 +1,8 @@
-"""A pipeline stage is one declared thing: its record in ``conf/step/<stage>.yaml``.
+"""A pipeline stage is one declared thing: its record in ``conf/step/<stage>.yaml`` (schema:
+mdk/stage_config.py) says all mdk needs to know of it; the chain's order follows ``init_from``.
+A new stage is one YAML (plus one function if its work is new); no Python file names a stage.
 
-The record says everything any part of mdk needs to know about a stage (schema and checks:
-mdk/stage_config.py): its ``kind`` of work (``train``, ``calibrate``, or ``pkg.module.fn`` for a
-new kind), where its weights come from (``init_from``, ``init_required``, ``pretrained``), which
-stage comes next (``next``), whether its best checkpoint is exported (``export``), the chip
-layers' mode while it runs (``quant``) and when its checkpoint is evaluated (``eval_quant``; null =
-``quant``), its schedule (``epochs``, ``lr_scale``) and its quantization ``bar``. The order of the
-chain follows from ``init_from``. A new stage is one YAML (plus, if its work is new, one
-function); no Python file names a stage.
-
-Records are read through Hydra (``mdk.compose``), so a stage defined in another config directory
-on the search path (``hydra.searchpath``) is found like a built-in one.
+Records are read through Hydra, so a stage on ``hydra.searchpath`` is found like a built-in one.
 """
 from __future__ import annotations
 
@@ -64,25 +56,22 @@ class StageSpec:
 
     @property
     def trains(self) -> bool:
-        """It makes optimizer steps (the ``train`` kind)."""
-        return self.kind == "train"
+            return self.kind == "train"
 
     @property
     def folds_bn(self) -> bool:
-        """Its checkpoints hold BN-folded weights (the model structure from this stage on)."""
+        """Its checkpoints hold BN-folded weights."""
         return self.quant.fold_bn
 
 
 def _kind(d: dict[str, Any]) -> str:
-    """The record's kind; a record saved in a checkpoint before ``kind`` existed had the
-    switches ``train`` / ``calibrate`` / ``work`` instead."""
+    """The record's kind; records in older checkpoints have ``calibrate`` / ``work`` instead."""
     if "kind" in d:
         return check_kind(d["kind"], str(d["name"]))
     return d.get("work") or ("calibrate" if d.get("calibrate") else "train")
 
 
 def stage_names() -> list[str]:
-    """Every declared stage (the options of the ``step`` config group)."""
     return [n for n in group_options("step") if not n.startswith("_")]
 
 
@@ -121,15 +110,10 @@ def apply_stage(model: nn.Module, stage: str | StageSpec, chip: str = "5801",
 
 
 def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
-    """The config ``stage`` runs with: ``cfg`` with its ``step`` node replaced by the stage's
-    record (``cfg`` itself is not mutated). ``train_images``: the train split's size, for a
-    record's ``min_iters`` (:func:`min_epochs`; the launcher counts it when a stage has one).
-
-    ``step.*`` overrides reach only the stage named by ``step``; ``stages.<stage>`` (e.g.
-    ``+stages.step3.epochs=12``) is merged into that stage's record. The stage's own ``epochs``
-    (when not null) replaces ``trainer.epochs`` and ``lr_scale`` multiplies ``optim.lr``: the
-    fine-tuning stages after step1 are short and need their own length. Call it on the
-    unresolved config so ``${trainer.epochs}`` (e.g. the cosine T_max) follows the stage."""
+    """``cfg`` (not mutated) with ``step`` replaced by the stage's record and its
+    ``stages.<stage>`` overrides; its ``epochs`` replace ``trainer.epochs``, its ``lr_scale``
+    multiplies ``optim.lr``. ``train_images``: the train split's size, for ``min_iters``. Call it
+    on the unresolved config so ``${trainer.epochs}`` (e.g. T_max) follows the stage."""
     if cfg.step.name == stage:
         new = cfg
     else:
@@ -165,10 +149,8 @@ def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None
 
 def min_epochs(cfg: DictConfig, stage_cfg: DictConfig, train_images: Optional[int]) -> Optional[int]:
     """The epochs a stage needs for its ``min_iters`` optimizer steps on ``train_images`` images
-    (None: no minimum, the count unknown, or ``trainer.limit_train_batches`` set: a quick run
-    keeps its length). A fine-tuning stage's length is a number of steps: 8 epochs are 800 steps
-    on the 1600 built-in images but 96 on a 205-image dataset, too few to win back what
-    quantization took."""
+    (None: no minimum, count unknown, or ``limit_train_batches`` set: a quick run keeps its
+    length). Fine-tuning is counted in steps: on a small dataset a few epochs are too few."""
     least = stage_cfg.get("min_iters")
     if not least or not train_images or cfg.trainer.get("limit_train_batches"):
         return None
@@ -177,10 +159,9 @@ def min_epochs(cfg: DictConfig, stage_cfg: DictConfig, train_images: Optional[in
 
 
 def check_pipeline(cfg: DictConfig) -> None:
-    """The ``step`` group's checks over the whole command: the records it names exist; a stage
-    whose record says ``export`` exports a chip model the chip can run (mdk.quant.chips), checked
-    before any stage trains; and world-size-invariant gradients (``dist.exact_chunk``) never train
-    a stage whose BatchNorm is live (each chunk would normalise with its own statistics)."""
+    """The ``step`` group's checks over the whole command, before any stage trains: the records
+    exist, an exported model fits the chip, and ``dist.exact_chunk`` never trains live BatchNorm
+    (each chunk would normalise with its own statistics)."""
     check_stages(cfg, stage_names())
     check_calibration(cfg.step, str(cfg.step.name))
     specs = {s: StageSpec.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}

@@ -1,21 +1,15 @@
 """The one owner of stage checkpoints: folder layout, what a checkpoint holds, where a stage
 starts, and loading any checkpoint into a model in a chosen mode.
 
-Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth`` (``last``: the newest full training
-state; ``best``: the state of the best evaluation), pretrained weights in the folder a record
-names as ``pretrained`` (``<paths.checkpoints>/step0/`` for step1), the run's lock in the root
-(mdk/folder_lock.py). A stage starts from, in
-order: its own ``last.pth`` (or ``best.pth`` if newer or the only readable one) when
-``trainer.resume`` is on, else its input stage's ``best.pth`` (``init_from`` in the stage
-record) or its pretrained weights, else random weights where the record allows it. A finished checkpoint of a stage that does not train (``cal``) means "done": a rerun
-reports it and does not redo the work.
+Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth``; pretrained weights in the folder a record
+names as ``pretrained``. A stage starts from its own ``last.pth`` (or a newer ``best.pth``) when
+``trainer.resume`` is on, else its input stage's ``best.pth`` or its pretrained weights, else
+random weights where the record allows. A finished checkpoint of a stage that does not train
+means "done": a rerun reports it and does not redo the work.
 
-A checkpoint holds the model's state_dict and the stage's name and record (so a loader knows
-its structure and evaluation mode without looking the stage up), the resolved config, what its
-weights mean and what it was trained with (``meaning``, ``hparams``: a run that resumes it or
-starts from it is compared with them, mdk/checkpoint_meaning.py), and, for training stages, the
-run state resuming restores: one entry per stateful part (mdk/engine/run_state.py). File writes
-are atomic (mdk.checkpoint).
+A checkpoint holds the weights, the stage's name and record (so a loader needs no lookup), the
+resolved config, ``meaning`` and ``hparams`` (mdk/checkpoint_meaning.py), and for training
+stages one entry per stateful part of the run state (mdk/engine/run_state.py).
 """
 from __future__ import annotations
 
@@ -47,7 +41,6 @@ FORMAT = 2  # 1: training state in flat keys (iter, epoch, best_metric, ...), re
 
 
 def input_advice(spec: StageSpec) -> str:
-    """What to do about a bad input checkpoint of stage ``spec``."""
     if spec.init_from is None:
         return ("it is the pretrained starting point of {0}: put an mdk checkpoint (a dict with a "
                 "'model' entry) there, or remove it to start {0} from random weights").format(spec.name)
@@ -56,8 +49,7 @@ def input_advice(spec: StageSpec) -> str:
 
 
 def _upgrade(ck: dict[str, Any]) -> dict[str, Any]:
-    """A format-1 checkpoint (written before the run state had one entry per part) in today's
-    layout, so its run resumes."""
+    """A format-1 checkpoint in today's layout, so its run resumes."""
     if ck.get("format", 1) >= FORMAT or "iter" not in ck:
         return ck
     out = {k: v for k, v in ck.items() if k not in ("iter", "epoch", "best_metric", "best_epoch",
@@ -75,11 +67,8 @@ def iteration(ck: dict[str, Any]) -> int:
 
 
 def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
-    """The newest readable full-state checkpoint of a stage (last.pth, else best.pth), or (None, None).
-
-    An unreadable file is reported (path and defect), renamed to ``<name>.corrupt`` so nothing is
-    lost and the next save does not trip over it, and the next candidate is used.
-    """
+    """The newest readable full-state checkpoint of a stage, or (None, None). An unreadable file
+    is renamed to ``<name>.corrupt`` (kept, and out of the next save's way) and skipped."""
     stage_dir = Path(stage_dir)
     remove_stale_temps(stage_dir)
     found: list[tuple[int, Path, dict]] = []
@@ -96,7 +85,6 @@ def find_resume(stage_dir: Path) -> tuple[Optional[dict[str, Any]], Optional[Pat
                         aside)
             continue
         if ("optimizer" not in ck or "trainer" not in ck) and not ck.get("finished"):
-            # (a finished stage without training, e.g. cal, is complete as it is)
             log.warning("%s has no training state (optimizer/iter); not resuming from it", p)
             continue
         found.append((iteration(ck), p, ck))
@@ -120,8 +108,7 @@ def stage_dir(cfg: DictConfig, stage: str) -> Path:
 
 
 def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
-    """The record of the stage that wrote ``ck`` (saved in it; older files: looked up by name);
-    None for weights from elsewhere (a pretrained file, a stage not declared here)."""
+    """The record of the stage that wrote ``ck``; None for weights from elsewhere."""
     saved = ck.get("stage_spec")
     if isinstance(saved, dict):
         return StageSpec.from_node(saved)
@@ -131,8 +118,7 @@ def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
 
 @dataclass
 class Start:
-    """Where a stage's weights came from: its own resumable state, an input checkpoint, or
-    nothing (random init)."""
+    """Where a stage's weights came from: its own state, an input checkpoint, or nothing."""
     resume: Optional[dict[str, Any]] = None
     path: Optional[Path] = None
 
@@ -185,8 +171,7 @@ class StageCheckpointer:
         return None
 
     def resumable(self) -> tuple[Optional[dict[str, Any]], Optional[Path]]:
-        """This stage's own newest readable state. Rank 0 looks first (it may move an unreadable
-        file aside), the other ranks then see a clean folder."""
+        """This stage's own newest readable state; rank 0 looks first (it may move a file)."""
         if self.world.is_main:
             found = find_resume(self.dir)
         dist.barrier()
@@ -195,8 +180,7 @@ class StageCheckpointer:
         return found
 
     def start(self, model: torch.nn.Module) -> Start:
-        """Load this stage's starting weights into ``model`` (built from the config, not yet
-        switched into the stage's mode)."""
+        """Load this stage's starting weights into ``model`` (not yet in the stage's mode)."""
         if self.cfg.trainer.resume:
             ck, path = self.resumable()
             if ck is not None:
@@ -223,15 +207,14 @@ class StageCheckpointer:
 
     # --- what a checkpoint holds ----------------------------------------------------------
     def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
-        """A checkpoint of this stage: model weights, stage name and record, config, ``extra``
-        (the run state's parts, metrics, caps...)."""
+        """A checkpoint of this stage, with ``extra`` (the run state's parts, metrics...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
                 "stage_spec": _spec_dict(self.cfg.step), "config": _plain(self.cfg),
                 "meaning": meaning_of(self.cfg, self.spec), "hparams": hparams_of(self.cfg),
                 "world_size": self.world.size, **extra}
 
     def save(self, state: dict[str, Any], *names: str) -> None:
-        """Write ``state`` under each of ``names`` (atomic; NaN/Inf weights are refused)."""
+        """Write ``state`` under each of ``names``; NaN/Inf weights are refused."""
         for n in names:
             save_checkpoint(state, self.dir / n)
 
@@ -255,8 +238,7 @@ def _spec_dict(node: DictConfig) -> dict:
 def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True,
               prefer_ema: bool = True) -> None:
     """Load ``ck``'s weights into a freshly built model, giving it the checkpoint's structure
-    first (BN folded from the stage that folds it on). ``prefer_ema``: the EMA weights when the
-    checkpoint has them (what was evaluated and chose best.pth); resuming takes the raw ones."""
+    (BN folded) first. ``prefer_ema``: the EMA weights when there are (what chose best.pth)."""
     spec = spec_of(ck)
     if spec is not None and spec.folds_bn:
         drop_bn(model)
@@ -267,9 +249,8 @@ def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bo
 def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
                    advice: str = "move it away (or restore it) and run again"
                    ) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """A model built from ``cfg`` with the checkpoint at ``path`` loaded, in ``mode``:
-    ``eval`` (the checkpoint stage's evaluation mode: a cal checkpoint with 5-bit activations
-    at its caps) or ``stage`` (the mode its stage trains in). Returns (model in eval(), ckpt)."""
+    """(model in eval(), checkpoint): ``cfg``'s model with ``path`` loaded, in its stage's
+    evaluation mode (``eval``) or training mode (``stage``)."""
     if mode not in ("eval", "stage"):
         raise ValueError(f"mode={mode!r} must be 'eval' or 'stage'")
     ck = load_checkpoint(path, advice=advice)

@@ -1,6 +1,5 @@
 """The ``step`` config group's schema and checks: what a stage record (``conf/step/<stage>.yaml``)
-may hold. The stage code itself is mdk/stage.py; this module is a leaf (no torch, nothing of mdk
-but the errors) so the schema registry can import it before anything is composed.
+may hold. A leaf, so the schema registry can import it before anything is composed.
 """
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ MAX_VALUES = 1 << 20  # calibration reads a larger tensor at a stride (step.cali
 
 @dataclass
 class QuantMode:
-    """The chip layers' mode: the schema of ``step.quant`` and the value mdk/quant/modes.py
-    ``apply_mode`` switches the layers into."""
+    """The chip layers' mode (``step.quant``), as mdk/quant/modes.py ``apply_mode`` takes it."""
     fold_bn: bool = False
     weights: bool = False
     activations: bool = False
@@ -37,7 +35,7 @@ class QuantMode:
 @dataclass
 class BarConf:
     """This stage's mAP@0.5 must stay >= ``reference``'s - ``tolerance`` (a fraction: 0.02 is
-    2 points); judged on the means over seeds when a sweep has a seed axis."""
+    2 points); on the means over seeds when a sweep has a seed axis."""
     reference: str = MISSING
     tolerance: float = MISSING
 
@@ -75,8 +73,8 @@ class CalibrationStageConf(StageConf):
 
 @dataclass
 class ReportConf:
-    """What the quantization report measures (mdk/insight): the per-layer sensitivity runs on
-    the first ``sensitivity_images`` images of the val split (the waterfall on all of them)."""
+    """The quantization report's per-layer sensitivity runs on the first ``sensitivity_images``
+    val images (the waterfall on all)."""
     sensitivity_images: int = 96
 
 
@@ -117,8 +115,8 @@ def running_stages(cfg: DictConfig) -> list[str]:
 
 
 def check_stages(cfg: DictConfig, declared: list[str]) -> None:
-    """Pipeline entries and ``stages.*`` overrides name ``declared`` stages (conf/step/*.yaml),
-    and ``step`` itself is a well-formed record."""
+    """Pipeline entries and ``stages.*`` overrides name ``declared`` stages, and ``step`` is well
+    formed."""
     check_kind(cfg.step.kind, str(cfg.step.name))
     check_schedule(cfg.step, str(cfg.step.name))
     running = running_stages(cfg)
@@ -137,10 +135,8 @@ def check_stages(cfg: DictConfig, declared: list[str]) -> None:
 
 
 def _typed_stages(cfg: DictConfig) -> Optional[set[str]]:
-    """The stages a ``stages.*`` override on the command line names (None: not known: no
-    ``hydra`` node and outside a running Hydra app). A recipe's ``stages:`` (conf/experiment/)
-    holds its stages' settings whether or not the command runs them; an override typed for a
-    stage that does not run is a slip, and an error."""
+    """The stages a command-line ``stages.*`` override names (None: not known). A recipe's
+    ``stages:`` may set stages that do not run; a typed override for one is a slip, an error."""
     task = OmegaConf.select(cfg, "hydra.overrides.task")  # a sweep job's own config
     if task is None and HydraConfig.initialized():
         task = HydraConfig.get().overrides.task

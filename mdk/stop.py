@@ -1,30 +1,24 @@
-"""The stop flag: a request to save and stop, set by whoever asks (a launcher's signal handler,
-a test), read by the training loop's StopOnRequestHook (mdk/engine/stop_hook.py).
-
-Low on purpose: fault injection and the engine both read it, and it imports nothing of mdk. Its
-state changes only through the functions below.
+"""The stop flag: a request to save and stop, set by a launcher's signal handler (or a test), read
+by the training loop's StopOnRequestHook (mdk/engine/stop_hook.py). Imports nothing of mdk, so
+fault injection and the engine can both read it.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-# reason: why a stop was asked (None: not asked); listeners: running loops with the hook;
-# armed: a launcher installed stop-signal handlers in every rank, so the ranks must agree on the
-# step to stop at (a collective per step; distributed runs without handlers, e.g. a test's own
-# process group, pay nothing).
+# armed: every rank has stop-signal handlers, so ranks must agree on the step to stop at (a
+# collective per step, which runs without handlers do not pay).
 _state: dict = {"reason": None, "listeners": 0, "armed": False}
 
 
 class StopRequested(BaseException):
-    """Raised out of the training loop after last.pth was written (``saved``), or out of a stop
-    signal's handler where no training loop could save (``saved`` False: the stage's last
-    checkpoint is what a rerun resumes from).
+    """Raised out of the training loop after last.pth was written (``saved``), or out of a signal
+    handler where no loop could save (``saved`` False).
 
-    A BaseException on purpose: it must pass through ``except Exception`` blocks (Hydra's job
-    runner, the sweep's failure guard) so the job ends as "interrupted", not as failed or done.
-    ``reason``: the signal's name (``"SIGTERM"``), or why else; ``epoch`` (1-based) and
-    ``iteration`` (optimizer steps done): where last.pth stands; ``stage`` and ``rank``
-    (the rank the signal reached, when not the launching process) are filled in on the way out."""
+    A BaseException so it passes ``except Exception`` blocks (Hydra's job runner, the sweep's
+    failure guard) and the job ends as "interrupted". ``reason``: the signal's name or why else;
+    ``epoch`` (1-based) and ``iteration`` (optimizer steps done): where last.pth stands;
+    ``stage`` and ``rank`` are filled in on the way out."""
 
     def __init__(self, reason: str, iteration: Optional[int] = None, epoch: Optional[int] = None,
                  saved: bool = True, stage: Optional[str] = None,
@@ -37,16 +31,13 @@ class StopRequested(BaseException):
 
 
 def request_stop(reason: str) -> bool:
-    """Ask the running training loop to save and stop. Safe to call from a signal handler.
-
-    Returns True when a loop with a StopOnRequestHook is running and will act on it; False when
-    nothing listens (e.g. during calibration or data generation): the caller decides then."""
+    """Ask the running training loop to save and stop; safe in a signal handler. False when no
+    loop listens (e.g. during calibration): the caller decides then."""
     _state["reason"] = reason
     return _state["listeners"] > 0
 
 
 def arm(on: bool = True) -> None:
-    """Called by a launcher on every rank before training when stop requests may come."""
     _state["armed"] = on
 
 
@@ -55,7 +46,6 @@ def is_armed() -> bool:
 
 
 def start_listening() -> None:
-    """A training loop that acts on requests starts (StopOnRequestHook.before_train)."""
     _state["listeners"] += 1
 
 

@@ -1,16 +1,11 @@
 """BatchNorm over the global batch for any backend, gloo on CPU included (``dist.sync_bn=true``).
 
-torch.nn.SyncBatchNorm only trains on CUDA tensors (its statistics kernels are CUDA-only), so a
-CPU/gloo run could not normalise over the global batch at all. ``GlobalBatchNorm2d`` does it with
-plain tensor ops and two small all-reduces per layer in the forward (the sum, then the sum of
-squared deviations from the global mean: two passes, like one process's BN, not E[x^2]-E[x]^2,
-which cancels badly in float32) and one in the backward. The backward is the BatchNorm gradient
-over the global batch: ``dy`` sums are all-reduced, so each rank's input gradient holds what
-every rank's loss contributes through the shared statistics, and DDP's averaging of the weight
-gradients then gives one process's gradient (the same scaling torch's SyncBatchNorm uses).
+torch.nn.SyncBatchNorm trains on CUDA tensors only. This uses plain tensor ops: two all-reduces
+per layer forward (the sum, then squared deviations from the global mean: E[x^2]-E[x]^2 cancels
+badly in float32) and one backward (the ``dy`` sums, so each rank's input gradient holds every
+rank's contribution through the shared statistics; DDP's averaging then scales as SyncBatchNorm).
 
-In eval mode, or without a process group, it is ordinary BatchNorm2d (same parameters, buffers
-and state_dict keys, so checkpoints and BN folding do not notice the difference).
+In eval mode, or without a process group, it is ordinary BatchNorm2d with the same state_dict keys.
 """
 from __future__ import annotations
 
@@ -88,7 +83,7 @@ def convert(module: nn.Module) -> nn.Module:
     if isinstance(module, nn.BatchNorm2d) and not isinstance(module, GlobalBatchNorm2d):
         new = GlobalBatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
                                 module.track_running_stats)
-        # The very tensors (dtype, device and identity kept), as torch's convert_sync_batchnorm.
+        # The very tensors (identity kept), as torch's convert_sync_batchnorm.
         if module.affine:
             new.weight, new.bias = module.weight, module.bias
         new.running_mean, new.running_var = module.running_mean, module.running_var

@@ -1,6 +1,5 @@
-"""The ``trainer`` and ``optim`` config groups: their schemas, words and checks (the engine is
-the code that reads them). Torch-free on purpose: the schemas load before Hydra composes, so
-``python run.py --help`` does not pay for importing torch.
+"""The ``trainer`` and ``optim`` config groups: their schemas, words and checks. Torch-free: the
+schemas load before Hydra composes, so ``run.py --help`` does not pay for importing torch.
 """
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class TrainerConf:
     device: str = "auto"
     conf_thresh: float = 0.01
     nms_iou: float = 0.5
-    # Training hooks named by config, {name: {_target_: pkg.module.Class, options...}}: built for
-    # every training stage (mdk/engine/extra_hooks.py); a search sets one per trial.
+    # {name: {_target_: pkg.module.Class, options...}}, built for every training stage
     hooks: dict[str, Any] = field(default_factory=dict)
 
 
@@ -59,7 +57,7 @@ class TrainerConf:
 class OptimConf:
     _target_: str = MISSING
     _partial_: bool = True
-    lr: Any = MISSING           # a number > 0 (checked by check_optim; Any keeps the value as typed)
+    lr: Any = MISSING           # Any keeps the value as typed; check_optim checks it
     weight_decay: float = 0.0
 
 
@@ -68,15 +66,14 @@ class SGDConf(OptimConf):
     momentum: float = 0.0
 
 
-# The optimizer's other arguments keep torch's defaults; to set them (betas, nesterov, ...) write
-# an optimizer YAML of your own in conf/optim/ (with this schema's keys and yours, no schema).
+# Other optimizer arguments keep torch's defaults; to set them, add a YAML without this schema
+# in conf/optim/.
 TRAINER_SCHEMAS: dict[str, type] = {"trainer": TrainerConf}
 OPTIM_SCHEMAS: dict[str, type] = {"adamw": OptimConf, "sgd": SGDConf}
 
 
 def _true_false_auto(cfg: DictConfig, key: str, auto_means: str) -> None:
-    """A switch whose ``auto`` is resolved where it is used (per device and stage in
-    mdk/engine/precision.py; per stream in mdk/progress.py)."""
+    """A switch whose ``auto`` is resolved where it is used."""
     v = get(cfg, key)
     if v not in (True, False, "auto"):
         raise ConfigError(f"{key}={v!r} must be true, false or auto (auto: {auto_means})")
@@ -109,7 +106,7 @@ def check_trainer(cfg: DictConfig) -> None:
 
 
 def check_ema(decay: Any, tau: Any, dtype: Any) -> None:
-    """``trainer.ema``'s values: the one check, for the config and for mdk/engine/ema.py."""
+    """``trainer.ema``'s values: one check for the config and mdk/engine/ema.py."""
     if not 0 < float(decay) < 1:
         raise ConfigError(f"trainer.ema.decay={decay} must be in (0, 1), e.g. 0.9999")
     if float(tau) < 0:

@@ -1,16 +1,9 @@
 """The process world: who this process is in a run and which device it drives.
 
-One ``World`` value is made once per process by the launcher (spawned worker, torchrun/SLURM
-task, inline rank or single process) from what it knows for certain — the rank it gave the
-process or the environment torchrun/SLURM set — and passed down to the stage. Nothing below
-the launcher reads RANK / LOCAL_RANK / SLURM_* from the environment, and no launcher writes them
-into its own process, so a second run in the same process (tests, a sweep's next job) never
-inherits a stale rank or GPU ordinal.
-
-The device follows from ``trainer.device`` and the local rank: ``cuda:<local_rank>`` when CUDA
-is used, else the CPU. The backend follows from the device: NCCL for CUDA, gloo for the CPU
-(``dist.backend`` may force one). Checks that depend on the machine (more ranks per machine than
-GPUs, CUDA asked for but absent) raise ConfigError naming the key, in every launch path.
+The launcher makes one ``World`` per process and passes it down; nothing below it reads RANK /
+SLURM_* from the environment, nor does a launcher write them into its own process, so a second
+run in the same process (tests, a sweep's next job) never inherits a stale rank or GPU ordinal.
+Machine checks (more ranks than GPUs, CUDA absent) raise ConfigError naming the key.
 """
 from __future__ import annotations
 
@@ -35,7 +28,7 @@ class World:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0 does the run's single-writer side effects (files, sinks, progress bar)."""
+        """Rank 0 does the single-writer side effects (files, sinks, progress bar)."""
         return self.rank == 0
 
     @property
@@ -59,7 +52,6 @@ def uses_cuda(device: str, cuda_available: Optional[bool] = None) -> bool:
 
 
 def backend_for(device: str, backend: str = "auto", cuda_available: Optional[bool] = None) -> str:
-    """The process-group backend: ``dist.backend``, or with ``auto`` NCCL for CUDA, gloo else."""
     if backend not in BACKENDS:
         raise ConfigError(f"dist.backend={backend!r} must be one of {', '.join(BACKENDS)}")
     cuda = uses_cuda(device, cuda_available)
@@ -72,8 +64,7 @@ def backend_for(device: str, backend: str = "auto", cuda_available: Optional[boo
 
 def check_local_size(device: str, local_size: int, cuda_available: Optional[bool] = None,
                      device_count: Optional[int] = None) -> None:
-    """One GPU per process: more local ranks than GPUs is a config error (NCCL would only say
-    'invalid usage' when two ranks share a GPU)."""
+    """One GPU per process (NCCL only says 'invalid usage' when two ranks share one)."""
     if not uses_cuda(device, cuda_available):
         return
     n = torch.cuda.device_count() if device_count is None else device_count
@@ -85,7 +76,7 @@ def check_local_size(device: str, local_size: int, cuda_available: Optional[bool
 def make_world(rank: int, local_rank: int, size: int, local_size: int, device: str = "auto",
                backend: str = "auto") -> World:
     """The World of this process; with CUDA it also makes ``cuda:<local_rank>`` the current
-    device (NCCL and every ``.cuda()`` then use this process's own GPU)."""
+    device, so NCCL and every ``.cuda()`` use this process's own GPU."""
     check_local_size(device, local_size)
     be = backend_for(device, backend)
     if uses_cuda(device):
@@ -98,14 +89,12 @@ def make_world(rank: int, local_rank: int, size: int, local_size: int, device: s
 
 
 def single_process(device: str = "auto") -> World:
-    """The world of a process that runs alone (tools, single-process runs)."""
     return make_world(0, 0, 1, 1, device)
 
 
 def alone(world: Optional[World], device: str = "cpu") -> World:
-    """``world``, or for a caller that passes none (a tool, a test calling the engine directly)
-    the world of a process running alone; refused inside a process group, where only the
-    launcher knows the rank."""
+    """``world``, or with None the world of a process running alone; refused inside a process
+    group, where only the launcher knows the rank."""
     if world is not None:
         return world
     if tdist.is_available() and tdist.is_initialized():

@@ -1,17 +1,11 @@
 """The command line around Hydra's main: composition errors as one line; stop signals.
 
-Hydra prints its own composition errors (a wrong type, an unknown key or option) over several
-lines and exits. Here Hydra is asked to re-raise them (``HYDRA_FULL_ERROR=1`` while it composes)
-and they become ``config error: <one line naming the key and value>`` with exit status 1, like
-every other config error; an override its grammar cannot parse names the override, the
-character it stopped at and the quoted form to type (``mdk.compose.one_line``). A run dir that
-Hydra cannot make or write (a full or read-only disk) is one ``disk error`` line naming it. The
-user's own HYDRA_FULL_ERROR setting is put back before the task runs (``restore_full_error``,
-first thing in run.py's main) and after the command; with it set, tracebacks are shown as usual.
+Hydra prints composition errors over several lines; with ``HYDRA_FULL_ERROR=1`` while it composes
+it re-raises them instead, and they become one ``config error`` line, exit status 1. A run dir
+Hydra cannot write is one ``disk error`` line. The user's own HYDRA_FULL_ERROR is put back before
+the task runs and after the command; with it set, tracebacks show as usual.
 
-For the whole command SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop
-(launchers/processes/stop_signals.py); the stop ends the command with one line
-(``stopped by SIGTERM in step1 at epoch 3 iteration 57; rerun the same command to resume``)
+SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop; the command then ends with one line
 and exit status 128 + the signal's number.
 """
 from __future__ import annotations
@@ -37,7 +31,7 @@ _USER = "MDK_USER_HYDRA_FULL_ERROR"  # the user's HYDRA_FULL_ERROR, carried into
 
 
 def restore_full_error() -> None:
-    """Put the user's HYDRA_FULL_ERROR back (Hydra then reports task errors as it always does)."""
+    """Put the user's HYDRA_FULL_ERROR back, so Hydra reports task errors as usual."""
     user = os.environ.get(_USER)
     if user is None:
         return
@@ -64,7 +58,7 @@ def run_cli(main: Callable[[], object]) -> None:
     except StopRequested as e:
         print(getattr(e, "line", None) or stop_line(e), file=sys.stderr, flush=True)
         sys.exit(stop_status(e))
-    except JobsEndedError as e:  # sweep jobs without a result: how each ended, one line each
+    except JobsEndedError as e:  # sweep jobs without a result
         for line in e.lines:
             log.error("%s", line)
         print("\n".join(e.lines), file=sys.stderr, flush=True)

@@ -39,14 +39,10 @@ def _resolved(cfg: DictConfig) -> DictConfig:
 
 
 def run(cfg: DictConfig) -> Any:
-    """Run the stages; a user error (bad config/data/checkpoint, NaN loss) becomes one line on
-    stderr and exit status 1 instead of a traceback (HYDRA_FULL_ERROR=1 shows the traceback)."""
+    """Run the stages; a user error becomes one line on stderr and exit status 1 instead of a
+    traceback (unless HYDRA_FULL_ERROR=1)."""
     tune_malloc()  # again here: submitit/SLURM jobs reach run() without run.py's top level
     try:
-        # Multirun: a failing job returns a "failed" result instead of raising, so the other jobs
-        # still run and the sweep table shows it (launchers/hydra_app/job.py).
-        # With an `objective` (searches): float() of the result is the metric
-        # (launchers/hydra_app/objective.py).
         return with_objective(cfg, run_guarded(_run, cfg))
     except StopRequested as e:  # a stop signal: the command ends with this line (cli.py)
         multirun = is_multirun()
@@ -59,8 +55,7 @@ def run(cfg: DictConfig) -> Any:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if line is None and isinstance(e, RankFailedError):
-            # Its message is the failing rank's own traceback (or how it died); the parent's
-            # frames (run_ranks waiting on the workers) would only bury it.
+            # Its message is the rank's own traceback; the parent's frames would only bury it.
             text = str(e)
             log.error("%s", text.splitlines()[0])  # the run log gets the headline; rank*.log has it all
             raise SystemExit(text) from None  # stderr, status 1
@@ -71,7 +66,7 @@ def run(cfg: DictConfig) -> Any:
 
 
 def _sweep_name() -> str | None:
-    """The sweep a multirun job belongs to (its sweep dir's name), for grouping metric sinks."""
+    """The sweep dir's name of a multirun job, for grouping metric sinks."""
     if not is_multirun():
         return None
     return Path(str(HydraConfig.get().sweep.dir)).name
@@ -83,23 +78,22 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     validate(cfg, env.world_size if env.external else None)  # the real world under torchrun/SLURM
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     stages = running_stages(cfg)
-    # Resolve once per stage, here: workers get plain values (no Hydra resolvers in spawned
-    # processes), and each stage's epochs/lr_scale are in place before interpolations resolve.
-    # a stage's step.min_iters turns into epochs from the train split's size
+    # Resolved here, once per stage: spawned workers have no Hydra resolvers, and each stage's
+    # epochs/lr_scale must be in place before interpolations resolve.
     n_train = train_images(cfg) if any(stage_config(cfg, s).step.get("min_iters")
                                        for s in stages) else None
     configs = [_resolved(stage_config(cfg, s, n_train)) for s in stages]
-    trial = trial_hook(cfg, stages)  # a search's trial reports from its objective stage
+    trial = trial_hook(cfg, stages)
     if trial is not None and trial[0] in stages:
         configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]
-    preflight(configs[0], run_dir)  # machine and files, before any process starts
-    with folder_lock(configs[0], env, run_dir):  # one run per paths.checkpoints
+    preflight(configs[0], run_dir)
+    with folder_lock(configs[0], env, run_dir):
         return _run_stages(cfg, env, run_dir, stages, configs)
 
 
 def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[str],
                 configs: list[DictConfig]) -> list[StageResult]:
-    faults.at("start")  # MDK_FAULT=raise:start:1:0:<Class>: a user error in this process (tests)
+    faults.at("start")
     results: list[StageResult] = []
     offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
     group = _sweep_name()
@@ -118,7 +112,7 @@ def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[st
         results.append(res)
         if stop_requested() is not None and s != stages[-1]:  # asked in the stage's last epoch
             raise StopRequested(str(stop_requested()), stage=s)
-        if res.extra.get("stop_reason"):  # a trainer.hooks hook (a search's pruner) ended it
+        if res.extra.get("stop_reason"):  # e.g. a search's pruner
             log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run", s,
                         res.extra.get("stopped_epoch"), scfg.trainer.epochs,
                         res.extra["stop_reason"])

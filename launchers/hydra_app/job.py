@@ -1,9 +1,7 @@
 """Running one job of ``python run.py``: a single run, or one job of a sweep (``-m``).
 
-In a multirun a job that raises must not stop the sweep: ``run_guarded`` (called by
-``launchers.hydra_app.entry``) turns the exception into a ``failed`` result, which the job's
-result.json and the sweep table show (``launchers.hydra_app.sweep_summary``). Without it Hydra's
-basic sweeper re-raises the first failure after the batch and never calls ``on_multirun_end``.
+In a sweep a job that raises becomes a ``failed`` result; otherwise Hydra's basic sweeper
+re-raises the first failure after the batch and never calls ``on_multirun_end``.
 """
 from __future__ import annotations
 
@@ -19,16 +17,13 @@ log = logging.getLogger(__name__)
 
 
 def is_multirun() -> bool:
-    """Whether this process runs a job of a sweep (``python run.py -m ...``)."""
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def run_guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
-    """``fn(cfg)``; in a multirun a failure becomes a result instead of an exception.
-
-    Caught: any Exception, and SystemExit carrying a message (config errors). Not caught:
-    SystemExit with a code (submitit's requeue exit), KeyboardInterrupt, and
-    ``mdk.stop.StopRequested`` (preemption): those must end the process."""
+    """``fn(cfg)``; in a multirun an Exception or a SystemExit with a message becomes a result.
+    A SystemExit with a code (submitit's requeue), KeyboardInterrupt and StopRequested still end
+    the process."""
     if not is_multirun():
         return fn(cfg)
     try:

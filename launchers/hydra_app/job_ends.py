@@ -1,13 +1,9 @@
 """How a submitit job that returned no result ended, as one line in the launching process.
 
-A job stopped by a signal (SIGTERM from ``scancel``, a preemption that is not requeued, a
-``kill`` of a local job) saves last.pth and exits without a result; submitit's launcher then
-raises an error holding the job's whole stderr ("Error stream produced: ..."). Instead, the job
-records its stop line in ``<sweep dir>/.submitit/stops/<job num>.json`` and the launching process
-prints ``sweep job 0 (<job id>): stopped by SIGTERM in <stage> at epoch 1 iteration 3; rerun the
-same command with hydra.sweep.dir=... hydra.callbacks.sweep.resume=true to resume`` and exits
-with 128 + the signal. A job that ended without a word (killed, or a crash outside Python) gets
-one line with its state and where its log is.
+A job stopped by a signal exits without a result, and submitit would raise an error holding its
+whole stderr. Instead the job records its stop line in ``<sweep dir>/.submitit/stops/<job>.json``;
+the launching process prints it and exits with 128 + the signal. A job that ended without a word
+(killed, or a crash outside Python) gets one line with its state and log.
 """
 from __future__ import annotations
 
@@ -24,8 +20,8 @@ STOPS = Path(".submitit") / "stops"
 
 
 class JobsEndedError(SystemExit):
-    """Jobs of a launch returned no result: ``lines`` say how each ended (``jobs_end_lines``),
-    the exit status is the command's. A search's sweeper catches it and fails that trial."""
+    """Jobs of a launch returned no result: ``lines`` say how each ended; the exit status is the
+    command's. A search's sweeper catches it and fails that trial."""
 
     def __init__(self, status: int, lines: list[str]) -> None:
         super().__init__(status)
@@ -51,9 +47,8 @@ def forget_stopped_job(sweep_dir: str, job_num: int) -> None:
 def jobs_end_lines(sweep_dir: str, error: BaseException,
                    jobs: Optional[Collection[int]] = None) -> tuple[list[str], int]:
     """The lines for jobs that returned no result, and the command's exit status: the recorded
-    stops (128 + the first one's signal), else one line from submitit's error (status 1).
-    ``jobs``: the job numbers of this launch (a search launches one trial at a time while others
-    run: another trial's stop is not this launch's)."""
+    stops, else one line from submitit's error (status 1). ``jobs``: this launch's job numbers
+    (a search launches trials while others run)."""
     recs = sorted((json.loads(p.read_text()) for p in (Path(sweep_dir) / STOPS).glob("*.json")),
                   key=lambda r: r["job"])
     recs = [r for r in recs if jobs is None or r["job"] in jobs]

@@ -1,20 +1,9 @@
 """What a run returns to a hyperparameter search: its objective, read from the stage results.
 
-``python run.py -m hparams_search=<name>`` runs an Optuna study (``hydra/sweeper=mdk_optuna``,
-launchers/hydra_app/optuna_sweeper.py; conf/hparams_search/). A run returns its stage results as
-a ``StageResults``: the list of ``StageResult`` records that the sweep table reads
-(launchers/reports/sweep_results.py), and ``objectives()`` are the trial's values,
-``objective.metric`` (one name, or a list for a study of several directions) of stage
-``objective.stage`` (null: the last stage that reports the metric, e.g. step3 in
-``pipeline=[step1,step2,cal,step3]``); ``float()`` is the one value of a single objective.
-
-What the sweeper tells the study:
-
-* a run its trial's pruner stopped (``stop_reason`` starts with ``pruned``): PRUNED, at the last
-  value it reported;
-* a failed run (``FailedRun``: the failure record the table shows), a run without a usable metric
-  and a NaN or infinite metric (``objectives`` raises ValueError): FAIL, and the study goes on;
-* our runs never raise in a sweep (``run_guarded``); a job that does is FAIL too.
+A run returns a ``StageResults``: the stage results the sweep table reads, whose
+``objectives()`` are ``objective.metric`` (one name, or a list) of stage ``objective.stage``
+(null: the last stage that reports it). The sweeper tells the study PRUNED for a run its pruner
+stopped, and FAIL for a failed run (``FailedRun``) or a missing or non-finite metric.
 """
 from __future__ import annotations
 
@@ -26,11 +15,11 @@ from omegaconf import DictConfig
 from mdk.engine.result import StageResult
 
 
-PRUNED = "pruned"  # how a stop_reason of a trial its pruner stopped begins
+PRUNED = "pruned"  # the start of a pruned trial's stop_reason
 
 
 class StageResults(list):
-    """The StageResults of a run; ``objectives()`` (``float()`` for one) are the search's values."""
+    """A run's StageResults; ``objectives()`` (``float()`` for one) are the search's values."""
 
     def __init__(self, results: Sequence[StageResult], stages: Sequence[str],
                  metric: Union[str, Sequence[str]], stage: Optional[str] = None) -> None:
@@ -40,11 +29,10 @@ class StageResults(list):
 
     @property
     def stop_reason(self) -> Optional[str]:
-        """Why a stage ended training early (a trial's pruner: ``pruned ...``); None if none did."""
+        """Why a stage ended training early; None if none did."""
         return next((r.extra["stop_reason"] for r in self if r.extra.get("stop_reason")), None)
 
     def objectives(self) -> list[float]:
-        """``objective.metric``'s value(s) of the chosen stage, one per metric."""
         names = [self.metric] if isinstance(self.metric, str) else self.metric
         return [self.objective(n) for n in names]
 
@@ -81,8 +69,7 @@ class FailedRun(dict):
 
 
 def with_objective(cfg: DictConfig, result: Any) -> Any:
-    """What ``launchers.hydra_app.entry.run`` returns: ``result`` with the objective attached when
-    the config has an ``objective`` node (conf/config.yaml), else ``result`` itself."""
+    """``result`` with the objective attached when the config has an ``objective`` node."""
     obj = cfg.get("objective")
     if obj is None:
         return result

@@ -8,8 +8,8 @@ grammar, as Optuna distributions, and a trial's parameters back as overrides.
 * ``tag(log, ...)`` on an interval or an integer range: sampled on a log scale;
 * anything else (``trainer.epochs=3``): the same value in every trial.
 
-The command line wins over ``params`` for the same key. Optuna is imported here when a space
-is built: Hydra imports the sweeper plugin at every start, searching or not.
+The command line wins over ``params`` for the same key. Optuna is imported only when a space is
+built: Hydra imports the sweeper plugin at every start.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from mdk.errors import ConfigError
 
 @dataclass
 class SearchSpace:
-    """``distributions``: Optuna's, by parameter name (the key without +/~); ``keys``: the key as
-    written in an override (``+stages.step3.epochs``); ``texts``: a categorical value's override
-    text when it is no plain scalar; ``fixed``: overrides every trial gets."""
+    """``distributions``: by parameter name (the key without +/~); ``keys``: the key as written
+    in an override; ``texts``: a non-scalar choice's override text; ``fixed``: overrides every
+    trial gets."""
 
     distributions: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
@@ -36,7 +36,6 @@ class SearchSpace:
     fixed: list[str] = field(default_factory=list)
 
     def overrides(self, params: Mapping[str, Any]) -> list[str]:
-        """A trial's overrides: the fixed ones, then each parameter's ``key=value``."""
         out = list(self.fixed)
         for name, value in params.items():
             text = self.texts.get(name, {}).get(value)
@@ -55,7 +54,7 @@ RANGES = ("write a range as choice(a,b), a,b, range(1,10,2), interval(0.001,0.1)
 
 
 def value_text(value: Any) -> str:
-    """``value`` as Hydra's override grammar reads it back to the same value (quoted if need be)."""
+    """``value`` as override text that Hydra reads back to the same value."""
     if value is None:
         return "null"
     if isinstance(value, bool):

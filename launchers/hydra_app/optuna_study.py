@@ -1,15 +1,11 @@
-"""A search's study, the same for the sweeping process and for each trial's run: where it is
-stored, how it is opened, its pruner, and what a killed sweep left behind.
+"""A search's study, the same for the sweeping process and each trial's run: where it is stored,
+how it is opened, its pruner, and what a killed sweep left behind.
 
-* storage ``null`` (default): an Optuna journal file, ``<sweep dir>/optuna_journal.log``
-  (appends under a file lock: safe on the shared file systems of SLURM clusters); a string with
-  ``://`` is any Optuna storage URL (``sqlite:///study.db``, ``postgresql://...``); another
-  string is the path of a journal file;
-* every process that opens the study (the sweeper, a trial's run on a cluster node) talks to it
-  through that storage, never through the sweeper's memory;
-* a trial that is RUNNING when a sweep starts was left by a sweep that was killed: it is FAIL,
-  and run once more as a new trial with the same parameters (``retry_of``), unless it was such a
-  retry itself. One sweep at a time per study.
+Storage ``null`` is a journal file in the sweep dir (appends under a file lock: safe on a
+cluster's shared file system); a string with ``://`` is any Optuna storage URL, another a journal
+path. Every process talks to the study through that storage, never the sweeper's memory. A trial
+RUNNING when a sweep starts was left by a killed sweep: it is FAIL, and retried once as a new
+trial. One sweep at a time per study.
 
 Optuna is imported inside the functions: Hydra imports the sweeper plugin at every start.
 """
@@ -30,7 +26,7 @@ from mdk.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SWEEPER = "hydra_plugins.mdk_optuna.OptunaSweeper"  # hydra.sweeper._target_ of hydra/sweeper=mdk_optuna
+SWEEPER = "hydra_plugins.mdk_optuna.OptunaSweeper"  # hydra.sweeper._target_
 JOURNAL = "optuna_journal.log"
 MARKER = "optuna_study.json"  # which study a sweep dir holds (one study per sweep dir)
 RETRY_OF, JOB_DIR = "retry_of", "job_dir"  # trial user attributes
@@ -45,7 +41,6 @@ def storage_url(storage: Optional[str], sweep_dir: Path) -> str:
 
 
 def open_storage(url: str) -> Any:
-    """Optuna's storage object for ``storage_url``'s string."""
     import optuna  # optuna: only in a search (see top)
 
     if "://" in url:
@@ -66,8 +61,8 @@ def directions(direction: Any) -> list[str]:
 
 
 def group_node(node: Any, key: str) -> Any:
-    """``hydra.sweeper.<key>`` must be a node (a config of the group ``hydra/sweeper/<key>``); a
-    plain value there (``hydra.sweeper.pruner=median``) is one line saying how to choose one."""
+    """``hydra.sweeper.<key>`` must be a node; a plain value there (``hydra.sweeper.pruner=median``)
+    is one line saying how to choose one."""
     if node is None or OmegaConf.is_dict(node) or isinstance(node, dict):
         return node
     options = ", ".join(sorted(p.stem for p in (CONF_DIR / "hydra" / "sweeper" / key).glob("*.yaml")))
@@ -77,7 +72,7 @@ def group_node(node: Any, key: str) -> Any:
 
 
 def make_pruner(node: Any) -> Any:
-    """``hydra.sweeper.pruner`` (a node with Optuna's ``_target_`` and arguments) as a pruner."""
+    """``hydra.sweeper.pruner`` as an Optuna pruner (NopPruner when none)."""
     import optuna  # optuna: only in a search (see top)
 
     node = group_node(node, "pruner")
@@ -91,8 +86,8 @@ def make_pruner(node: Any) -> Any:
 
 
 def open_trial(name: str, url: str, number: int, pruner: Any = None) -> Any:
-    """Trial ``number`` of the existing study ``name``, as a run reports to it from its own
-    process (its sampler is never asked: a random one costs nothing to make)."""
+    """Trial ``number`` of the existing study ``name``, for a run to report to (its sampler is
+    never asked: a random one costs nothing)."""
     import optuna  # optuna: only in a search (see top)
 
     storage = open_storage(url)
@@ -121,8 +116,7 @@ def claim_sweep_dir(sweep_dir: Path, name: str, url: str) -> None:
 
 
 def fail_stale_trials(study: Any) -> dict[int, str]:
-    """Mark the RUNNING trials (left by a killed sweep) FAIL; enqueue each once more with the same
-    parameters unless it was a retry already. Returns {trial number: what happened}."""
+    """Fail the RUNNING trials a killed sweep left, retrying each once; {trial number: note}."""
     import optuna  # optuna: only in a search (see top)
 
     notes = {}
@@ -166,8 +160,7 @@ def write_best(study: Any, path: Path, dirs: Sequence[str]) -> None:
 
 
 def trial_record(trial: Any, note: Optional[str] = None) -> dict[str, Any]:
-    """What the sweep table shows of a finished trial (written into its job's result.json):
-    number, state, values, the last epoch it reported, and why it failed when the job can't say."""
+    """What the sweep table shows of a finished trial (in its job's result.json)."""
     steps = sorted(trial.intermediate_values)
     return {"number": trial.number, "state": trial.state.name, "values": trial.values,
             "epoch": steps[-1] if steps else None,
@@ -180,7 +173,7 @@ def trial_by_number(study: Any, number: int) -> Any:
 
 
 def record_in_job(trial: Any, note: Optional[str] = None) -> None:
-    """Add the trial's record to its job's result.json (made if the job never wrote one)."""
+    """Add the trial's record to its job's result.json (made if missing)."""
     job_dir = trial.user_attrs.get(JOB_DIR)
     if not job_dir:
         return

@@ -1,20 +1,11 @@
 """``hydra/sweeper=mdk_optuna``: an Optuna study on the ask-and-tell API, each trial one job of
-the configured launcher (basic, submitit_local, submitit_slurm).
+the configured launcher. Its keys are those of Hydra's Optuna sweeper plugin, plus ``pruner`` and
+``max_failure_rate``.
 
-The config keys are those of Hydra's Optuna sweeper plugin (``conf/hydra/sweeper/mdk_optuna.yaml``): ``params``
-(launchers/hydra_app/optuna_space.py), ``direction`` (one, or a list for several objective
-metrics), ``study_name``, ``storage``, ``n_trials``, ``n_jobs``, ``sampler`` (with its ``seed``),
-plus ``pruner`` and ``max_failure_rate``. How it runs:
-
-* the study lives in its storage (launchers/hydra_app/optuna_study.py), so the same command
-  again continues it: finished trials stay, a trial the killed sweep left RUNNING is FAIL and
-  runs once more as a new trial, and the study ends with ``n_trials`` finished trials
-  (COMPLETE, PRUNED or FAIL, earlier sweeps' included);
-* trial N is job N (``hydra.job.num``): its job dir is never another trial's;
-* up to ``n_jobs`` trials run at once, a new one asked as soon as one ends (one thread per
-  running job waits on the launcher); the basic launcher runs jobs in this process, one at a time;
-* each trial's run reports its objective per epoch to the study and stops when the pruner says
-  so (launchers/hydra_app/optuna_trial.py); its result then says so and the trial is PRUNED.
+The study lives in its storage, so the same command again continues it, up to ``n_trials``
+finished trials (earlier sweeps' included). Trial N is job N, so its job dir is never another
+trial's. Up to ``n_jobs`` trials run at once (a thread per running job waits on the launcher; the
+basic launcher runs one at a time in this process).
 """
 from __future__ import annotations
 
@@ -49,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class SearchConfigError(SystemExit):
-    """A search's config is wrong (SystemExit: one line, status 1; Hydra would print a traceback)."""
+    """A search's config is wrong (a SystemExit: one line, not Hydra's traceback)."""
 
 
 class SearchFailedError(SystemExit):
@@ -102,7 +93,7 @@ class SearchSweeper(Sweeper):
         pruner = make_pruner(self.pruner_node)
         metric = _plain(OmegaConf.select(self.config, "objective.metric"))
         n_metrics = 1 if isinstance(metric, str) else len(metric or [])
-        if metric is not None and n_metrics != len(dirs):  # before any trial trains, not after each
+        if metric is not None and n_metrics != len(dirs):  # before any trial trains
             raise ConfigError(f"objective.metric={metric} gives {n_metrics} value(s) for the "
                               f"{len(dirs)} of hydra.sweeper.direction={dirs}; give one metric "
                               "per direction")
@@ -150,7 +141,6 @@ class SearchSweeper(Sweeper):
         return build(node, "hydra.sweeper.sampler", **extra)
 
     def _slots(self) -> int:
-        """Jobs at a time: the basic launcher runs them in this process, so one."""
         if isinstance(self.launcher, BasicLauncher):
             if self.n_jobs > 1:
                 log.info("hydra.sweeper.n_jobs=%d with the basic launcher: one trial at a time in "
@@ -185,8 +175,8 @@ class SearchSweeper(Sweeper):
         return returns
 
     def _job_dir(self, study: Any, trial: Any, overrides: list[str]) -> str:
-        """Compose the trial's config (a bad value stops here, the trial FAIL) and return its job
-        dir, which must not hold an earlier job."""
+        """The trial's job dir, which must not hold an earlier job; a config that does not
+        compose fails the trial here."""
         import optuna  # optuna: only when searching (see _sweep)
 
         try:
@@ -207,9 +197,8 @@ class SearchSweeper(Sweeper):
         return str(job_dir)
 
     def _start(self, aside: bool, overrides: list[str], num: int) -> Future:
-        """Launch trial ``num``'s job and wait for it: in a thread of its own when several run at
-        once (a daemon, so a stop of this process does not wait for jobs that run on), else in
-        this thread (the basic launcher runs the job here)."""
+        """Launch trial ``num``'s job and wait for it, in a daemon thread when ``aside`` (a stop of
+        this process does not wait for jobs that run on), else in this thread."""
         fut: Future = Future()
 
         def launch() -> None:
@@ -228,7 +217,7 @@ class SearchSweeper(Sweeper):
         return fut
 
     def _tell(self, study: Any, trial: Any, fut: Future) -> tuple[Optional[JobReturn], str]:
-        """Tell the study how the trial's job ended; write its record into the job's result.json."""
+        """Tell the study how the trial's job ended, and record it in the job's result.json."""
         import optuna  # optuna: only when searching (see _sweep)
 
         state, values, note, ret = optuna.trial.TrialState.FAIL, None, None, None
@@ -271,7 +260,7 @@ def _plain(node: Any) -> Any:
 
 
 def _objective_values(value: Any) -> list[float]:
-    """The trial's values: a run's StageResults (its objective metrics), or a plain number."""
+    """The trial's values: a run's objective metrics, or a plain number."""
     values = value.objectives() if isinstance(value, StageResults) else [float(value)]
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"the objective is not finite: {values}")

@@ -1,24 +1,12 @@
 """A trial's side of a search: its run reports the objective per epoch to the study and stops
 when the study's pruner says so.
 
-When a job is trial N of an ``hydra/sweeper=mdk_optuna`` study (its Hydra config names that
-sweeper; job N is trial N), ``launchers.hydra_app.entry`` adds a ``TrialReporter`` to the
-objective stage's ``trainer.hooks`` (``objective.stage``, or the last stage of the run). The
-engine builds it like any such hook (mdk/engine/extra_hooks.py), after the checkpoint hook:
-
-* at each epoch's end rank 0 reports ``objective.metric`` so far (``best_map50``: the best val
-  mAP@0.5 up to this epoch; ``final_loss``: the epoch's training loss) as the trial's value at
-  step = epoch, through the study's storage (a journal file or database every node can reach:
-  it works the same under every launcher), and asks the pruner;
-* pruned (never at the last epoch): every rank ends training after this epoch, whose last.pth
-  (and best.pth) are written; the stage's result says ``stop_reason: pruned ...`` and
-  ``stopped_epoch``, the later stages do not run, the process exits and its GPUs are free;
-  the sweeper tells the study PRUNED;
-* a trial that is no longer RUNNING in the study (a new sweep failed it after the old one was
-  killed) stops the same way, as ``trial ... is FAIL``; a study that can't be reached is a
-  warning, and the run goes on without reporting.
-
-A study of several objectives gets no reporter: Optuna cannot prune those.
+Job N of an mdk_optuna study is trial N; a ``TrialReporter`` joins the objective stage's
+``trainer.hooks``. At each epoch's end rank 0 reports the metric so far through the study's
+storage (reachable from every node, so it works under every launcher) and asks the pruner.
+Pruned (never at the last epoch), or no longer RUNNING in the study, every rank ends training
+after that epoch and the later stages do not run. An unreachable study is only a warning. A study
+of several objectives gets no reporter: Optuna cannot prune those.
 """
 from __future__ import annotations
 
@@ -42,13 +30,12 @@ HOOK = "optuna_trial"  # its name in trainer.hooks
 
 
 def is_trial() -> bool:
-    """This job is a trial of an mdk_optuna study (call in a multirun job)."""
+    """This job is a trial of an mdk_optuna study (call it in a multirun job)."""
     return HydraConfig.get().sweeper.get("_target_") == SWEEPER
 
 
 def trial_hook(cfg: DictConfig, stages: Sequence[str]) -> Optional[tuple[str, dict[str, Any]]]:
-    """(stage, ``trainer.hooks`` node) when this job is a trial of an mdk_optuna study with one
-    objective; None otherwise."""
+    """(stage, ``trainer.hooks`` node) for a trial of a one-objective study; None otherwise."""
     if not is_multirun() or cfg.get("objective") is None:
         return None
     hc = HydraConfig.get()
@@ -64,7 +51,7 @@ def trial_hook(cfg: DictConfig, stages: Sequence[str]) -> Optional[tuple[str, di
 
 
 class TrialReporter(HookBase):
-    """``trainer.hooks.optuna_trial``: built by the engine on every rank of the objective stage."""
+    """``trainer.hooks.optuna_trial``, on every rank of the objective stage."""
 
     def __init__(self, *, stage: str, run_dir: Path, is_main: bool,
                  so_far: Callable[[], Mapping[str, Any]], study: str, storage: str, trial: int,

@@ -1,10 +1,6 @@
-"""Where the project's Hydra launcher plugin lives, and putting it on the import path.
-
-Hydra accepts launcher classes only from the ``hydra_plugins`` namespace package. The repository's
-top level is fixed, so that namespace portion lives in ``launchers/plugins/hydra_plugins/`` and
-this module puts ``launchers/plugins`` on ``sys.path`` (this process) and on ``PYTHONPATH``
-(SLURM/submitit jobs, which unpickle the launcher) next to the repository root.
-Standard library only: run.py calls it before importing Hydra.
+"""Puts ``launchers/plugins`` (the project's ``hydra_plugins`` portion) and the repository root
+on ``sys.path`` and on ``PYTHONPATH`` (submitit jobs unpickle the launcher). Standard library
+only: run.py calls it before importing Hydra.
 """
 from __future__ import annotations
 

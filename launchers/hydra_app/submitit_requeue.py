@@ -1,26 +1,15 @@
 """Hydra submitit launchers whose requeued jobs come back to the SAME job directory and resume.
 
-The plugin's launcher (``hydra_plugins.hydra_submitit_launcher``) re-runs ``__call__`` after a
-preemption or time-out: it composes the job's config again and lets Hydra compute the output dir
-anew (hydra#2042, lightning-hydra-template#146). Whatever in ``hydra.sweep.dir`` /
-``hydra.sweep.subdir`` is evaluated at run time (a relative path against another cwd, ``${now:}``,
-``${hydra.job.id}``, an env var) can then give a new, empty directory, so the job starts from
-scratch and its checkpoints (``<job dir>/checkpoints``, see ``mdk_ckpt``) are orphaned. Here:
+The plugin re-runs ``__call__`` after a preemption or time-out and lets Hydra compute the output
+dir anew (hydra#2042), so anything evaluated at run time in ``hydra.sweep.dir``/``subdir``
+(``${now:}``, a relative path, an env var) can give a new, empty dir and orphan the checkpoints.
+Here ``launch`` resolves the sweep dir once, absolute, and job N's first run records its sub dir
+for its reruns.
 
-* ``launch`` resolves the sweep dir once, to an absolute path, before the jobs are pickled;
-* the first run of job N records its resolved sub dir (and overrides) in
-  ``<sweep dir>/.submitit/jobdirs/N.json``; a rerun of job N with the same overrides reuses it;
-* SIGUSR2 (submitit's time-out / preemption signal), SIGTERM (preemption, ``scontrol requeue``,
-  ``scancel``) and SIGINT (Ctrl-C reaching a local job) ask the training loop to write last.pth
-  at the next step and stop (``mdk.stop``); after that, USR2 goes on to submitit's own handler,
-  which resubmits this same call (``checkpoint``) and requeues the job; SIGTERM and SIGINT just
-  exit (SLURM requeues or cancels).
-  The stop is recorded for the launching process, which reports a job that never came back in
-  one line (``launchers/hydra_app/job_ends.py``).
-  When no training loop is running (calibration, evaluation, data generation) the signal goes to
-  submitit's handler at once, as without this class.
-
-The rerun then finds ``last.pth`` in the same place and resumes (``trainer.resume=true``).
+SIGUSR2 (submitit's time-out signal), SIGTERM and SIGINT ask the training loop to save last.pth
+and stop; then USR2 goes on to submitit's handler, which requeues the job, while SIGTERM and
+SIGINT just exit. The stop is recorded for the launching process (job_ends.py). Without a running
+training loop the signal goes to submitit's handler at once.
 """
 from __future__ import annotations
 
@@ -50,9 +39,8 @@ JOBDIRS = Path(".submitit") / "jobdirs"
 
 def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequence[str],
                 record: bool = True) -> str:
-    """Fix ``hydra.sweep.dir``/``subdir`` in ``cfg`` to what job ``job_num`` used on its first run.
-
-    Returns the job directory. ``record``: write the marker (rank 0 only) on a first run."""
+    """Fix ``hydra.sweep.dir``/``subdir`` in ``cfg`` to what job ``job_num`` used on its first
+    run; returns the job dir. ``record``: write the marker on a first run (rank 0 only)."""
     marker = Path(sweep_dir) / JOBDIRS / f"{job_num}.json"
     subdir = None
     if marker.is_file():
@@ -73,16 +61,14 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
 
 
 def _export_repo_on_pythonpath() -> None:
-    """Jobs unpickle this launcher and the task, which import ``launchers``/``mdk``/``hydra_plugins``
-    from the repo: PYTHONPATH (passed on by sbatch --export=ALL and the local executor) gets the
-    repo and the plugin folder, so `python /path/to/run.py -m ...` works from any directory."""
+    """Jobs unpickle this launcher and the task, so they need the repo and the plugin folder on
+    PYTHONPATH (sbatch --export=ALL passes it on), whatever directory the command ran in."""
     add_plugin_path(export=True)
 
 
 def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequence[str]]) -> None:
-    """The SLURM request (tasks, GPUs, nodes from ``dist.gpus``/``dist.nodes``) is made once for the
-    whole sweep from the launching config, so a job whose own value differs would get the wrong
-    number of processes. Refuse that up front, naming the override."""
+    """The SLURM request is made once for the whole sweep from the launching config, so a swept
+    ``dist.gpus``/``dist.nodes`` would get the wrong number of processes: refused up front."""
     for overrides in job_overrides:
         for o in overrides:
             key, _, value = o.partition("=")
@@ -95,10 +81,8 @@ def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequen
 
 
 def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
-    """A job on several nodes meets where SLURM puts it (submitit: the job's first node, a port
-    seeded by the job id; ``launchers.processes.env`` reads the same), so ``dist.dist_url=auto``,
-    which ``validate`` refuses for ``dist.nodes>1`` (there is no machine 0 to guess), is replaced by
-    that address in the job's config: it passes the check and the run's config says where it met."""
+    """A job on several nodes meets where SLURM puts it, so ``dist.dist_url=auto`` (refused for
+    ``dist.nodes>1``) becomes that address: it passes the check and the config says where it met."""
     if int(cfg.dist.nodes) > 1 and str(cfg.dist.dist_url) == "auto":
         with open_dict(cfg):
             cfg.dist.dist_url = f"{master_addr}:{master_port}"
@@ -106,8 +90,8 @@ def slurm_dist_url(cfg: DictConfig, master_addr: str, master_port: int) -> None:
 
 @contextlib.contextmanager
 def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
-    """While inside: the signals ask the training loop to save and stop. Yields a dict of the
-    previous handlers by signal number, plus the signal that arrived under ``"received"``."""
+    """While inside, the signals ask the training loop to save and stop. Yields the previous
+    handlers by signal number, plus the signal that arrived under ``"received"``."""
     prev: dict[Any, Any] = {s: signal.getsignal(s) for s in signums}
 
     def handler(signum: int, frame: Any) -> None:
@@ -133,8 +117,7 @@ def stop_on_signals(signums: Sequence[int]) -> Iterator[dict[int, Any]]:
 
 
 class RequeueMixin:
-    """Mixed into the plugin's launchers: ``launchers/plugins/hydra_plugins/mdk_submitit.py`` declares them (Hydra
-    only accepts launcher classes from the ``hydra_plugins`` namespace); the presets use those."""
+    """Mixed into the plugin's launchers in launchers/plugins/hydra_plugins/mdk_submitit.py."""
 
     config: DictConfig
     hydra_context: Any
@@ -153,10 +136,7 @@ class RequeueMixin:
         try:
             return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
         except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as e:
-            # A job without a result (stopped by a signal, killed): one line each, not
-            # submitit's message with the job's whole stderr (launchers/hydra_app/job_ends.py).
-            # A search's sweeper fails the trial and goes on; else launchers/hydra_app/cli.py
-            # prints the lines and exits with the status.
+            # One line per job without a result, not submitit's message with its whole stderr.
             lines, status = jobs_end_lines(
                 sweep_dir, e, range(initial_job_idx, initial_job_idx + len(job_overrides)))
             raise JobsEndedError(status, lines) from None
@@ -199,7 +179,6 @@ class RequeueMixin:
                     record_stopped_job(sweep_dir, job_num, env.job_id, e)
                 got = prev.get("received")
                 if got == usr and callable(prev.get(usr)):
-                    # submitit's handler: checkpoint() -> same call pickled again, scontrol
-                    # requeue, sys.exit; it returns (does nothing) on ranks other than 0.
+                    # submitit's handler requeues the same call (a no-op on ranks other than 0).
                     prev[usr](usr, None)
                 raise SystemExit(-1) from None  # no result file: the job is not over

@@ -1,17 +1,9 @@
-"""Fail a sweep before anything is queued: each job's config gets the checks a single run makes.
+"""Fail a sweep before anything is queued: each job's config gets the checks a single run makes,
+so a bad combination in job 17 does not wait in the queue and fail after the others took GPUs.
 
-A sweep of 40 jobs on SLURM whose job 17 has a bad combination (a global batch the world size
-does not divide, an exact chunk that does not divide the per-process batch, a ``stages.*`` key
-for a stage that does not run, ...) would otherwise wait in the queue, start, and fail there,
-after the others have taken their GPUs. Here, a Hydra callback (``hydra.callbacks.sweep_check``
-in conf/config.yaml) runs in the launching process before the sweeper launches anything,
-composes every job's config as the launcher will (``load_sweep_config``) and runs
-``mdk.config.validate`` plus each stage's ``stage_config`` on it. The first bad job stops the
-command with exit status 1 and one line naming the job (number and swept values) and the key.
-
-Which sweeps: those whose jobs are all known up front (Hydra's basic sweeper, the default, with
-any launcher). A search (``hparams_search=...``: the Optuna sweeper) picks its trials as it goes;
-a trial with a bad value fails on its own and is recorded as failed in the study and the table.
+A Hydra callback composes every job's config as the launcher will; the first bad job stops the
+command with one line naming it and the key. Only for sweeps whose jobs are known up front (the
+basic sweeper): a search picks its trials as it goes, and a bad trial fails on its own.
 """
 from __future__ import annotations
 
@@ -43,8 +35,7 @@ class SweepConfigError(SystemExit):
 
 
 def sweep_jobs(config: DictConfig) -> Optional[list[list[str]]]:
-    """The overrides of every job of this sweep, in job order; None when the sweeper decides
-    its jobs while it runs (anything but the basic sweeper)."""
+    """The overrides of every job of this sweep; None when the sweeper decides them as it runs."""
     if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
         return None
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
@@ -56,8 +47,7 @@ def sweep_jobs(config: DictConfig) -> Optional[list[list[str]]]:
 
 
 def check_job(cfg: DictConfig, slurm: bool = False) -> None:
-    """What a single run checks before it starts anything (``launchers.hydra_app.entry._run``): the
-    config, then each stage's own config (``+stages.<stage>.*``). Raises ConfigError."""
+    """What a single run checks before it starts anything; raises ConfigError."""
     register_resolvers()
     if slurm:  # the job fills in its first node's address; a stand-in passes the same checks
         slurm_dist_url(cfg, "slurm-node0", 29500)
@@ -77,7 +67,6 @@ def _swept(jobs: Sequence[Sequence[str]]) -> set[str]:
 
 
 def check_sweep(config: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
-    """Compose and check every job; raise SweepConfigError naming the first bad one."""
     loader = GlobalHydra.instance().config_loader()
     slurm = "SlurmLauncher" in str(OmegaConf.select(config, "hydra.launcher._target_"))
     swept = _swept(jobs)
@@ -95,7 +84,7 @@ def check_sweep(config: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
 
 
 class SweepCheck(Callback):
-    """Hydra callback: ``on_multirun_start`` checks every job before the sweeper starts any."""
+    """Hydra callback: checks every job before the sweeper starts any."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled

@@ -1,26 +1,13 @@
-"""The Hydra callback behind a sweep's closing table (``python run.py -m ...``): one row per job
-(what a row holds and how the table reads: launchers/reports/sweep_results.py).
+"""The Hydra callback behind a sweep's closing table, the same under every launcher.
 
-How it works, the same with every launcher (basic, submitit_local, submitit_slurm):
+Each job writes its own ``result.json`` (``running``, then ``completed`` or ``failed``; a job
+killed hard stays ``running``). At the end the launching process reads them all, prints and saves
+the table (with the aggregate over seeds when a seed is swept), and fails the command when a job
+did not complete (a pruned trial did its part).
 
-* each job writes ``<job dir>/result.json`` itself (Hydra callback ``on_job_start`` / ``on_job_end``
-  run in the job's process, on the cluster node for SLURM): status ``running`` first, then
-  ``completed`` or ``failed`` with the error. A job killed hard stays ``running``, which the
-  table shows as ``incomplete``;
-* a job that raises must not stop the sweep: ``launchers.hydra_app.job.run_guarded`` turns the
-  exception into a ``failed`` result in multirun mode;
-* ``on_multirun_end`` (launching process) reads every ``*/result.json`` under the sweep dir, prints
-  the table (and, when a seed is swept, the aggregate over seeds of
-  ``launchers.reports.sweep_stats``), saves ``sweep_summary.txt`` / ``sweep_summary.json`` there and
-  raises ``SweepFailedError`` (a SystemExit: Hydra only warns about Exceptions raised in callbacks)
-  when a job failed, so the command exits with status 1 after the table.
-
-``on_multirun_start`` refuses a sweep dir that already holds a sweep's jobs (two sweeps started
-in the same second share the default timestamped dir): pass another ``hydra.sweep.dir``, or
-``hydra.callbacks.sweep.resume=true`` to continue that sweep (its jobs resume from last.pth).
-A search's study dir (``hydra/sweeper=mdk_optuna``) is continued by running the command again:
-its sweeper checks that the dir holds the same study and gives each new trial a new job dir.
-A pruned trial is a job that did its part: it does not fail the command.
+A sweep dir that already holds a sweep's jobs is refused (two sweeps started in the same second
+share the default dir) unless ``hydra.callbacks.sweep.resume=true``; a search's study dir is
+continued by its sweeper.
 """
 from __future__ import annotations
 
@@ -45,10 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class SweepFailedError(SystemExit):
-    """Some sweep jobs failed; the message lists them (the table is printed before).
-
-    A SystemExit (exit status 1, message on stderr) because Hydra turns an Exception raised in a
-    callback into a mere warning, and the command must fail when a job did."""
+    """Some sweep jobs failed; the message lists them. A SystemExit because Hydra turns an
+    Exception raised in a callback into a mere warning."""
 
 
 class SweepDirInUseError(SystemExit):
@@ -60,7 +45,6 @@ def _rank() -> int:
 
 
 class SweepSummary(Callback):
-    """Hydra callback (``hydra.callbacks.sweep`` in conf/config.yaml)."""
 
     def __init__(self, resume: bool = False, fail_on_error: bool = True) -> None:
         self.resume, self.fail_on_error = resume, fail_on_error
@@ -83,7 +67,7 @@ class SweepSummary(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         rows = collect_results(sweep_dir)
         text = format_table(rows, sweep_dir)
-        agg = aggregate(rows)  # None unless the sweep has a seed axis
+        agg = aggregate(rows)  # None without a seed axis
         if agg is not None:
             text += "\n\n" + format_aggregate(agg)
         log.info("sweep summary (%s)\n%s", sweep_dir / "sweep_summary.txt", text)
@@ -121,8 +105,7 @@ class SweepSummary(Callback):
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None
         prev = json.loads(path.read_text()) if path.is_file() else {}
         rec = job_record(ret, _overrides(config), self._started)
-        # A search's sweeper may have recorded the trial first (a run that outlived its sweep):
-        # the study's record stays.
+        # A search's sweeper may have recorded the trial first (a run that outlived its sweep).
         keep = {"trial": prev["trial"]} if "trial" in prev else {}
         write_json(path, {**rec, "job_id": prev.get("job_id"),
                           "attempts": prev.get("attempts", 1),

@@ -1,12 +1,7 @@
-"""The one line a user error becomes instead of a traceback, also when a spawned rank raised it.
-
-A bad config, dataset, checkpoint or rendezvous address is not a bug: the user gets one line on
-stderr naming the file/key and what to do, and exit status 1 (``HYDRA_FULL_ERROR=1`` still
-shows the traceback). Which classes those are, and the label of each, is mdk/errors.py's
-(``UserError`` and its subclasses; the rendezvous error joins them from
-launchers/processes/join.py). Errors raised inside spawned ranks arrive as
-``RankFailedError`` carrying the rank's traceback text; its last line is matched against the same
-classes by name, or, for a rank's full or read-only disk, its ``OSError`` line.
+"""The one line a user error becomes instead of a traceback, also when a spawned rank raised it
+(``HYDRA_FULL_ERROR=1`` still shows the traceback). A rank's error arrives as ``RankFailedError``
+with the rank's traceback text, whose last line is matched against the user-error classes by
+name, or for a full or read-only disk, as an ``OSError`` line.
 """
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ def user_error_line(exc: BaseException) -> Optional[str]:
         m = last_line.match(line.strip())
         if m:
             return f"{labels[m.group(1)]}{where}: {m.group(2)}"
-    # A full/read-only disk met by a rank outside any check: its OSError is the last line.
+    # A full/read-only disk a rank met outside any check.
     lines = text.strip().splitlines()
     m = _OS_ERROR.match(lines[-1].strip()) if lines else None
     if m:

@@ -1,5 +1,4 @@
-"""The closing summary of a run: a table per stage, the metric it reports, AP per class, and
-what to run next (the last stage record's ``next``)."""
+"""The closing summary of a run: a row per stage, AP per class, and what to run next."""
 from __future__ import annotations
 
 import logging
@@ -20,7 +19,7 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 
 def _per_class(results: list[StageResult], class_names: list[str]) -> list[str]:
-    """AP of each class (rows) at each stage's best evaluation (columns); n/a: no ground truth."""
+    """AP of each class at each stage's best evaluation; n/a: no ground truth."""
     scored = [r for r in results if r.ap]
     if not scored:
         return []
@@ -36,7 +35,7 @@ def _per_class(results: list[StageResult], class_names: list[str]) -> list[str]:
 
 
 def print_summary(results: list[StageResult], cfg: DictConfig, run_dir: Path) -> None:
-    w = max([7, *(len(r.stage) for r in results)])  # a longer stage name (quant_report) widens it
+    w = max([7, *(len(r.stage) for r in results)])
     lines = [f"{'stage':<{w}} {'mAP@0.5':>8} {'best ep':>7} {'loss':>8} {'time s':>7}  checkpoints"]
     for r in results:
         lines.append(f"{r.stage:<{w}} {_fmt(r.best_map50):>8} {_fmt(r.best_epoch):>7} "

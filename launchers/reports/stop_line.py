@@ -1,9 +1,5 @@
-"""The one line a run stopped by a signal ends with, and its exit status (128 + the signal).
-
-``stopped by SIGTERM in step1 at epoch 3 iteration 57; rerun the same command to resume``: the
-status is what a shell reports for a process a signal ended (143 for SIGTERM), so SLURM's
-requeue and scripts that test for it behave as if the signal had ended the process, while
-last.pth holds the state of that iteration.
+"""The one line a run stopped by a signal ends with, and its exit status: 128 + the signal, what a
+shell reports for a process the signal ended, so SLURM's requeue and scripts behave as usual.
 """
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from typing import Optional
 from mdk.stop import StopRequested
 
 RERUN = "rerun the same command to resume"
-# A search's trial is not resumed: the study fails it on the rerun and runs it again, in a new dir.
+# A search's trial is not resumed: the rerun fails it and runs it again as a new trial.
 SEARCH_RERUN = ("rerun the same command to continue the study (a trial that was running runs "
                 "again as a new trial)")
 
@@ -41,8 +37,7 @@ def stop_line(e: StopRequested, rerun: Optional[str] = None) -> str:
 
 
 def stop_status(e: StopRequested) -> int:
-    """128 + the signal's number (SIGTERM: 143, SIGINT: 130, SIGUSR1: 138); 143 when a peer's
-    request, not a signal, stopped this process."""
+    """128 + the signal's number; 143 when a peer's request, not a signal, stopped this process."""
     try:
         return 128 + int(signal.Signals[e.reason])
     except KeyError:

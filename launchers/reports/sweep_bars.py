@@ -1,10 +1,5 @@
-"""The quantization bars of the chip pipeline, judged on the means over seeds.
-
-Each stage record may declare its bar (``bar: {reference: step1, tolerance: 0.02}`` in
-conf/step/step3.yaml: step3 >= step1 - 2 points of mAP@0.5); the stage's result carries it to the
-sweep. One seed's number moves by several points from seed to seed, more than the bars
-themselves, so a sweep with a seed axis checks them on the mean of each stage and reports the
-spread next to it.
+"""The quantization bars of the chip pipeline (a stage record's ``bar``), judged on the means over
+seeds: one seed's number moves by more than the bars themselves, so the spread is reported too.
 """
 from __future__ import annotations
 
@@ -15,8 +10,8 @@ from typing import Any, Optional
 
 log = logging.getLogger(__name__)
 
-METRIC = "best_map50"  # the bars are on val mAP@0.5 (best epoch of each stage)
-# Means are sums of floats: a bar met exactly (0.87 vs 0.89 - 0.02) must not fail in the 17th digit.
+METRIC = "best_map50"
+# A bar met exactly (0.87 vs 0.89 - 0.02) must not fail in the 17th digit of a float mean.
 EPS = 1e-9
 
 
@@ -33,7 +28,6 @@ class Bar:
 
     @classmethod
     def from_record(cls, stage: str, bar: dict[str, Any]) -> "Bar":
-        """The ``bar`` node of ``stage``'s record."""
         return cls(stage, str(bar["reference"]), float(bar["tolerance"]))
 
 
@@ -43,12 +37,9 @@ def _stat(stats: dict[str, Any], stage: str) -> Optional[dict[str, Any]]:
 
 def check_bars(bars: list[Bar], stats: dict[str, dict[str, dict[str, Any]]],
                per_job: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
-    """Each of ``bars`` whose two stages have ``METRIC`` numbers in ``stats`` (stage -> metric ->
-    summary with n/mean/std/min/max, as ``launchers.reports.sweep_stats.describe`` makes), judged
-    on the means.
-
-    ``per_job`` (one stage -> metric -> value map per completed job) gives the paired view: the
-    difference stage - reference seed by seed, and in how many seeds the bar holds alone."""
+    """Each of ``bars`` whose two stages have numbers in ``stats`` (stage -> metric -> summary, as
+    ``sweep_stats.describe`` makes), judged on the means. ``per_job`` (stage -> metric -> value,
+    per completed job) gives the paired view: the difference seed by seed."""
     out = []
     for bar in bars:
         s, r = _stat(stats, bar.stage), _stat(stats, bar.reference)
@@ -77,8 +68,7 @@ def _pm(mean: float, std: Optional[float]) -> str:
 
 
 def format_bar(b: dict[str, Any]) -> list[str]:
-    """Three lines: the bar met / NOT met with its margin on the means; both means ± std and the bar
-    value; the difference seed by seed and in how many seeds the bar holds alone."""
+    """The bar's verdict, both means and, when paired, the difference seed by seed."""
     lines = [f"{b['bar']}: {'met' if b['met'] else 'NOT met'}, margin {b['margin']:+.4f}",
              f"  means: {b['stage']} {_pm(b['stage_mean'], b['stage_std'])} (n={b['stage_n']}), "
              f"{b['reference']} {_pm(b['reference_mean'], b['reference_std'])} (n={b['reference_n']})"

@@ -1,10 +1,5 @@
-"""A sweep's job records and its closing table: what each job's ``result.json`` holds, and the
-plain-text table of all jobs (one row per job: swept values, best mAP@0.5, final loss, time,
-status) that the sweep callback (``launchers.hydra_app.sweep_summary``) prints and saves.
-
-In a search each job is a trial: the sweeper adds the trial's record to its result.json
-(``trial``: number, state COMPLETE / PRUNED / FAIL, values, the last epoch it reported), and the
-table shows the state as the status, the value and the epoch the trial stopped at."""
+"""A sweep's job records (each job's ``result.json``) and its closing table, one row per job. In a
+search the sweeper adds a ``trial`` record, and the table shows its state, value and epoch."""
 from __future__ import annotations
 
 import json
@@ -21,8 +16,7 @@ RESULT = "result.json"
 
 
 def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]:
-    """What result.json holds for a job that returned ``ret`` (its StageResults, a failure, or
-    an error)."""
+    """What result.json holds for a job that returned ``ret`` (results, a failure, or an error)."""
     rec: dict[str, Any] = {"overrides": overrides, "wall_s": round(time.time() - started, 1)}
     if isinstance(ret, BaseException):
         tb = "".join(traceback.format_exception(type(ret), ret, ret.__traceback__))
@@ -33,7 +27,7 @@ def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]
     scored = [s for s in stages if s.best_map50 is not None]
     losses = [s.final_loss for s in stages if s.final_loss is not None]
     times = [s.time_s for s in stages if s.time_s is not None]
-    stopped = [s for s in stages if s.extra.get("stop_reason")]  # a trainer.hooks hook ended it
+    stopped = [s for s in stages if s.extra.get("stop_reason")]
     if stopped:
         why = str(stopped[-1].extra["stop_reason"])
         rec.update(status="pruned" if why.startswith("pruned") else "stopped", stop_reason=why,
@@ -45,9 +39,8 @@ def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]
 
 
 def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job dir with a result.json, in job-number order; ``running`` -> ``incomplete``.
-
-    ``stages`` holds each stage's numbers (``sweep_stats.compact_stages``) for the seed aggregate."""
+    """One row per job dir with a result.json, in job order; ``running`` reads ``incomplete``
+    (killed hard)."""
     rows = []
     for p in Path(sweep_dir).glob(f"*/{RESULT}"):
         try:
@@ -80,7 +73,7 @@ def _fmt(v: Optional[float], spec: str) -> str:
 
 
 def _trial_cells(r: dict[str, Any]) -> tuple[str, str, str]:
-    """(status, value, epoch) of a trial's row: the study's state, its value(s), the last epoch."""
+    """(status, value, epoch) of a trial's row."""
     t = r["trial"]
     vals = t.get("values") or []
     value = " ".join(format(v, ".4g") for v in vals) if vals else "-"
@@ -94,8 +87,6 @@ def _trial_cells(r: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def format_table(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
-    """A plain-text table: job, swept override values, best mAP@0.5, final loss, (a search's
-    value and stop epoch), time, status."""
     varying, common = _swept(rows)
     search = any(r.get("trial") for r in rows)
     head = ["job", *varying, "best mAP@0.5", "final loss", *(["value", "epoch"] if search else []),

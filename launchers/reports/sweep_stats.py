@@ -1,14 +1,9 @@
 """Results over seeds: the aggregate a sweep with a seed axis prints after its per-job table.
 
-``python run.py -m seed=0,1,2,3,4 scheduler=step,cosine`` groups its jobs by every swept key but
-the seed (here: scheduler) and gives, per metric and stage, n, mean ± std, min and max over the
-group's completed jobs. std is the *sample* standard deviation (n-1 in the denominator,
-``statistics.stdev``): the seeds are a sample of the seeds one could have drawn. A job that failed or
-is incomplete is left out of its group's numbers and counted in the ``left out`` column.
-
-The seed key is ``seed`` (``+seed=`` / ``++seed=`` spell the same override). When the jobs ran
-stages the quantization bars name (step1, step3, step4), the bars are judged on the group means
-(``launchers.reports.sweep_bars``).
+Jobs are grouped by every swept key but ``seed``; per metric and stage each group gets n,
+mean ± std, min and max over its completed jobs (failed or incomplete ones are counted as left
+out). std is the *sample* one (n-1): the seeds are a sample of those one could have drawn. The
+quantization bars are judged on the group means.
 """
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ log = logging.getLogger(__name__)
 
 SEED_KEY = "seed"
 STD = "sample, n-1"
-# Per-stage numbers a stage result holds (mdk/engine/result.py) -> (mean/std format, min/max format).
+# A stage result's numbers -> (mean/std format, min/max format).
 METRICS: dict[str, tuple[str, str]] = {
     "best_map50": (".4f", ".4f"),
     "best_epoch": (".1f", ".0f"),
@@ -39,8 +34,7 @@ def override_map(overrides: Optional[Iterable[str]]) -> dict[str, str]:
 
 
 def compact_stages(stages: Any) -> list[dict[str, Any]]:
-    """The numbers of each stage result in a result.json (no checkpoint paths, caps, ...) and the
-    stage's quantization bar, for the sweep summary."""
+    """The numbers and quantization bar of each stage result in a result.json."""
     out = []
     for d in stages if isinstance(stages, list) else []:
         r = StageResult.from_dict(d)
@@ -49,7 +43,7 @@ def compact_stages(stages: Any) -> list[dict[str, Any]]:
 
 
 def _bars(rows: list[dict[str, Any]]) -> list[Bar]:
-    """The bars the stages of these jobs declare (each stage record's ``bar``), once each."""
+    """The bars the stages of these jobs declare, once each."""
     found: dict[str, Bar] = {}
     for r in rows:
         for s in r.get("stages") or []:
@@ -71,7 +65,7 @@ def _job_stages(row: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def describe(values: list[float]) -> dict[str, Any]:
-    """n, mean, sample std (None for n=1), min, max and the values themselves."""
+    """n, mean, sample std (None for n=1), min, max and the values."""
     return {"n": len(values), "mean": statistics.fmean(values),
             "std": statistics.stdev(values) if len(values) > 1 else None,
             "min": min(values), "max": max(values), "values": values}
@@ -82,8 +76,7 @@ def has_seed_axis(rows: list[dict[str, Any]]) -> bool:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """Group ``rows`` (``collect_results``) by the swept keys other than the seed and summarize each
-    group's completed jobs per metric and stage; None when the sweep has no seed axis."""
+    """The aggregate of ``rows`` (``collect_results``); None when the sweep has no seed axis."""
     # An unreadable result.json has no overrides: grouping it would make every key look swept.
     unplaced = [r["job"] for r in rows if not r.get("overrides")]
     rows = [r for r in rows if r.get("overrides")]
@@ -136,7 +129,6 @@ def _columns(head: list[str], body: list[list[str]]) -> list[str]:
 
 
 def format_aggregate(agg: dict[str, Any]) -> str:
-    """The aggregate table (one row per metric, stage and group), the left-out jobs and the bars."""
     groups, group_by = agg["groups"], agg["group_by"]
     lines = [f"over seeds ({agg['seed_key']}={','.join(agg['seeds'])}): n, mean ± std "
              f"(std: {agg['std']}), min, max of the completed jobs per metric and stage"
@@ -144,7 +136,7 @@ def format_aggregate(agg: dict[str, Any]) -> str:
     stage_order: list[str] = []
     for g in groups:
         stage_order += [s for s in g["stages"] if s not in stage_order]
-    # Metric-major: the mAP of every stage (what the bars and most sweeps compare) comes first.
+    # Metric-major: every stage's mAP (what the bars and most sweeps compare) comes first.
     head = ["metric", "stage", *group_by, "n", "mean ± std", "min", "max", "left out"]
     body = []
     for m, (fmt, ext) in METRICS.items():

@@ -1,7 +1,6 @@
 """Hydra takes sweeper classes only from the ``hydra_plugins`` namespace package, so mdk's Optuna
-sweeper (``hydra/sweeper=mdk_optuna``, conf/hydra/sweeper/mdk_optuna.yaml) is declared here; its
-code lives in ``launchers/hydra_app/optuna_sweeper.py``. Hydra imports this file at every start:
-Optuna itself loads only when a search runs.
+sweeper is declared here; its code is launchers/hydra_app/optuna_sweeper.py. Hydra imports this
+file at every start: Optuna itself loads only when a search runs.
 """
 from launchers.hydra_app.optuna_sweeper import SearchSweeper
 

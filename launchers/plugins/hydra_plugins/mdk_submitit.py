@@ -1,7 +1,7 @@
-"""Hydra discovers launcher plugins only inside the ``hydra_plugins`` namespace package (and refuses
-any other ``_target_`` for ``hydra/launcher``), so the project's submitit launchers are declared
-here; their code lives in ``launchers/hydra_app/submitit_requeue.py``. No ``__init__.py`` in this
-folder: it must stay a namespace package shared with the installed hydra-submitit-launcher plugin.
+"""Hydra takes launcher classes only from the ``hydra_plugins`` namespace package, so the
+project's submitit launchers are declared here; their code is
+launchers/hydra_app/submitit_requeue.py. No ``__init__.py`` here: the namespace is shared with the
+installed hydra-submitit-launcher plugin.
 """
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
@@ -15,6 +15,6 @@ class SlurmLauncher(RequeueMixin, BaseSubmititLauncher):
 
 
 class LocalLauncher(RequeueMixin, BaseSubmititLauncher):
-    """``hydra/launcher=submitit_local``: the plugin's local launcher + the same behaviour."""
+    """``hydra/launcher=submitit_local``: the plugin's local launcher + the same requeue/resume."""
 
     _EXECUTOR = "local"
