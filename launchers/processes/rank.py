@@ -15,6 +15,7 @@ import logging
 import os
 import pickle
 import sys
+from multiprocessing import spawn
 import time
 from pathlib import Path
 
@@ -47,7 +48,9 @@ def set_cpu_threads(cfg: DictConfig) -> int:
 @record
 def main(payload: str) -> None:
     with open(payload, "rb") as f:
-        sys.path[:0] = [p for p in pickle.load(f) if p not in sys.path]  # the launcher's
+        # The launcher's sys.path and __main__ first (as multiprocessing's spawn does), so that
+        # fn can be unpickled also when the launcher's script defines it.
+        spawn.prepare(pickle.load(f))
         fn, plain, run_dir, tag, parent = pickle.load(f)
     die_with_parent(parent)  # no orphans: the kernel kills this rank when the launcher dies
     env, cfg, run = detect(), OmegaConf.create(plain), Path(run_dir)

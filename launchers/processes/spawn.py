@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import time
+from multiprocessing.spawn import get_preparation_data
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -115,7 +116,8 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     payload = run_dir / f".{tag}.rank.pkl"
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(payload, "wb") as f:
-        pickle.dump(sys.path, f)  # first: the ranks can then import what fn needs
+        prep = {k: v for k, v in get_preparation_data("rank").items() if k != "authkey"}
+        pickle.dump(prep, f)  # first: then fn can be unpickled
         pickle.dump((fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag,
                      os.getpid()), f)
     handlers = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGHUP)}
