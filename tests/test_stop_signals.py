@@ -22,7 +22,8 @@ import pytest
 
 from conftest import REPO, run_cmd_env
 from launchers.hydra_app.job_ends import jobs_end_lines, record_stopped_job
-from launchers.processes.rank_ends import (RankFailedError, ranks_outcome, record_stop)
+from launchers.processes.rank_ends import (RankFailedError, error_files, ranks_outcome,
+                                            record_stop)
 from launchers.processes.stop_signals import DUPLICATE_S, stop_signals
 from launchers.reports.stop_line import stop_line, stop_status, sweep_rerun
 from mdk import stop
@@ -169,6 +170,27 @@ def test_the_rank_torch_saw_end_first_is_the_cause_and_a_raise_beats_a_death(tmp
     tracebacks = {1: "Traceback ...\nValueError: boom\n"}
     err = ranks_outcome(tmp_path, "tag", _failed(0, -9), tracebacks, None, False)
     assert str(err).startswith(f"rank 1 failed (log: {tmp_path}/rank1.log):\nTraceback")
+
+
+def test_the_first_error_file_written_names_the_rank_and_a_terminated_loader_is_no_cause(tmp_path):
+    """Torch's error files (one per local rank that raised) in the order they were written: rank 0
+    of machine 1 (global 2) wrote after global rank 3; a loader worker SIGTERMed with its rank's
+    process group by the agent's shutdown is a consequence, like a lost peer."""
+    for local, text, t in [(0, "Traceback ...\nValueError: later\n", 2_000), (1, "Traceback "
+                           "...\nValueError: first\n", 1_000)]:
+        f = tmp_path / "mdk-step1_x" / "attempt_0" / str(local) / "error.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps({"message": {"message": "ValueError", "extraInfo": {
+            "py_callstack": text, "timestamp": "1"}}}))
+        os.utime(f, ns=(t * 10**9, t * 10**9))
+    tracebacks = error_files(tmp_path, first_rank=2)
+    assert list(tracebacks) == [3, 2] and tracebacks[3].endswith("ValueError: first\n")
+    err = ranks_outcome(tmp_path, "tag", _failed(2, 1, first_rank=2), tracebacks, None, True)
+    assert str(err).startswith(f"rank 3 failed (log: {tmp_path}/rank3.log):\nTraceback")
+    loader = "RuntimeError: DataLoader worker (pid 7461) is killed by signal: Terminated. \n"
+    err = ranks_outcome(tmp_path, "tag", _failed(0, 1), {0: loader, 1: "ValueError: boom\n"},
+                        None, False)
+    assert str(err).startswith("rank 1 failed")
 
 
 def test_only_lost_connections_point_at_another_machine_only_when_there_is_one(tmp_path):

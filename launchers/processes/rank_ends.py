@@ -44,9 +44,11 @@ def record_stop(run_dir: Path, tag: str, rank: int, e: StopRequested) -> None:
 
 
 def lost_peer(text: str) -> bool:
-    """True for the error a healthy rank gets when a peer died (gloo/NCCL connection lost)."""
+    """True for the error a healthy rank gets when a peer died (gloo/NCCL connection lost), or
+    when the agent's shutdown SIGTERMed its process group while a loader worker was starting."""
     return any(k in text for k in ("closed by peer", "Connection reset", "remote worker crashing",
-                                   "remote process exited", "Broken pipe"))
+                                   "remote process exited", "Broken pipe",
+                                   "is killed by signal: Terminated"))
 
 
 def _load(run_dir: Path, pattern: str) -> list[dict[str, Any]]:
@@ -85,10 +87,12 @@ def _stopped(stops: list[dict[str, Any]], signum: Optional[int]) -> StopRequeste
 
 def error_files(log_dir: Path, first_rank: int) -> dict[int, str]:
     """The tracebacks in torch's error files under the agent's ``log_dir`` (one per local rank
-    that raised), by global rank. The agent's ``ChildFailedError`` names only the first rank it
-    saw end, which may be a peer that merely lost its connection."""
+    that raised), by global rank, the first written first (torch's own time stamp is in whole
+    seconds). The agent's ``ChildFailedError`` names only the first rank it saw end, which may be
+    a peer that merely lost its connection."""
     out = {}
-    for p in Path(log_dir).glob("*/attempt_*/*/error.json"):
+    files = Path(log_dir).glob("*/attempt_*/*/error.json")
+    for p in sorted(files, key=lambda p: p.stat().st_mtime_ns):
         m = json.loads(p.read_text())["message"]
         out[first_rank + int(p.parent.name)] = \
             m["extraInfo"]["py_callstack"] if isinstance(m, dict) else str(m)
@@ -106,7 +110,7 @@ def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
     shutil.rmtree(Path(run_dir) / ".errors", ignore_errors=True)
     failures = failures or {}
     log = lambda r: f"{run_dir}/rank{r}.log"  # noqa: E731
-    said = dict(sorted(tracebacks.items()))
+    said = tracebacks  # in the order they were written
     real = [r for r, t in said.items() if not lost_peer(t)]
     if real:  # the rank's own traceback (a user error's last line becomes its one line)
         return RankFailedError(f"rank {real[0]} failed (log: {log(real[0])}):\n{said[real[0]]}")
