@@ -15,8 +15,8 @@ import logging
 import os
 import pickle
 import sys
-from multiprocessing import spawn
 import time
+from multiprocessing import spawn
 from pathlib import Path
 
 import torch
