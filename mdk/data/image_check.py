@@ -75,10 +75,6 @@ def _read_cache(path: Path) -> dict[str, list]:
     return files if isinstance(files, dict) else {}
 
 
-def _write_cache(path: Path, files: dict[str, list]) -> None:
-    write_json(path, {"version": CACHE_VERSION, "files": files})
-
-
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,
                  desc: str = "checking images", threads: Optional[int] = None,
                  progress: Any = "auto") -> dict[str, str]:
@@ -110,7 +106,7 @@ def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path
                  time.perf_counter() - t0, sum(verdict[r] is not None for r in todo))
         files = {rel: [*stamps[rel], verdict[rel]] for rel in stamps if stamps[rel] is not None}
         try:
-            _write_cache(cache_path, files)
+            write_json(cache_path, {"version": CACHE_VERSION, "files": files})
         except OSError as exc:  # a read-only cache folder costs a re-check next time, no more
             log.warning("could not write the image check cache %s (%s); the images will be "
                         "checked again next time", cache_path, exc)

@@ -28,11 +28,6 @@ MAX_COVER = 0.35                            # share of an earlier object's box a
 MIN_DISTRACTORS, MAX_DISTRACTORS = 1, 4     # clutter under the objects (plus 0-2 lines over)
 
 
-def _outline_points(kind: str, rng: np.random.Generator) -> np.ndarray | None:
-    """Unit-scale polygon of a kind (None: a circle, drawn as an ellipse)."""
-    return None if kind == "circle" else polygon(kind, rng)
-
-
 def _texture(size: int, rng: np.random.Generator) -> np.ndarray:
     """A gradient under one of: nothing, stripes, a checkerboard, colour blobs (H x W x 3)."""
     base = background(size, rng)
@@ -97,7 +92,7 @@ def _place(name: str, size: int, boxes: list[np.ndarray], rng: np.random.Generat
     for _attempt in range(30):
         half = math.exp(rng.uniform(math.log(MIN_SIZE_FRAC), math.log(MAX_SIZE_FRAC))) * size / 2
         cx, cy = rng.uniform(half, size - half, 2)
-        pts = _outline_points(kind, rng)
+        pts = None if kind == "circle" else polygon(kind, rng)  # a circle: drawn as an ellipse
         if pts is None:
             aspect = rng.uniform(0.8, 1.25)
             radii = (half, half * aspect if aspect <= 1 else half / aspect)
