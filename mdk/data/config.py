@@ -111,14 +111,10 @@ def check_augmentation(a: Mapping[str, Any]) -> None:
     def num(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, float))
 
-    for key in ("flip", "vflip", "affine", "min_visible"):
-        v = a.get(key, 0.0)
-        if not num(v) or not 0 <= v <= 1:
-            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1]")
-    for key in ("shift", "jitter"):
-        v = a.get(key, 0.0)
-        if not num(v) or not 0 <= v < 1:
-            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1)")
+    for key in ("flip", "vflip", "affine", "min_visible", "shift", "jitter"):
+        v, top = a.get(key, 0.0), ")" if key in ("shift", "jitter") else "]"  # [0, 1) or [0, 1]
+        if not num(v) or not 0 <= v <= 1 or (v == 1 and top == ")"):
+            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1{top}")
     scale = a.get("scale", [1.0, 1.0])
     if (not isinstance(scale, (list, tuple)) or len(scale) != 2 or not all(num(v) for v in scale)
             or not 0 < scale[0] <= scale[1]):

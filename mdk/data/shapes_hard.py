@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mdk.data.generated import bytes_for, check_request, ensure_generated, write_voc
+from mdk.data.generated import bytes_for, check_request, ensure_generated, manifest, write_voc
 from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
@@ -174,22 +174,15 @@ def render_hard_image(index: int, image_size: int, seed: int, class_names: Seque
 
 
 def _generate(out: Path, params: dict) -> None:
-    write_voc(out, params, lambda i: render_hard_image(i, params["image_size"], params["seed"],
-                                                       params["class_names"]), GENERATOR)
-
-
-def _params(num_train: int, num_val: int, image_size: int, seed: int,
-            class_names: Sequence[str]) -> dict:
-    return {"generator": GENERATOR, "version": FORMAT_VERSION, "num_train": int(num_train),
-            "num_val": int(num_val), "image_size": int(image_size), "seed": int(seed),
-            "class_names": list(class_names)}
+    write_voc(out, params, render_hard_image, GENERATOR)
 
 
 def bytes_to_generate(root: str | Path, num_train: int = 3200, num_val: int = 800,
                       image_size: int = 224, seed: int = 0,
                       class_names: Sequence[str] = HARD_CLASSES) -> int:
     """About how many bytes :func:`ensure_shapes_hard_dataset` writes (0 if ``root`` holds them)."""
-    return bytes_for(_params(num_train, num_val, image_size, seed, class_names), root)
+    return bytes_for(manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names,
+                              generator=GENERATOR), root)
 
 
 def ensure_shapes_hard_dataset(root: str | Path, num_train: int = 3200, num_val: int = 800,
@@ -198,5 +191,6 @@ def ensure_shapes_hard_dataset(root: str | Path, num_train: int = 3200, num_val:
     """Make sure ``root`` holds the hard shapes dataset for these parameters; return ``root``."""
     root = Path(root).expanduser().resolve()
     check_request(GENERATOR, class_names, HARD_CLASSES, num_train, num_val, image_size)
-    params = _params(num_train, num_val, image_size, seed, class_names)
+    params = manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names,
+                      generator=GENERATOR)
     return ensure_generated(root, params, _generate, GENERATOR)
