@@ -23,31 +23,19 @@ import torch
 import torch.nn.functional as nnf
 from torchvision.transforms.v2 import functional as F
 
+from mdk.data.config import AugmentConf
+
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
-@dataclass(frozen=True)
-class Strengths:
-    """``dataset.augmentation`` (the same keys and defaults as mdk/data/config.py AugmentConf).
+class Strengths(AugmentConf):
+    """``dataset.augmentation``: its keys and defaults are the schema's (mdk/data/config.py).
     Mild defaults: the chip's 5-bit input already removes detail."""
-
-    flip: float = 0.5                           # probability of a horizontal flip
-    vflip: float = 0.0                          # of a vertical flip (orientation-free images)
-    affine: float = 0.5                         # of the scale/shift
-    scale: tuple[float, float] = (0.8, 1.2)     # zoom about the centre, drawn uniformly
-    shift: float = 0.1                          # translation, a fraction of the side
-    jitter: float = 0.2                         # brightness, contrast, saturation x 1 +- jitter
-    min_visible: float = 0.4                    # an object less inside than this is dropped
 
     @classmethod
     def of(cls, node: Any) -> "Strengths":
         """From a config mapping (None: the defaults)."""
-        if node is None:
-            return cls()
-        d = dict(node)
-        if "scale" in d:
-            d["scale"] = tuple(float(v) for v in d["scale"])
-        return cls(**d)
+        return cls() if node is None else cls(**node)
 
 
 DEFAULT = Strengths()

@@ -20,7 +20,7 @@ REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_sp
 
 @dataclass
 class AugmentConf:
-    """``dataset.augmentation``: the same keys and defaults as mdk/data/augment.py ``Strengths``."""
+    """``dataset.augmentation``, read by mdk/data/augment.py ``Strengths``."""
 
     flip: float = 0.5              # probability of a horizontal flip
     vflip: float = 0.0             # of a vertical flip (microscopy, aerial: no up or down)

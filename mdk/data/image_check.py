@@ -113,21 +113,6 @@ def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path
     return {rel: reason for rel, reason in verdict.items() if reason is not None}
 
 
-def bad_image_message(root: str | Path, split: str, bad: dict[str, str]) -> str:
-    """The one line for ``dataset.on_bad_image=error``: the first bad file and what to do."""
-    first, reason = next(iter(bad.items()))
-    more = ""
-    if len(bad) > 1:
-        others = list(bad)[1:]
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        more = f" (and {len(others)} more bad image(s) in split {split!r}: {shown})"
-    if reason == MISSING:  # deleted after the index was built
-        return (f"{Path(root) / first}: image listed in split {split!r} is missing{more}; restore "
-                "it, remove its id from the split, or set dataset.on_bad_image=skip")
-    return (f"{Path(root) / first}: cannot decode image ({reason}){more}; replace the file or "
-            "set dataset.on_bad_image=skip")
-
-
 def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], policy: str,
                            total: int) -> set[str]:
     """``error``: raise DataError naming the first bad file. ``skip``: log every bad file once
@@ -135,12 +120,21 @@ def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], po
     check_bad_image_policy(policy)
     if not bad:
         return set()
-    if policy == "error":
-        raise DataError(bad_image_message(root, split, bad))
+    first, reason = next(iter(bad.items()))
+    if policy == "error":  # one line: the first bad file and what to do
+        others = list(bad)[1:]
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        more = (f" (and {len(others)} more bad image(s) in split {split!r}: {shown})"
+                if others else "")
+        if reason == MISSING:  # deleted after the index was built
+            raise DataError(f"{Path(root) / first}: image listed in split {split!r} is missing"
+                            f"{more}; restore it, remove its id from the split, or set "
+                            "dataset.on_bad_image=skip")
+        raise DataError(f"{Path(root) / first}: cannot decode image ({reason}){more}; replace the "
+                        "file or set dataset.on_bad_image=skip")
     if len(bad) == total:
         raise DataError(f"{root}: none of the {total} images of split {split!r} can be decoded "
-                        f"(first: {next(iter(bad))}: {next(iter(bad.values()))}); check the "
-                        "dataset folder")
+                        f"(first: {first}: {reason}); check the dataset folder")
     log.warning("%s split %r: skipping %d bad image(s) of %d (dataset.on_bad_image=skip): %s",
                 root, split, len(bad), total,
                 "; ".join(f"{rel} ({reason})" for rel, reason in bad.items()))
