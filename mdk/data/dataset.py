@@ -51,14 +51,12 @@ class DetectionDataset(Dataset):
         # True: the training device augments the images in batches (dataset.augment_on); boxes
         # and targets are still augmented here.
         self.defer_images = False
-        self.records = list(records)
         # Before any sampler sees the length (mdk.data.image_check says why).
-        bad = check_images(self.root, [e.image for e in self.records],
+        bad = check_images(self.root, [e.image for e in records],
                            Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images",
                            progress=progress)
-        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(self.records))
-        if drop:
-            self.records = [e for e in self.records if e.image not in drop]
+        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(records))
+        self.records = [e for e in records if e.image not in drop]
         # Boxes rescaled once to image_size pixels (the frame of every returned image).
         self._boxes = [torch.from_numpy(e.boxes * np.array(
             [image_size / e.width, image_size / e.height] * 2, dtype=np.float32)) for e in self.records]
