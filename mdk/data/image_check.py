@@ -76,8 +76,7 @@ def _read_cache(path: Path) -> dict[str, list]:
 
 
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,
-                 desc: str = "checking images", threads: Optional[int] = None,
-                 progress: Any = "auto") -> dict[str, str]:
+                 desc: str = "checking images", progress: Any = "auto") -> dict[str, str]:
     """Decode every image of ``images`` (paths relative to ``root``) the cache does not hold
     unchanged; return ``{relative path: reason}`` of the bad ones."""
     root, cache_path = Path(root), Path(cache_path)
@@ -96,8 +95,7 @@ def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path
             log.info("%s: decoding %d image(s) once to find bad files (cached in %s)",
                      desc, len(todo), cache_path)
         t0 = time.perf_counter()
-        n = threads or min(MAX_THREADS, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=n) as pool:
+        with ThreadPoolExecutor(max_workers=min(MAX_THREADS, os.cpu_count() or 1)) as pool:
             results = pool.map(lambda rel: decode_error(root / rel), todo)
             bar = progress_bar(results, setting=progress, total=len(todo), desc=desc, unit="img")
             for rel, reason in zip(todo, bar):
