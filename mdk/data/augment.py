@@ -127,15 +127,12 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
     """A uint8 batch [B, 3, H, W], each sample with its own parameters (a list, or
     ``params_tensor``'s [B, 9], best already on the images' device)."""
     b, _, h, w = images.shape
-    dev = images.device
     pt = params if torch.is_tensor(params) else params_tensor(params)
-    pt = pt.to(dev, non_blocking=True)
-    flip, affine = pt[:, 0] > 0.5, pt[:, 1] > 0.5
-    s = torch.where(affine, pt[:, 2], torch.ones_like(pt[:, 2]))
-    tx = torch.where(affine, pt[:, 3], torch.zeros_like(pt[:, 3]))
-    ty = torch.where(affine, pt[:, 4], torch.zeros_like(pt[:, 4]))
-    f = torch.where(flip, -torch.ones_like(s), torch.ones_like(s))
-    fy = torch.where(pt[:, 8] > 0.5, -torch.ones_like(s), torch.ones_like(s))
+    pt = pt.to(images.device, non_blocking=True)
+    on = pt > 0.5  # columns 0, 1 and 8: flip, affine, vertical flip
+    s = torch.where(on[:, 1], pt[:, 2], 1.0)
+    tx, ty = torch.where(on[:, 1:2], pt[:, 3:5], 0.0).unbind(1)
+    f, fy = torch.where(on[:, 0], -1.0, 1.0), torch.where(on[:, 8], -1.0, 1.0)
     # flips then affine, as one inverse map in grid_sample's normalised coordinates
     # (align_corners=False: pixel centres at (2i + 1) / W - 1): u_in = f * (u_out - 2t/W) / s
     zero = torch.zeros_like(s)
