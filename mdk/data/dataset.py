@@ -31,6 +31,7 @@ from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
 
+
 class DetectionDataset(Dataset):
     """``records`` of ``split`` (image paths relative to ``root``) as model inputs and targets.
     ``meta_dir``: where the image check keeps its cache; ``progress``: its bar."""
