@@ -29,8 +29,8 @@ GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
 class Strengths(AugmentConf):
-    """``dataset.augmentation``: its keys and defaults are the schema's (mdk/data/config.py).
-    Mild defaults: the chip's 5-bit input already removes detail."""
+    """``dataset.augmentation``: its keys and defaults are the schema's (mdk/data/config.py
+    ``AugmentConf``)."""
 
     @classmethod
     def of(cls, node: Any) -> "Strengths":
