@@ -23,31 +23,19 @@ import torch
 import torch.nn.functional as nnf
 from torchvision.transforms.v2 import functional as F
 
+from mdk.data.config import AugmentConf
+
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
-@dataclass(frozen=True)
-class Strengths:
-    """``dataset.augmentation`` (the same keys and defaults as mdk/data/config.py AugmentConf).
-    Mild defaults: the chip's 5-bit input already removes detail."""
-
-    flip: float = 0.5                           # probability of a horizontal flip
-    vflip: float = 0.0                          # of a vertical flip (orientation-free images)
-    affine: float = 0.5                         # of the scale/shift
-    scale: tuple[float, float] = (0.8, 1.2)     # zoom about the centre, drawn uniformly
-    shift: float = 0.1                          # translation, a fraction of the side
-    jitter: float = 0.2                         # brightness, contrast, saturation x 1 +- jitter
-    min_visible: float = 0.4                    # an object less inside than this is dropped
+class Strengths(AugmentConf):
+    """``dataset.augmentation``: its keys and defaults are the schema's (mdk/data/config.py
+    ``AugmentConf``)."""
 
     @classmethod
     def of(cls, node: Any) -> "Strengths":
         """From a config mapping (None: the defaults)."""
-        if node is None:
-            return cls()
-        d = dict(node)
-        if "scale" in d:
-            d["scale"] = tuple(float(v) for v in d["scale"])
-        return cls(**d)
+        return cls() if node is None else cls(**node)
 
 
 DEFAULT = Strengths()
@@ -139,15 +127,12 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
     """A uint8 batch [B, 3, H, W], each sample with its own parameters (a list, or
     ``params_tensor``'s [B, 9], best already on the images' device)."""
     b, _, h, w = images.shape
-    dev = images.device
     pt = params if torch.is_tensor(params) else params_tensor(params)
-    pt = pt.to(dev, non_blocking=True)
-    flip, affine = pt[:, 0] > 0.5, pt[:, 1] > 0.5
-    s = torch.where(affine, pt[:, 2], torch.ones_like(pt[:, 2]))
-    tx = torch.where(affine, pt[:, 3], torch.zeros_like(pt[:, 3]))
-    ty = torch.where(affine, pt[:, 4], torch.zeros_like(pt[:, 4]))
-    f = torch.where(flip, -torch.ones_like(s), torch.ones_like(s))
-    fy = torch.where(pt[:, 8] > 0.5, -torch.ones_like(s), torch.ones_like(s))
+    pt = pt.to(images.device, non_blocking=True)
+    on = pt > 0.5  # columns 0, 1 and 8: flip, affine, vertical flip
+    s = torch.where(on[:, 1], pt[:, 2], 1.0)
+    tx, ty = torch.where(on[:, 1:2], pt[:, 3:5], 0.0).unbind(1)
+    f, fy = torch.where(on[:, 0], -1.0, 1.0), torch.where(on[:, 8], -1.0, 1.0)
     # flips then affine, as one inverse map in grid_sample's normalised coordinates
     # (align_corners=False: pixel centres at (2i + 1) / W - 1): u_in = f * (u_out - 2t/W) / s
     zero = torch.zeros_like(s)

@@ -45,14 +45,6 @@ def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
                  class_names=list(d["class_names"]))
 
 
-def generate(d: Mapping[str, Any], root: Path, image_size: int) -> None:
-    """Run ``dataset.generate`` with ``root=``, ``class_names=``, ``image_size=`` (the model's,
-    unless the node sets it) and the node's other keys; its DataError or DiskError propagates."""
-    node = {"image_size": image_size, **d["generate"]}
-    build(node, "dataset.generate", error=DataError, root=root, class_names=list(d["class_names"]),
-          hint="name a function as package.module.function")
-
-
 def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
                         cache_root: Optional[str | Path] = None) -> int:
     """Pre-flight in the launching process: the reader checks both splits' files (unless the data
@@ -86,18 +78,20 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
     ``train=False``: the val split alone (None for train)."""
     d = check(cfg_dataset)
     root = Path(d["root"]).expanduser()
-    if d.get("generate"):
-        generate(d, root, image_size)
+    if d.get("generate"):  # with the model's image_size unless the node sets it
+        build({"image_size": image_size, **d["generate"]}, "dataset.generate", error=DataError,
+              root=root, class_names=list(d["class_names"]),
+              hint="name a function as package.module.function")
     reader = build_reader(d, root)   # its records() and sources() raise what check() would
     meta_dir = meta_dir_for(d, cache_root)
-    common = dict(root=root, class_names=d["class_names"], image_size=image_size, grid=grid,
-                  head=head, meta_dir=meta_dir,
-                  cache_images=bool(d.get("cache_images", False)), seed=seed,
-                  on_bad_image=str(d.get("on_bad_image", "error")), progress=progress,
-                  augmentation=d.get("augmentation"))
+
     def one(split: str, augment: bool) -> DetectionDataset:
-        records = cached_records(reader, split, meta_dir)
-        return DetectionDataset(split=split, records=records, augment=augment, **common)
+        return DetectionDataset(
+            root=root, split=split, records=cached_records(reader, split, meta_dir),
+            class_names=d["class_names"], image_size=image_size, grid=grid, head=head,
+            augment=augment, meta_dir=meta_dir, cache_images=bool(d.get("cache_images", False)),
+            seed=seed, on_bad_image=str(d.get("on_bad_image", "error")), progress=progress,
+            augmentation=d.get("augmentation"))
 
     train_ds = one(d["train_split"], bool(d.get("augment", True))) if train else None
     return train_ds, one(d["val_split"], False)

@@ -72,16 +72,13 @@ class COCOReader:
     def annotation_file(self, split: str) -> Path:
         return self.root / self._pattern("annotations", split)
 
-    def _check_root(self) -> None:
+    def _load(self, split: str) -> dict:
+        if split in self._docs:
+            return self._docs[split]
         if not self.root.is_dir():
             raise DataError(f"dataset.root={str(self.root)!r} does not exist; point dataset.root "
                             f"at a COCO folder holding {self.annotations} and the image folder "
                             f"{self.images}/")
-
-    def _load(self, split: str) -> dict:
-        if split in self._docs:
-            return self._docs[split]
-        self._check_root()
         path = self.annotation_file(split)
         try:
             with open(path, "rb") as f:

@@ -20,7 +20,8 @@ REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_sp
 
 @dataclass
 class AugmentConf:
-    """``dataset.augmentation``: the same keys and defaults as mdk/data/augment.py ``Strengths``."""
+    """``dataset.augmentation``, read by mdk/data/augment.py ``Strengths``. Mild defaults: the
+    chip's 5-bit input already removes detail."""
 
     flip: float = 0.5              # probability of a horizontal flip
     vflip: float = 0.0             # of a vertical flip (microscopy, aerial: no up or down)
@@ -111,14 +112,10 @@ def check_augmentation(a: Mapping[str, Any]) -> None:
     def num(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, float))
 
-    for key in ("flip", "vflip", "affine", "min_visible"):
-        v = a.get(key, 0.0)
-        if not num(v) or not 0 <= v <= 1:
-            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1]")
-    for key in ("shift", "jitter"):
-        v = a.get(key, 0.0)
-        if not num(v) or not 0 <= v < 1:
-            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1)")
+    for key in ("flip", "vflip", "affine", "min_visible", "shift", "jitter"):
+        v, top = a.get(key, 0.0), ")" if key in ("shift", "jitter") else "]"  # [0, 1) or [0, 1]
+        if not num(v) or not 0 <= v <= 1 or (v == 1 and top == ")"):
+            raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1{top}")
     scale = a.get("scale", [1.0, 1.0])
     if (not isinstance(scale, (list, tuple)) or len(scale) != 2 or not all(num(v) for v in scale)
             or not 0 < scale[0] <= scale[1]):

@@ -31,23 +31,6 @@ from mdk.errors import DataError
 
 log = logging.getLogger(__name__)
 
-def load_image(path: Path, image_size: int) -> torch.Tensor:
-    """Decode an image to RGB uint8 ``[3, image_size, image_size]`` (bilinear resize if needed)."""
-    try:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            if im.size != (image_size, image_size):
-                im = im.resize((image_size, image_size), Image.BILINEAR)
-            arr = np.asarray(im)
-    except FileNotFoundError:
-        raise DataError(f"{path}: image listed in the meta file is missing; restore it, or remove "
-                        "its id from the split (the meta file is rebuilt automatically)") from None
-    except DECODE_ERRORS as exc:  # changed since the start-up check (mdk.data.image_check)
-        raise DataError(f"{path}: cannot decode image ({exc}); replace the file or set "
-                        "dataset.on_bad_image=skip") from None
-    # HWC -> CHW in numpy: torch's threaded copy of a small uint8 tensor spins its thread pool.
-    return torch.from_numpy(np.array(arr.transpose(2, 0, 1), order="C"))  # a writable copy
-
 
 class DetectionDataset(Dataset):
     """``records`` of ``split`` (image paths relative to ``root``) as model inputs and targets.
@@ -69,14 +52,12 @@ class DetectionDataset(Dataset):
         # True: the training device augments the images in batches (dataset.augment_on); boxes
         # and targets are still augmented here.
         self.defer_images = False
-        self.records = list(records)
         # Before any sampler sees the length (mdk.data.image_check says why).
-        bad = check_images(self.root, [e.image for e in self.records],
+        bad = check_images(self.root, [e.image for e in records],
                            Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images",
                            progress=progress)
-        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(self.records))
-        if drop:
-            self.records = [e for e in self.records if e.image not in drop]
+        drop = apply_bad_image_policy(self.root, split, bad, on_bad_image, len(records))
+        self.records = [e for e in records if e.image not in drop]
         # Boxes rescaled once to image_size pixels (the frame of every returned image).
         self._boxes = [torch.from_numpy(e.boxes * np.array(
             [image_size / e.width, image_size / e.height] * 2, dtype=np.float32)) for e in self.records]
@@ -99,7 +80,23 @@ class DetectionDataset(Dataset):
         self.epoch = int(epoch)
 
     def _read(self, index: int) -> torch.Tensor:
-        return load_image(self.root / self.records[index].image, self.image_size)
+        """The image decoded to RGB uint8 ``[3, H, W]`` (bilinear resize to image_size if needed)."""
+        path, size = self.root / self.records[index].image, self.image_size
+        try:
+            with Image.open(path) as im:
+                im = im.convert("RGB")
+                if im.size != (size, size):
+                    im = im.resize((size, size), Image.BILINEAR)
+                arr = np.asarray(im)
+        except FileNotFoundError:
+            raise DataError(f"{path}: image listed in the meta file is missing; restore it, or "
+                            "remove its id from the split (the meta file is rebuilt automatically)"
+                            ) from None
+        except DECODE_ERRORS as exc:  # changed since the start-up check (mdk.data.image_check)
+            raise DataError(f"{path}: cannot decode image ({exc}); replace the file or set "
+                            "dataset.on_bad_image=skip") from None
+        # HWC -> CHW in numpy: torch's threaded copy of a small uint8 tensor spins its thread pool.
+        return torch.from_numpy(np.array(arr.transpose(2, 0, 1), order="C"))  # a writable copy
 
     def image(self, index: int) -> torch.Tensor:
         """The un-augmented image ``[3, H, W]`` uint8."""
@@ -107,9 +104,8 @@ class DetectionDataset(Dataset):
 
     def gt(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Ground truth for evaluation: boxes xyxy in image_size pixels, labels, difficult."""
-        e = self.records[index]
-        return (self._boxes[index].clone(), torch.from_numpy(e.labels.copy()),
-                torch.from_numpy(e.difficult.copy()))
+        _, labels, difficult = self.gt_original(index)
+        return self._boxes[index].clone(), labels, difficult
 
     def original_size(self, index: int) -> tuple[int, int]:
         """``(width, height)`` of the image file in pixels, before the resize to image_size."""

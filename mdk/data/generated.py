@@ -1,8 +1,9 @@
 """Writing a generated dataset in VOC layout, whole or not at all (:mod:`mdk.data.staging`).
 
-A generator gives ``render(i) -> (image, [(class name, [x1, y1, x2, y2])])``; the first
-``num_train`` images form ``train``, the next ``num_val`` ``val``. ``manifest.json`` records the
-parameters; a change of any of them regenerates the folder (only a folder a generator made).
+A generator gives ``render(i, image_size, seed, class_names) -> (image, [(class name, [x1, y1,
+x2, y2])])``; the first ``num_train`` images form ``train``, the next ``num_val`` ``val``.
+``manifest.json`` records the parameters; a change of any of them regenerates the folder (only a
+folder a generator made).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ MANIFEST = "manifest.json"
 # and its XML, each rounded up to a 4 KiB block.
 BYTES_PER_PIXEL, BLOCK = 0.5, 4096
 Objects = list[tuple[str, list[int]]]
-Render = Callable[[int], tuple[Image.Image, Objects]]
+Render = Callable[[int, int, int, list[str]], tuple[Image.Image, Objects]]
 
 
 def voc_xml(filename: str, image_size: int, objects: Objects, folder: str = "shapes") -> bytes:
@@ -57,13 +58,20 @@ def write_voc(out: Path, params: dict, render: Render, folder: str = "shapes") -
     n_train, n_val = params["num_train"], params["num_val"]
     ids = [f"{i:06d}" for i in range(n_train + n_val)]
     for i, image_id in enumerate(ids):
-        img, objects = render(i)
+        img, objects = render(i, params["image_size"], params["seed"], params["class_names"])
         img.save(out / "JPEGImages" / f"{image_id}.jpg", quality=92)
         (out / "Annotations" / f"{image_id}.xml").write_bytes(
             voc_xml(f"{image_id}.jpg", params["image_size"], objects, folder))
     (out / "ImageSets/Main/train.txt").write_text("".join(f"{i}\n" for i in ids[:n_train]))
     (out / "ImageSets/Main/val.txt").write_text("".join(f"{i}\n" for i in ids[n_train:]))
     (out / MANIFEST).write_text(json.dumps(params, indent=1, sort_keys=True))
+
+
+def manifest(version: int, num_train: int, num_val: int, image_size: int, seed: int,
+             class_names: Sequence[str], **extra: str) -> dict:
+    """The parameters ``manifest.json`` records (``extra``: a generator's own, e.g. its name)."""
+    return {**extra, "version": version, "num_train": int(num_train), "num_val": int(num_val),
+            "image_size": int(image_size), "seed": int(seed), "class_names": list(class_names)}
 
 
 def read_manifest(root: Path) -> dict | None:

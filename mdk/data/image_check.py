@@ -75,13 +75,8 @@ def _read_cache(path: Path) -> dict[str, list]:
     return files if isinstance(files, dict) else {}
 
 
-def _write_cache(path: Path, files: dict[str, list]) -> None:
-    write_json(path, {"version": CACHE_VERSION, "files": files})
-
-
 def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path,
-                 desc: str = "checking images", threads: Optional[int] = None,
-                 progress: Any = "auto") -> dict[str, str]:
+                 desc: str = "checking images", progress: Any = "auto") -> dict[str, str]:
     """Decode every image of ``images`` (paths relative to ``root``) the cache does not hold
     unchanged; return ``{relative path: reason}`` of the bad ones."""
     root, cache_path = Path(root), Path(cache_path)
@@ -100,8 +95,7 @@ def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path
             log.info("%s: decoding %d image(s) once to find bad files (cached in %s)",
                      desc, len(todo), cache_path)
         t0 = time.perf_counter()
-        n = threads or min(MAX_THREADS, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=n) as pool:
+        with ThreadPoolExecutor(max_workers=min(MAX_THREADS, os.cpu_count() or 1)) as pool:
             results = pool.map(lambda rel: decode_error(root / rel), todo)
             bar = progress_bar(results, setting=progress, total=len(todo), desc=desc, unit="img")
             for rel, reason in zip(todo, bar):
@@ -110,26 +104,11 @@ def check_images(root: str | Path, images: Sequence[str], cache_path: str | Path
                  time.perf_counter() - t0, sum(verdict[r] is not None for r in todo))
         files = {rel: [*stamps[rel], verdict[rel]] for rel in stamps if stamps[rel] is not None}
         try:
-            _write_cache(cache_path, files)
+            write_json(cache_path, {"version": CACHE_VERSION, "files": files})
         except OSError as exc:  # a read-only cache folder costs a re-check next time, no more
             log.warning("could not write the image check cache %s (%s); the images will be "
                         "checked again next time", cache_path, exc)
     return {rel: reason for rel, reason in verdict.items() if reason is not None}
-
-
-def bad_image_message(root: str | Path, split: str, bad: dict[str, str]) -> str:
-    """The one line for ``dataset.on_bad_image=error``: the first bad file and what to do."""
-    first, reason = next(iter(bad.items()))
-    more = ""
-    if len(bad) > 1:
-        others = list(bad)[1:]
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        more = f" (and {len(others)} more bad image(s) in split {split!r}: {shown})"
-    if reason == MISSING:  # deleted after the index was built
-        return (f"{Path(root) / first}: image listed in split {split!r} is missing{more}; restore "
-                "it, remove its id from the split, or set dataset.on_bad_image=skip")
-    return (f"{Path(root) / first}: cannot decode image ({reason}){more}; replace the file or "
-            "set dataset.on_bad_image=skip")
 
 
 def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], policy: str,
@@ -139,12 +118,21 @@ def apply_bad_image_policy(root: str | Path, split: str, bad: dict[str, str], po
     check_bad_image_policy(policy)
     if not bad:
         return set()
-    if policy == "error":
-        raise DataError(bad_image_message(root, split, bad))
+    first, reason = next(iter(bad.items()))
+    if policy == "error":  # one line: the first bad file and what to do
+        others = list(bad)[1:]
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        more = (f" (and {len(others)} more bad image(s) in split {split!r}: {shown})"
+                if others else "")
+        if reason == MISSING:  # deleted after the index was built
+            raise DataError(f"{Path(root) / first}: image listed in split {split!r} is missing"
+                            f"{more}; restore it, remove its id from the split, or set "
+                            "dataset.on_bad_image=skip")
+        raise DataError(f"{Path(root) / first}: cannot decode image ({reason}){more}; replace the "
+                        "file or set dataset.on_bad_image=skip")
     if len(bad) == total:
         raise DataError(f"{root}: none of the {total} images of split {split!r} can be decoded "
-                        f"(first: {next(iter(bad))}: {next(iter(bad.values()))}); check the "
-                        "dataset folder")
+                        f"(first: {first}: {reason}); check the dataset folder")
     log.warning("%s split %r: skipping %d bad image(s) of %d (dataset.on_bad_image=skip): %s",
                 root, split, len(bad), total,
                 "; ".join(f"{rel} ({reason})" for rel, reason in bad.items()))

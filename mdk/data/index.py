@@ -94,9 +94,8 @@ def meta_text(reader: Reader, split: str) -> str:
 
 def build_meta(reader: Reader, split: str, out_path: str | Path) -> Path:
     """Read every record of ``split`` and write the meta file atomically; return its path."""
-    out_path = Path(out_path)
     text = meta_text(reader, split)
-    write_text(out_path, text)
+    out_path = write_text(out_path, text)
     log.info("wrote %s (%d images)", out_path, text.count("\n") - 1)
     return out_path
 
@@ -122,9 +121,8 @@ def is_stale(reader: Reader, split: str, meta_path: str | Path) -> bool:
 
 def ensure_meta(reader: Reader, split: str, out_path: str | Path) -> Path:
     """Return ``out_path``, (re)building it first when :func:`is_stale`."""
-    if is_stale(reader, split, out_path):
-        return build_meta(reader, split, out_path)
-    return Path(out_path)
+    stale = is_stale(reader, split, out_path)
+    return build_meta(reader, split, out_path) if stale else Path(out_path)
 
 
 def fresh_count(reader: Reader, split: str, meta_path: str | Path) -> Optional[int]:
@@ -171,9 +169,8 @@ def box_counts(counts: dict) -> str:
 
 def read_meta(path: str | Path) -> tuple[dict, list[Record]]:
     """Parse a meta file written by :func:`build_meta` -> (header, entries)."""
-    path = Path(path)
     try:
-        text = path.read_text()
+        text = Path(path).read_text()
     except OSError:
         text = ""
     return parse_meta(text, path)

@@ -36,14 +36,10 @@ def unwrap_worker_error(exc: BaseException) -> BaseException:
     if head is None:
         return exc
     # The traceback ends with "<module>.<Class>: <message>" (the message may span lines).
-    name = re.escape(head.group(1))
-    last = None
-    for m in re.finditer(rf"^(?:[\w.]+\.)?{name}: ", text, re.M):
-        last = m
-    if last is None:
+    found = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(head.group(1))}: ", text, re.M))
+    if not found:
         return exc
-    message = text[last.end():].strip()
-    clean = type(exc)(message)
+    clean = type(exc)(text[found[-1].end():].strip())
     note = f"raised {head.group(2)}; its traceback:\n{text[head.end():].rstrip()}"
     if hasattr(clean, "add_note"):  # Python >= 3.11
         clean.add_note(note)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -72,8 +72,7 @@ def clip_to_image(box: list[float], width: int, height: int) -> tuple[list[float
     """The bad-box policy: ``(box clipped to [0, width] x [0, height], whether it changed)``. VOC
     has border boxes with 1-based ``xmax == width``; dropping them would cost recall. A zero-area
     result is kept: the devkit counts it, so dropping it would score higher than published tools."""
-    fixed = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
-             min(max(box[2], 0.0), width), min(max(box[3], 0.0), height)]
+    fixed = [min(max(v, 0.0), side) for v, side in zip(box, (width, height, width, height))]
     return fixed, fixed != box
 
 

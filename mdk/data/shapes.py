@@ -14,8 +14,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 # voc_xml is imported by name from here too (benchmarks/bench_data.py)
-from mdk.data.generated import (bytes_for, check_request, ensure_generated, voc_xml,  # noqa: F401
-                                 write_voc)
+from mdk.data.generated import (bytes_for, check_request, ensure_generated, manifest,
+                                 voc_xml, write_voc)  # noqa: F401
 from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
@@ -72,21 +72,15 @@ def render_image(index: int, image_size: int, seed: int, class_names: Sequence[s
 
 
 def _generate(out: Path, params: dict) -> None:
-    write_voc(out, params, lambda i: render_image(i, params["image_size"], params["seed"],
-                                                  params["class_names"]))
-
-
-def _params(num_train: int, num_val: int, image_size: int, seed: int,
-            class_names: Sequence[str]) -> dict:
-    return {"version": FORMAT_VERSION, "num_train": int(num_train), "num_val": int(num_val),
-            "image_size": int(image_size), "seed": int(seed), "class_names": list(class_names)}
+    write_voc(out, params, render_image)
 
 
 def bytes_to_generate(root: str | Path, num_train: int = 1600, num_val: int = 400,
                       image_size: int = 192, seed: int = 0,
                       class_names: Sequence[str] = SHAPE_CLASSES) -> int:
     """About how many bytes :func:`ensure_shapes_dataset` writes; 0 when ``root`` holds them."""
-    return bytes_for(_params(num_train, num_val, image_size, seed, class_names), root)
+    return bytes_for(manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names),
+                     root)
 
 
 def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int = 400,
@@ -96,6 +90,6 @@ def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int 
     is regenerated); return ``root``."""
     root = Path(root).expanduser().resolve()
     check_request("shapes", class_names, SHAPE_CLASSES, num_train, num_val, image_size)
-    params = _params(num_train, num_val, image_size, seed, class_names)
+    params = manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names)
     # _generate looked up at call time: tests replace it to fake a full disk
     return ensure_generated(root, params, lambda out, p: _generate(out, p), "shapes")

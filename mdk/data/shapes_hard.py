@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mdk.data.generated import bytes_for, check_request, ensure_generated, write_voc
+from mdk.data.generated import bytes_for, check_request, ensure_generated, manifest, write_voc
 from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
@@ -26,11 +26,6 @@ MIN_OBJECTS, MAX_OBJECTS = 2, 5             # objects per image (fewer where no 
 MAX_IOU = 0.2                               # box overlap between two objects of one image
 MAX_COVER = 0.35                            # share of an earlier object's box a later one covers
 MIN_DISTRACTORS, MAX_DISTRACTORS = 1, 4     # clutter under the objects (plus 0-2 lines over)
-
-
-def _outline_points(kind: str, rng: np.random.Generator) -> np.ndarray | None:
-    """Unit-scale polygon of a kind (None: a circle, drawn as an ellipse)."""
-    return None if kind == "circle" else polygon(kind, rng)
 
 
 def _texture(size: int, rng: np.random.Generator) -> np.ndarray:
@@ -97,7 +92,7 @@ def _place(name: str, size: int, boxes: list[np.ndarray], rng: np.random.Generat
     for _attempt in range(30):
         half = math.exp(rng.uniform(math.log(MIN_SIZE_FRAC), math.log(MAX_SIZE_FRAC))) * size / 2
         cx, cy = rng.uniform(half, size - half, 2)
-        pts = _outline_points(kind, rng)
+        pts = None if kind == "circle" else polygon(kind, rng)  # a circle: drawn as an ellipse
         if pts is None:
             aspect = rng.uniform(0.8, 1.25)
             radii = (half, half * aspect if aspect <= 1 else half / aspect)
@@ -179,22 +174,15 @@ def render_hard_image(index: int, image_size: int, seed: int, class_names: Seque
 
 
 def _generate(out: Path, params: dict) -> None:
-    write_voc(out, params, lambda i: render_hard_image(i, params["image_size"], params["seed"],
-                                                       params["class_names"]), GENERATOR)
-
-
-def _params(num_train: int, num_val: int, image_size: int, seed: int,
-            class_names: Sequence[str]) -> dict:
-    return {"generator": GENERATOR, "version": FORMAT_VERSION, "num_train": int(num_train),
-            "num_val": int(num_val), "image_size": int(image_size), "seed": int(seed),
-            "class_names": list(class_names)}
+    write_voc(out, params, render_hard_image, GENERATOR)
 
 
 def bytes_to_generate(root: str | Path, num_train: int = 3200, num_val: int = 800,
                       image_size: int = 224, seed: int = 0,
                       class_names: Sequence[str] = HARD_CLASSES) -> int:
     """About how many bytes :func:`ensure_shapes_hard_dataset` writes (0 if ``root`` holds them)."""
-    return bytes_for(_params(num_train, num_val, image_size, seed, class_names), root)
+    return bytes_for(manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names,
+                              generator=GENERATOR), root)
 
 
 def ensure_shapes_hard_dataset(root: str | Path, num_train: int = 3200, num_val: int = 800,
@@ -203,5 +191,6 @@ def ensure_shapes_hard_dataset(root: str | Path, num_train: int = 3200, num_val:
     """Make sure ``root`` holds the hard shapes dataset for these parameters; return ``root``."""
     root = Path(root).expanduser().resolve()
     check_request(GENERATOR, class_names, HARD_CLASSES, num_train, num_val, image_size)
-    params = _params(num_train, num_val, image_size, seed, class_names)
+    params = manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names,
+                      generator=GENERATOR)
     return ensure_generated(root, params, _generate, GENERATOR)

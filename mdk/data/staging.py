@@ -23,12 +23,6 @@ LOCK = ".writing"  # in a temp folder: locked while a live process writes it
 YOUNG_S = 60.0  # a temp folder without its lock file yet (its first microseconds) is this young
 
 
-def temp_names(target: Path) -> list[Path]:
-    """The temp and trash folders of ``target`` that exist beside it."""
-    found = (sorted(target.parent.glob(f".{target.name}.{kind}-*")) for kind in ("tmp", "old"))
-    return [p for kind in found for p in kind]
-
-
 def _alive(d: Path) -> bool:
     try:
         fd = os.open(d / LOCK, os.O_RDONLY)
@@ -48,12 +42,13 @@ def _alive(d: Path) -> bool:
 def remove_leftovers(target: Path, what: str) -> list[Path]:
     """Remove (and return) the temp folders that killed writers of ``target`` left."""
     removed = []
-    for d in temp_names(target) if target.parent.is_dir() else []:
-        if d.is_dir() and not _alive(d):
-            log.warning("removing %s: writing %s was interrupted there (a killed run); it is "
-                        "made again from the start", d, what)
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
+    for kind in ("tmp", "old") if target.parent.is_dir() else ():  # temp, then trash folders
+        for d in sorted(target.parent.glob(f".{target.name}.{kind}-*")):
+            if d.is_dir() and not _alive(d):
+                log.warning("removing %s: writing %s was interrupted there (a killed run); it "
+                            "is made again from the start", d, what)
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
     return removed
 
 

@@ -55,8 +55,7 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str], image: str = ""
     size = root.find("size")
     if size is None:
         raise DataError(f"{path}: missing <size> (width/height); add it to the annotation")
-    width = int(_number(size, "width", path, "<size>"))
-    height = int(_number(size, "height", path, "<size>"))
+    width, height = (int(_number(size, tag, path, "<size>")) for tag in ("width", "height"))
     if width <= 0 or height <= 0:
         raise DataError(f"{path}: image size {width}x{height} is not positive; fix <size>")
     index = {name: i for i, name in enumerate(class_names)}
@@ -72,8 +71,7 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str], image: str = ""
         if bb is None:
             raise DataError(f"{path}: {where} ({name}) has no <bndbox>; add one or remove the object")
         box = [_number(bb, t, path, f"{where} <bndbox>") for t in ("xmin", "ymin", "xmax", "ymax")]
-        diff_node = obj.find("difficult")
-        is_difficult = diff_node is not None and (diff_node.text or "0").strip() not in ("0", "")
+        is_difficult = (obj.findtext("difficult") or "0").strip() not in ("0", "")
         fixed, changed = clip_to_image(box, width, height)
         if zero_area(fixed):
             flat += 1
