@@ -9,6 +9,7 @@ import logging
 import re
 import shlex
 from contextlib import contextmanager
+from itertools import takewhile
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -19,7 +20,7 @@ from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from mdk.errors import ConfigError
@@ -173,19 +174,10 @@ def one_line(e: BaseException) -> str:
             head = why if cause is e else f"{head}: {why}"
     for i, ln in enumerate(lines[1:], 1):
         if ln.lower().startswith("available options"):
-            opts = []
-            for o in lines[i + 1:]:
-                if o.lower().startswith("config search path"):
-                    break
-                opts.append(o)
+            opts = takewhile(lambda o: not o.lower().startswith("config search path"),
+                             lines[i + 1:])
             return f"{head}; {ln.rstrip(':')}: {', '.join(opts)}"
         if ln.lower().startswith("to append"):
             return f"{head} ({ln[0].lower() + ln[1:]})"
     return head
 
-
-def node(overrides: Sequence[str], key: str) -> Optional[DictConfig]:
-    """One node of a composition, unresolved."""
-    cfg = compose(overrides)
-    sub = OmegaConf.select(cfg, key)
-    return None if sub is None else OmegaConf.create(OmegaConf.to_container(sub, resolve=False))

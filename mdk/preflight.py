@@ -157,47 +157,32 @@ def _check_dataset(cfg: DictConfig) -> None:
                         "dropped, so nothing would train: lower trainer.batch_size or add images")
 
 
-def _check_input(cfg: DictConfig) -> None:
-    """The first stage's starting point: resumable files, else its input checkpoint, must fit."""
+def _check_start(cfg: DictConfig) -> None:
+    """The first stage's starting point (its resumable files, else its input checkpoint) means
+    what this config means (mdk/checkpoint_meaning.py) and fits the model. The meaning is checked
+    first, so a changed class list is named as such rather than as a shape mismatch."""
     spec = StageSpec.from_node(cfg.step)
     checkpoints = StageCheckpointer(cfg, spec)
-    if cfg.trainer.resume and any((checkpoints.dir / n).is_file() for n in RESUME_NAMES):
-        for n in RESUME_NAMES:
-            try:
-                ck = load_checkpoint(checkpoints.dir / n)
-            except CheckpointError:
-                continue  # the engine falls back from an unreadable file with a warning
-            _check_fits(build_model(cfg), ck, checkpoints.dir / n, load_into,
+    own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
+    if cfg.trainer.resume and own:
+        # an unreadable file: the engine falls back from it with a warning
+        ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
+        if ck is not None:
+            check_resume(ck, path, cfg, spec)
+            _check_fits(build_model(cfg), ck, path,
                         f"it is {spec.name}'s own checkpoint from an earlier run: use another "
                         "paths.checkpoints, or trainer.resume=false to start this stage over")
-            return
         return
     init = checkpoints.input_path()  # MissingStageInput names the stage to run first
     if init is None:
         return
     ck = load_checkpoint(init, advice=input_advice(spec))
-    _check_fits(build_model(cfg), ck, init, load_into,
+    if spec.init_from is not None:  # (pretrained weights may come from anywhere)
+        check_input(ck, init, cfg, spec)
+    _check_fits(build_model(cfg), ck, init,
                 f"it is the input of {spec.name}: run step={spec.init_from} again with the same "
                 "model/dataset, or point paths.checkpoints at the matching run",
                 strict=ck.get("stage") is not None)
-
-
-def _check_meaning(cfg: DictConfig) -> None:
-    """The first stage's starting point means what this config means (mdk/checkpoint_meaning.py).
-    Runs before ``_check_input``, so a changed class list is named as such rather than as a shape
-    mismatch; a missing or unreadable file is ``_check_input``'s to report."""
-    spec = StageSpec.from_node(cfg.step)
-    checkpoints = StageCheckpointer(cfg, spec)
-    own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
-    if cfg.trainer.resume and own:
-        ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
-        if ck is not None:
-            check_resume(ck, path, cfg, spec)
-        return
-    init = checkpoints.input_path() if spec.init_from is not None else None
-    ck = _readable(init) if init is not None else None
-    if ck is not None:
-        check_input(ck, init, cfg, spec)
 
 
 def _readable(path: Path) -> Optional[dict]:
@@ -207,9 +192,9 @@ def _readable(path: Path) -> Optional[dict]:
         return None
 
 
-def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None:
+def _check_fits(model, ck, path, advice: str, strict: bool = True) -> None:
     try:
-        load(model, ck, path, strict=strict)
+        load_into(model, ck, path, strict=strict)
     except CheckpointError as e:
         raise CheckpointError(f"{e} ({advice})") from None
 
@@ -220,5 +205,4 @@ def preflight(cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
     check_environment(cfg)
     check_paths(cfg, os.getcwd(), run_dir)
     _check_dataset(cfg)
-    _check_meaning(cfg)
-    _check_input(cfg)
+    _check_start(cfg)
