@@ -5,7 +5,6 @@ Inside a running Hydra app (a run, a sweep or submitit job) it uses that app's s
 """
 from __future__ import annotations
 
-import logging
 import re
 import shlex
 from contextlib import contextmanager
@@ -26,8 +25,6 @@ from omegaconf.errors import OmegaConfBaseException
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.schema import register_schemas
-
-log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 CONFIG_NAME = "config"

@@ -9,7 +9,6 @@ nothing has to be written there.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -31,8 +30,6 @@ from mdk.stage import StageSpec
 from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
 from mdk.stage_config import KINDS, running_stages
 from mdk.world import backend_for, check_local_size
-
-log = logging.getLogger(__name__)
 
 MB = 1 << 20
 RUN_DIR_PER_STAGE = 4 * MB  # a stage's log lines, TensorBoard events and report PNGs (0.3-3 MB)

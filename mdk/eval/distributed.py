@@ -6,7 +6,6 @@ with BatchNorm uses rank 0's running statistics on every rank (each rank's own d
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import torch
@@ -17,8 +16,6 @@ from mdk.data.samplers import ShardSampler
 from mdk.eval.metrics import evaluate_dataset
 from mdk.progress import progress_bar
 from mdk.world import World
-
-log = logging.getLogger(__name__)
 
 
 @torch.no_grad()

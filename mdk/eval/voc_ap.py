@@ -24,14 +24,11 @@ of the mean; one with ground truth but no detections has AP 0 (the devkit ports 
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 import numpy as np
 
 from mdk.eval.inputs import Flat, GroundTruth, flatten
-
-log = logging.getLogger(__name__)
 
 VOC_METRICS = {"voc07": "VOC07 11-point mAP@0.5", "voc12": "VOC12 area mAP@0.5"}
 _CHUNK = 1 << 20  # IoU matrix elements per block: bounds memory to ~50 MB whatever the input
