@@ -263,7 +263,3 @@ def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
     apply_stage(model, spec, str(cfg.chip), evaluate=mode == "eval")
     return model.eval(), ck
 
-
-__all__ = ["BEST", "LAST", "RESUME_NAMES", "CheckpointError", "Start", "StageCheckpointer",
-           "checkpoint_root", "find_resume", "input_advice", "iteration", "load_into",
-           "load_model_for", "spec_of", "stage_dir"]
