@@ -144,10 +144,9 @@ def train_images(cfg: DictConfig) -> int:
 
 def _check_dataset(cfg: DictConfig) -> None:
     n_train = train_images(cfg)
-    generated = bool(cfg.dataset.get("generate"))
     batch = int(cfg.trainer.batch_size)
     if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in KINDS:
-        where = ("dataset.generate.num_train" if generated
+        where = ("dataset.generate.num_train" if cfg.dataset.get("generate")
                  else f"the {cfg.dataset.train_split!r} split of {cfg.dataset.root}")
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
                         f"(trainer.batch_size={batch}); the last partial batch of an epoch is "

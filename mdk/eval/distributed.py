@@ -86,18 +86,16 @@ def evaluate_alone(model: torch.nn.Module, dataset: Any, batch_size: int, device
 
 def _score(parts: list, dataset: Any, metric: str, box_rule: str, with_loss: bool,
            keep: Optional[list] = None) -> dict[str, Any]:
-    merged: dict[int, dict] = {}
-    for part in parts:
-        merged.update(part[0])
+    merged = {i: det for part in parts for i, det in part[0].items()}
     total_loss = sum(p[1] for p in parts)
     total_count = sum(p[2] for p in parts)
     result = evaluate_dataset(merged, dataset, metric, box_rule)
-    res: dict[str, Any] = {"map50": float(result["map50"] if metric == "coco" else result["map"]),
-                           "metric": result["name"] if metric != "coco" else "COCO mAP@0.5",
-                           "ap": [float(a) for a in (result["ap50"] if metric == "coco"
-                                                     else result["ap"])],
+    coco = metric == "coco"
+    res: dict[str, Any] = {"map50": float(result["map50" if coco else "map"]),
+                           "metric": "COCO mAP@0.5" if coco else result["name"],
+                           "ap": [float(a) for a in result["ap50" if coco else "ap"]],
                            "images": len(merged)}
-    if metric == "coco":
+    if coco:
         res["map_coco"] = float(result["map"])  # AP@[.5:.95], COCO's headline
     if with_loss and total_count:
         res["loss"] = total_loss / total_count
