@@ -45,18 +45,13 @@ def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
     check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
 
 
-def _existing(p: Path) -> Path:
-    """``p`` or its nearest existing ancestor: the folder a write under ``p`` starts in."""
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def probe(path: Path, key: str, value: Any = None) -> Path:
     """The folder ``path`` is or will be made in, after a real write there (as root,
     ``os.access`` says yes on read-only mounts): ConfigError naming ``key`` (set to ``value``,
     default ``path``) when it takes no file."""
-    q = _existing(path)
+    q = path  # or its nearest existing ancestor: the folder a write under ``path`` starts in
+    while not q.exists() and q != q.parent:
+        q = q.parent
     path = str(path if value is None else value)
     if not q.is_dir():
         raise ConfigError(f"{key}={path!r}: {q} is a file, not a folder; choose "
