@@ -49,6 +49,7 @@ class WandbSink(NullSink):
                  name: Optional[str] = None) -> None:
         import wandb  # here: an optional heavy package, imported only when this sink is on
 
+        self.wandb = wandb
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         # Never block on the network: without an API key (or with WANDB_MODE set) run offline.
@@ -79,15 +80,11 @@ class WandbSink(NullSink):
         self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))
 
     def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
-        import wandb  # (see __init__)
-
         hwc = check_image(tag, image).permute(1, 2, 0).numpy()
-        self.run.log({tag: wandb.Image(hwc)}, step=int(step))
+        self.run.log({tag: self.wandb.Image(hwc)}, step=int(step))
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        import wandb  # (see __init__)
-
-        self.run.log({tag: wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
+        self.run.log({tag: self.wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
 
     def close(self) -> None:
         self.run.finish()
