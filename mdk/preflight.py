@@ -78,13 +78,12 @@ GENERATOR_SIZES = {shapes.ensure_shapes_dataset: shapes.bytes_to_generate,
 
 def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[Path, int, str]]:
     """(folder, bytes, what) the run writes: each probed, then added up per disk."""
-    out = []
     ck_root = resolve_path(cfg.paths.checkpoints, base)
     one = checkpoint_bytes(cfg)
     files = sum(1 + sum(not (ck_root / s / n).is_file() for n in RESUME_NAMES)
                 for s in running_stages(cfg))
-    out.append((probe(ck_root, "paths.checkpoints"), files * one,
-                f"paths.checkpoints: {files} checkpoint files of ~{one / MB:.1f} MB"))
+    out = [(probe(ck_root, "paths.checkpoints"), files * one,
+            f"paths.checkpoints: {files} checkpoint files of ~{one / MB:.1f} MB")]
     if run_dir is not None:
         stages = len(running_stages(cfg))
         out.append((probe(Path(run_dir), "hydra.run.dir"), stages * RUN_DIR_PER_STAGE,

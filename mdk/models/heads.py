@@ -160,9 +160,8 @@ class AnchorHead:
                     cells.append((row, nx, 0))
                 if 0 <= ny < s:
                     cells.append((ny, col, 0))
-            for (rr, cc, centre_cell) in cells:
-                for p in priors.tolist():
-                    claims.append((centre_cell, -ratio[k, p], -k, k, rr, cc, p))
+            claims += [(centre_cell, -ratio[k, p], -k, k, rr, cc, p)
+                       for rr, cc, centre_cell in cells for p in priors.tolist()]
         for centre_cell, _, _, k, rr, cc, p in sorted(claims):  # best claim written last
             ox, oy = centre[k, 0] - cc, centre[k, 1] - rr
             if self.neighbours:
