@@ -105,7 +105,7 @@ def at(point: str, n: int | None = None) -> None:
             while stop_requested() is None and time.monotonic() < end:
                 time.sleep(0.02)
         elif action == "exit":
-            code = int(extra or "1")
+            code = int("1" if extra is None else extra)
             log.warning("%s: injected exit with code %d at %s %d", ENV, code, point, n)
             _flush_logs()
             os._exit(code)
