@@ -41,8 +41,7 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
             loss_sum += loss_fn(pred, targets.to(device))["total"].detach().double() * len(idx)
         count += len(idx)
         dets = dataset.head.decode(pred.cpu(), dataset.image_size, conf_thresh, nms_iou)
-        for i, d in zip(idx.tolist(), dets):
-            out[i] = d
+        out.update(zip(idx.tolist(), dets))
     model.train(was_training)
     return out, float(loss_sum), count
 
