@@ -140,18 +140,14 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], s
                        strict: bool = True) -> None:
     """load_state_dict with a message naming the mismatching tensors instead of a raw traceback."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
+    missing = [k for k in own if k not in state] if strict else []
+    unexpected = [k for k in state if k not in own] if strict else []
     shape = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
              for k in own if k in state and state[k].shape != own[k].shape]
-    if shape or (strict and (missing or unexpected)):
-        parts = []
-        if shape:
-            parts.append(f"{len(shape)} shape mismatch(es): " + "; ".join(shape[:5]))
-        if missing and strict:
-            parts.append(f"{len(missing)} missing: " + ", ".join(missing[:5]))
-        if unexpected and strict:
-            parts.append(f"{len(unexpected)} unexpected: " + ", ".join(unexpected[:5]))
+    parts = [f"{len(v)} {what}: " + sep.join(v[:5]) for what, sep, v in (
+        ("shape mismatch(es)", "; ", shape), ("missing", ", ", missing),
+        ("unexpected", ", ", unexpected)) if v]
+    if parts:
         raise CheckpointError(f"checkpoint {source} does not fit this model ({' | '.join(parts)}); "
                               "was it trained with another model= or dataset (class count)?")
     model.load_state_dict(state, strict=strict)

@@ -5,10 +5,10 @@ Inside a running Hydra app (a run, a sweep or submitit job) it uses that app's s
 """
 from __future__ import annotations
 
-import logging
 import re
 import shlex
 from contextlib import contextmanager
+from itertools import takewhile
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -19,14 +19,12 @@ from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.schema import register_schemas
-
-log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 CONFIG_NAME = "config"
@@ -173,19 +171,10 @@ def one_line(e: BaseException) -> str:
             head = why if cause is e else f"{head}: {why}"
     for i, ln in enumerate(lines[1:], 1):
         if ln.lower().startswith("available options"):
-            opts = []
-            for o in lines[i + 1:]:
-                if o.lower().startswith("config search path"):
-                    break
-                opts.append(o)
+            opts = takewhile(lambda o: not o.lower().startswith("config search path"),
+                             lines[i + 1:])
             return f"{head}; {ln.rstrip(':')}: {', '.join(opts)}"
         if ln.lower().startswith("to append"):
             return f"{head} ({ln[0].lower() + ln[1:]})"
     return head
 
-
-def node(overrides: Sequence[str], key: str) -> Optional[DictConfig]:
-    """One node of a composition, unresolved."""
-    cfg = compose(overrides)
-    sub = OmegaConf.select(cfg, key)
-    return None if sub is None else OmegaConf.create(OmegaConf.to_container(sub, resolve=False))

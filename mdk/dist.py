@@ -5,6 +5,7 @@ moving them to the backend's (NCCL: this GPU; gloo: the CPU) when needed.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable
 
@@ -20,11 +21,6 @@ def is_initialized() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def _place() -> tuple[int, int]:
-    """(rank, size) in the process group, for these collectives only (roles are the World's)."""
-    return (tdist.get_rank(), tdist.get_world_size()) if is_initialized() else (0, 1)
-
-
 def barrier() -> None:
     if is_initialized():
         tdist.barrier()
@@ -37,18 +33,20 @@ def comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _all_reduce(t: torch.Tensor, op: tdist.ReduceOp) -> torch.Tensor:
-    """In-place all-reduce of ``t`` wherever it lives (through a copy off the backend's device)."""
+def _in_place(t: torch.Tensor, collective: Callable[[torch.Tensor], object]) -> torch.Tensor:
+    """``collective`` on ``t`` in place wherever it lives (through a copy off the backend's
+    device); a no-op in a single process."""
     if not is_initialized():
         return t
-    dev = comm_device()
-    if t.device == dev:
-        tdist.all_reduce(t, op=op)
-    else:
-        buf = t.to(dev)
-        tdist.all_reduce(buf, op=op)
+    buf = t.to(comm_device())  # ``t`` itself when it is there already
+    collective(buf)
+    if buf is not t:
         t.copy_(buf)
     return t
+
+
+def _all_reduce(t: torch.Tensor, op: tdist.ReduceOp) -> torch.Tensor:
+    return _in_place(t, functools.partial(tdist.all_reduce, op=op))
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
@@ -89,7 +87,7 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     Float addition is not associative, so an all-reduce's bits depend on the world size; passing
     a running sum from rank to rank gives the same bits for every split. ``parts`` must be
     non-empty, of one shape and dtype, and the same count on every rank."""
-    rank, world = _place()
+    rank, world = (tdist.get_rank(), tdist.get_world_size()) if is_initialized() else (0, 1)
     home, dev = parts[0].device, comm_device() if world > 1 else parts[0].device
     acc = None
     if rank > 0:
@@ -119,16 +117,7 @@ def all_gather_cat(t: torch.Tensor, counts: list[int]) -> torch.Tensor:
 
 
 def broadcast(t: torch.Tensor, src: int = 0) -> torch.Tensor:
-    if not is_initialized():
-        return t
-    dev = comm_device()
-    if t.device == dev:
-        tdist.broadcast(t, src=src)
-    else:
-        buf = t.to(dev)
-        tdist.broadcast(buf, src=src)
-        t.copy_(buf)
-    return t
+    return _in_place(t, functools.partial(tdist.broadcast, src=src))
 
 
 def all_gather_object(obj: object) -> list:

@@ -24,7 +24,7 @@ import os
 import signal
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -43,10 +43,10 @@ class InjectedError(RuntimeError):
 
 
 POINTS = ("iter", "eval", "save", "item", "start")
-_CLASSES: dict[str, str] = {}  # per item: its 5th field (a raise fault's class, an exit code)
+Spec = tuple[str, str, int, int, Optional[str]]  # its 5th field: a raise's class, an exit code
 
 
-def _specs() -> list[tuple[str, str, int, int]]:
+def _specs() -> list[Spec]:
     raw = os.environ.get(ENV, "").strip()
     out = []
     for item in filter(None, (s.strip() for s in raw.split(","))):
@@ -55,19 +55,15 @@ def _specs() -> list[tuple[str, str, int, int]]:
                 parts[1] not in POINTS:
             raise ValueError(f"{ENV}={raw!r}: bad item {item!r}; use "
                              f"<kill|nan|hold|raise|exit>:<{'|'.join(POINTS)}>:<n>[:rank[:Class|code]]")
-        spec = (parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) >= 4 else 0)
-        if len(parts) == 5:
-            _CLASSES[str(spec)] = parts[4]
-        out.append(spec)
+        out.append((parts[0], parts[1], int(parts[2]), int(parts[3]) if len(parts) >= 4 else 0,
+                    parts[4] if len(parts) == 5 else None))
     return out
 
 
-def _error(spec: tuple[str, str, int, int]) -> BaseException:
-    name = _CLASSES.get(str(spec), "InjectedError")
+def _error(name: str, point: str, n: int, rank: int) -> BaseException:
     known = {"InjectedError": InjectedError, **{c.__name__: c for c in user_errors()}}
     if name not in known:
         raise ValueError(f"{ENV}: unknown error class {name!r}; use one of {sorted(known)}")
-    _, point, n, rank = spec
     return known[name](f"{ENV}: injected {name} at {point} {n} on rank {rank}")
 
 
@@ -83,15 +79,9 @@ def set_rank(rank: int) -> None:
     _this["rank"] = int(rank)
 
 
-def _rank() -> int:
-    return _this["rank"]
-
-
-def _kill(where: str) -> None:
-    log.warning("%s: injected SIGKILL %s", ENV, where)
+def _flush_logs() -> None:
     for h in logging.getLogger().handlers:  # so the test log shows where the process died
         h.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def at(point: str, n: int | None = None) -> None:
@@ -101,28 +91,28 @@ def at(point: str, n: int | None = None) -> None:
     if n is None:
         _calls[point] += 1
         n = _calls[point]
-    for action, p, k, rank in _specs():
-        if action == "kill" and p == point and k == n and rank == _rank():
-            _kill(f"at {point} {n}")
-        if action == "hold" and p == point and k == n and rank == _rank():
-            _hold(f"at {point} {n}")
-        if action == "exit" and p == point and k == n and rank == _rank():
-            code = int(_CLASSES.get(str((action, p, k, rank)), "1"))
+    for action, p, k, rank, extra in _specs():
+        if (p, k, rank) != (point, n, _this["rank"]):
+            continue
+        if action == "kill":
+            log.warning("%s: injected SIGKILL at %s %d", ENV, point, n)
+            _flush_logs()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "hold":
+            log.warning("%s: holding at %s %d until a stop is requested (at most %.0f s)", ENV,
+                        point, n, HOLD_S)
+            end = time.monotonic() + HOLD_S
+            while stop_requested() is None and time.monotonic() < end:
+                time.sleep(0.02)
+        elif action == "exit":
+            code = int("1" if extra is None else extra)
             log.warning("%s: injected exit with code %d at %s %d", ENV, code, point, n)
-            for h in logging.getLogger().handlers:
-                h.flush()
+            _flush_logs()
             os._exit(code)
-        if action == "raise" and p == point and k == n and rank == _rank():
-            if str((action, p, k, rank)) not in _CLASSES:
+        elif action == "raise":
+            if extra is None:
                 raise InjectedError(f"{ENV}: injected error at {point} {n} on rank {rank}")
-            raise _error((action, p, k, rank))
-
-
-def _hold(where: str) -> None:
-    log.warning("%s: holding %s until a stop is requested (at most %.0f s)", ENV, where, HOLD_S)
-    end = time.monotonic() + HOLD_S
-    while stop_requested() is None and time.monotonic() < end:
-        time.sleep(0.02)
+            raise _error(extra, point, n, rank)
 
 
 def wrap(point: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,7 +130,7 @@ def poison_loss(trainer: Any) -> None:
     if not enabled():
         return
     it = trainer.iter + 1
-    if not any(a == "nan" and p == "iter" and k == it and r == _rank() for a, p, k, r in _specs()):
+    if ("nan", "iter", it, _this["rank"]) not in [spec[:4] for spec in _specs()]:
         return
     terms = trainer.loss_terms
     victim = next((k for k in terms if k != "total"), "total")

@@ -69,11 +69,6 @@ def _holder_of(path: Path) -> tuple[str, str]:
     return "another run", ""
 
 
-def _me(run_dir: str) -> str:
-    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                       "since": time.strftime("%Y-%m-%d %H:%M:%S"), "run_dir": run_dir})
-
-
 @contextlib.contextmanager
 def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
     """Hold ``folder``'s lock for the ``with`` block, yielding its path; CheckpointError when
@@ -96,7 +91,9 @@ def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
             log.warning("taking over %s: %s ended without releasing it (killed or crashed)", path,
                         _holder(left)[0])
         os.ftruncate(fd, 0)
-        os.pwrite(fd, _me(run_dir).encode() + b"\n", 0)
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S"), "run_dir": run_dir}
+        os.pwrite(fd, json.dumps(me).encode() + b"\n", 0)
         _held.add(fd)
         try:
             yield path

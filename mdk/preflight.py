@@ -9,7 +9,6 @@ nothing has to be written there.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -32,8 +31,6 @@ from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, 
 from mdk.stage_config import KINDS, running_stages
 from mdk.world import backend_for, check_local_size
 
-log = logging.getLogger(__name__)
-
 MB = 1 << 20
 RUN_DIR_PER_STAGE = 4 * MB  # a stage's log lines, TensorBoard events and report PNGs (0.3-3 MB)
 CACHE_PER_IMAGE = 256       # an image's line in the index and its entry in the image check
@@ -48,18 +45,13 @@ def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
     check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
 
 
-def _existing(p: Path) -> Path:
-    """``p`` or its nearest existing ancestor: the folder a write under ``p`` starts in."""
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def probe(path: Path, key: str, value: Any = None) -> Path:
     """The folder ``path`` is or will be made in, after a real write there (as root,
     ``os.access`` says yes on read-only mounts): ConfigError naming ``key`` (set to ``value``,
     default ``path``) when it takes no file."""
-    q = _existing(path)
+    q = path  # or its nearest existing ancestor: the folder a write under ``path`` starts in
+    while not q.exists() and q != q.parent:
+        q = q.parent
     path = str(path if value is None else value)
     if not q.is_dir():
         raise ConfigError(f"{key}={path!r}: {q} is a file, not a folder; choose "
@@ -86,13 +78,12 @@ GENERATOR_SIZES = {shapes.ensure_shapes_dataset: shapes.bytes_to_generate,
 
 def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[Path, int, str]]:
     """(folder, bytes, what) the run writes: each probed, then added up per disk."""
-    out = []
     ck_root = resolve_path(cfg.paths.checkpoints, base)
     one = checkpoint_bytes(cfg)
     files = sum(1 + sum(not (ck_root / s / n).is_file() for n in RESUME_NAMES)
                 for s in running_stages(cfg))
-    out.append((probe(ck_root, "paths.checkpoints"), files * one,
-                f"paths.checkpoints: {files} checkpoint files of ~{one / MB:.1f} MB"))
+    out = [(probe(ck_root, "paths.checkpoints"), files * one,
+            f"paths.checkpoints: {files} checkpoint files of ~{one / MB:.1f} MB")]
     if run_dir is not None:
         stages = len(running_stages(cfg))
         out.append((probe(Path(run_dir), "hydra.run.dir"), stages * RUN_DIR_PER_STAGE,
@@ -147,57 +138,41 @@ def train_images(cfg: DictConfig) -> int:
 
 def _check_dataset(cfg: DictConfig) -> None:
     n_train = train_images(cfg)
-    generated = bool(cfg.dataset.get("generate"))
     batch = int(cfg.trainer.batch_size)
     if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in KINDS:
-        where = ("dataset.generate.num_train" if generated
+        where = ("dataset.generate.num_train" if cfg.dataset.get("generate")
                  else f"the {cfg.dataset.train_split!r} split of {cfg.dataset.root}")
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
                         f"(trainer.batch_size={batch}); the last partial batch of an epoch is "
                         "dropped, so nothing would train: lower trainer.batch_size or add images")
 
 
-def _check_input(cfg: DictConfig) -> None:
-    """The first stage's starting point: resumable files, else its input checkpoint, must fit."""
+def _check_start(cfg: DictConfig) -> None:
+    """The first stage's starting point (its resumable files, else its input checkpoint) means
+    what this config means (mdk/checkpoint_meaning.py) and fits the model. The meaning is checked
+    first, so a changed class list is named as such rather than as a shape mismatch."""
     spec = StageSpec.from_node(cfg.step)
     checkpoints = StageCheckpointer(cfg, spec)
-    if cfg.trainer.resume and any((checkpoints.dir / n).is_file() for n in RESUME_NAMES):
-        for n in RESUME_NAMES:
-            try:
-                ck = load_checkpoint(checkpoints.dir / n)
-            except CheckpointError:
-                continue  # the engine falls back from an unreadable file with a warning
-            _check_fits(build_model(cfg), ck, checkpoints.dir / n, load_into,
+    own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
+    if cfg.trainer.resume and own:
+        # an unreadable file: the engine falls back from it with a warning
+        ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
+        if ck is not None:
+            check_resume(ck, path, cfg, spec)
+            _check_fits(build_model(cfg), ck, path,
                         f"it is {spec.name}'s own checkpoint from an earlier run: use another "
                         "paths.checkpoints, or trainer.resume=false to start this stage over")
-            return
         return
     init = checkpoints.input_path()  # MissingStageInput names the stage to run first
     if init is None:
         return
     ck = load_checkpoint(init, advice=input_advice(spec))
-    _check_fits(build_model(cfg), ck, init, load_into,
+    if spec.init_from is not None:  # (pretrained weights may come from anywhere)
+        check_input(ck, init, cfg, spec)
+    _check_fits(build_model(cfg), ck, init,
                 f"it is the input of {spec.name}: run step={spec.init_from} again with the same "
                 "model/dataset, or point paths.checkpoints at the matching run",
                 strict=ck.get("stage") is not None)
-
-
-def _check_meaning(cfg: DictConfig) -> None:
-    """The first stage's starting point means what this config means (mdk/checkpoint_meaning.py).
-    Runs before ``_check_input``, so a changed class list is named as such rather than as a shape
-    mismatch; a missing or unreadable file is ``_check_input``'s to report."""
-    spec = StageSpec.from_node(cfg.step)
-    checkpoints = StageCheckpointer(cfg, spec)
-    own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
-    if cfg.trainer.resume and own:
-        ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
-        if ck is not None:
-            check_resume(ck, path, cfg, spec)
-        return
-    init = checkpoints.input_path() if spec.init_from is not None else None
-    ck = _readable(init) if init is not None else None
-    if ck is not None:
-        check_input(ck, init, cfg, spec)
 
 
 def _readable(path: Path) -> Optional[dict]:
@@ -207,9 +182,9 @@ def _readable(path: Path) -> Optional[dict]:
         return None
 
 
-def _check_fits(model, ck, path, load, advice: str, strict: bool = True) -> None:
+def _check_fits(model, ck, path, advice: str, strict: bool = True) -> None:
     try:
-        load(model, ck, path, strict=strict)
+        load_into(model, ck, path, strict=strict)
     except CheckpointError as e:
         raise CheckpointError(f"{e} ({advice})") from None
 
@@ -220,5 +195,4 @@ def preflight(cfg: DictConfig, run_dir: Optional[Path] = None) -> None:
     check_environment(cfg)
     check_paths(cfg, os.getcwd(), run_dir)
     _check_dataset(cfg)
-    _check_meaning(cfg)
-    _check_input(cfg)
+    _check_start(cfg)

@@ -19,11 +19,7 @@ _THREAD_LOCK = threading.RLock()
 
 def bars_on(setting: Any = "auto", is_main: bool = True) -> bool:
     """Whether this process draws bars: ``setting`` is ``trainer.progress`` (auto | true | false)."""
-    if not is_main:
-        return False
-    if setting == "auto":
-        return sys.stderr.isatty()
-    return bool(setting)
+    return is_main and (sys.stderr.isatty() if setting == "auto" else bool(setting))
 
 
 def progress_bar(iterable: Optional[Iterable] = None, *, setting: Any = "auto",

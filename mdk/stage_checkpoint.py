@@ -209,7 +209,9 @@ class StageCheckpointer:
     def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
         """A checkpoint of this stage, with ``extra`` (the run state's parts, metrics...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
-                "stage_spec": _spec_dict(self.cfg.step), "config": _plain(self.cfg),
+                # the record is what loaders need, not the work's parameters (calibration)
+                "stage_spec": {k: v for k, v in _plain(self.cfg.step).items()
+                               if k != "calibration"}, "config": _plain(self.cfg),
                 "meaning": meaning_of(self.cfg, self.spec), "hparams": hparams_of(self.cfg),
                 "world_size": self.world.size, **extra}
 
@@ -227,12 +229,6 @@ class StageCheckpointer:
 
 def _plain(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def _spec_dict(node: DictConfig) -> dict:
-    d = _plain(node)
-    d.pop("calibration", None)  # the work's parameters; the record is what loaders need
-    return d
 
 
 def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True,
@@ -263,7 +259,3 @@ def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
     apply_stage(model, spec, str(cfg.chip), evaluate=mode == "eval")
     return model.eval(), ck
 
-
-__all__ = ["BEST", "LAST", "RESUME_NAMES", "CheckpointError", "Start", "StageCheckpointer",
-           "checkpoint_root", "find_resume", "input_advice", "iteration", "load_into",
-           "load_model_for", "spec_of", "stage_dir"]

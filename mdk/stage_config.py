@@ -142,11 +142,5 @@ def _typed_stages(cfg: DictConfig) -> Optional[set[str]]:
         task = HydraConfig.get().overrides.task
     if task is None:
         return None
-    names: set[str] = set()
-    for o in task:
-        key = o.split("=", 1)[0].lstrip("+~")
-        if key == "stages":
-            return None
-        if key.startswith("stages."):
-            names.add(key.split(".")[1])
-    return names
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in task]
+    return None if "stages" in keys else {k.split(".")[1] for k in keys if k.startswith("stages.")}

@@ -57,9 +57,7 @@ def backend_for(device: str, backend: str = "auto", cuda_available: Optional[boo
     cuda = uses_cuda(device, cuda_available)
     if backend == "nccl" and not cuda:
         raise ConfigError("dist.backend=nccl needs CUDA GPUs; use dist.backend=auto (gloo on CPU)")
-    if backend != "auto":
-        return backend
-    return "nccl" if cuda else "gloo"
+    return backend if backend != "auto" else "nccl" if cuda else "gloo"
 
 
 def check_local_size(device: str, local_size: int, cuda_available: Optional[bool] = None,

@@ -7,15 +7,12 @@ ignored here but a false positive under VOC rules.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from mdk.eval.inputs import GroundTruth, flatten
-
-log = logging.getLogger(__name__)
 
 COCO_NAME = "COCO mAP@[.5:.95]"
 _RECALL_POINTS = np.linspace(0.0, 1.0, 101)

@@ -6,7 +6,6 @@ with BatchNorm uses rank 0's running statistics on every rank (each rank's own d
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import torch
@@ -17,8 +16,6 @@ from mdk.data.samplers import ShardSampler
 from mdk.eval.metrics import evaluate_dataset
 from mdk.progress import progress_bar
 from mdk.world import World
-
-log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -44,8 +41,7 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
             loss_sum += loss_fn(pred, targets.to(device))["total"].detach().double() * len(idx)
         count += len(idx)
         dets = dataset.head.decode(pred.cpu(), dataset.image_size, conf_thresh, nms_iou)
-        for i, d in zip(idx.tolist(), dets):
-            out[i] = d
+        out.update(zip(idx.tolist(), dets))
     model.train(was_training)
     return out, float(loss_sum), count
 
@@ -89,18 +85,16 @@ def evaluate_alone(model: torch.nn.Module, dataset: Any, batch_size: int, device
 
 def _score(parts: list, dataset: Any, metric: str, box_rule: str, with_loss: bool,
            keep: Optional[list] = None) -> dict[str, Any]:
-    merged: dict[int, dict] = {}
-    for part in parts:
-        merged.update(part[0])
+    merged = {i: det for part in parts for i, det in part[0].items()}
     total_loss = sum(p[1] for p in parts)
     total_count = sum(p[2] for p in parts)
     result = evaluate_dataset(merged, dataset, metric, box_rule)
-    res: dict[str, Any] = {"map50": float(result["map50"] if metric == "coco" else result["map"]),
-                           "metric": result["name"] if metric != "coco" else "COCO mAP@0.5",
-                           "ap": [float(a) for a in (result["ap50"] if metric == "coco"
-                                                     else result["ap"])],
+    coco = metric == "coco"
+    res: dict[str, Any] = {"map50": float(result["map50" if coco else "map"]),
+                           "metric": "COCO mAP@0.5" if coco else result["name"],
+                           "ap": [float(a) for a in result["ap50" if coco else "ap"]],
                            "images": len(merged)}
-    if metric == "coco":
+    if coco:
         res["map_coco"] = float(result["map"])  # AP@[.5:.95], COCO's headline
     if with_loss and total_count:
         res["loss"] = total_loss / total_count

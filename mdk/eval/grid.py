@@ -2,7 +2,6 @@
 for rank 0 at each evaluation)."""
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -12,8 +11,6 @@ from PIL import Image
 from torchvision.utils import draw_bounding_boxes, make_grid
 
 from mdk.eval.inputs import as_numpy
-
-log = logging.getLogger(__name__)
 
 GT_COLOR = (0, 200, 0)            # ground truth: green
 DIFFICULT_COLOR = (230, 200, 0)   # difficult ground truth: yellow (ignored by VOC AP)

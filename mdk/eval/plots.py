@@ -63,11 +63,8 @@ def save_pr_curves(result: dict[str, Any], out_dir: str | Path,
     """Write ``<out_dir>/<stem>_<k>.png``, one per class group; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for k, img in enumerate(pr_curve_images(result, class_names, per_figure, title), start=1):
-        p = out / f"{stem}_{k}.png"
-        save_png(img, p)
-        paths.append(p)
+    paths = [save_png(img, out / f"{stem}_{k}.png")
+             for k, img in enumerate(pr_curve_images(result, class_names, per_figure, title), 1)]
     log.info("precision-recall curves: %s", ", ".join(str(p) for p in paths) or "none (no classes "
              "with ground truth)")
     return paths

@@ -24,14 +24,11 @@ of the mean; one with ground truth but no detections has AP 0 (the devkit ports 
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 import numpy as np
 
 from mdk.eval.inputs import Flat, GroundTruth, flatten
-
-log = logging.getLogger(__name__)
 
 VOC_METRICS = {"voc07": "VOC07 11-point mAP@0.5", "voc12": "VOC12 area mAP@0.5"}
 _CHUNK = 1 << 20  # IoU matrix elements per block: bounds memory to ~50 MB whatever the input
@@ -126,11 +123,9 @@ def voc_ap(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTrut
     order = np.lexsort((-flat.det_scores, flat.det_labels))
     labels = flat.det_labels[order]
     ignored = hit_difficult[order]
-    candidate = (hit & ~hit_difficult)[order]
-    taken = gid[order]
     tp = np.zeros(len(order), bool)
-    cand = np.flatnonzero(candidate)
-    _, first = np.unique(taken[cand], return_index=True)  # first detection to take each object
+    cand = np.flatnonzero((hit & ~hit_difficult)[order])
+    _, first = np.unique(gid[order][cand], return_index=True)  # the first to take each object
     tp[cand[first]] = True
     fp = ~tp & ~ignored
     npos = np.bincount(flat.gt_labels[~flat.gt_difficult], minlength=num_classes)

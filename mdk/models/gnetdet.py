@@ -51,24 +51,20 @@ class GNetDet(nn.Module):
         self.boxes_per_cell = self.head.boxes_per_cell
         self.image_size = image_size
         out_ch = self.head.channels
-        convs: list[int] = [c for c in channels if c != "M"]
+        spec = list(channels)
+        convs = [(int(c), spec[j + 1:j + 2] == ["M"]) for j, c in enumerate(spec) if c != "M"]
         if len(mask_bits) != len(convs) + 1:
             raise ValueError(f"model.net.mask_bits has {len(mask_bits)} entries but the model has "
                              f"{len(convs) + 1} conv layers (channels plus the output conv); "
                              "give one mask bit width per conv layer")
-        layers: list[ChipConv] = []
-        in_ch, i = 3, 0
-        spec = list(channels)
-        for j, c in enumerate(spec):
-            if c == "M":
-                continue
-            pool = j + 1 < len(spec) and spec[j + 1] == "M"
-            layers.append(ChipConv(in_ch, int(c), mask_bits[i], pool=pool, batch_norm=batch_norm))
-            in_ch, i = int(c), i + 1
+        ins = [3] + [c for c, _ in convs]
+        layers = [ChipConv(ins[i], c, mask_bits[i], pool=pool, batch_norm=batch_norm)
+                  for i, (c, pool) in enumerate(convs)]
         # The output conv is a chip layer too: 5-bit activation from step3 on, linear before.
-        layers.append(ChipConv(in_ch, out_ch, mask_bits[i], pool=False, batch_norm=False, relu=False))
+        layers.append(ChipConv(ins[-1], out_ch, mask_bits[-1], pool=False, batch_norm=False,
+                               relu=False))
         self.layers = nn.ModuleList(layers)
-        n_pool = sum(1 for c in spec if c == "M")
+        n_pool = spec.count("M")
         if image_size % (2 ** n_pool):
             step = 2 ** n_pool
             lower = max(step, image_size // step * step)

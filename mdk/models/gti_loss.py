@@ -33,17 +33,13 @@ batches, not with ``dist.exact_chunk`` (``nu`` advances once per chunk; use ``fi
 """
 from __future__ import annotations
 
-import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mdk import dist
-from mdk.models.loss import (_cell_boxes_to_xyxy, _paired_iou, check_beta, check_shape,
-                             check_weights, is_number)
-
-log = logging.getLogger(__name__)
+from mdk.models.loss import check_beta, check_shape, check_weights, is_number, slot_iou
 
 NORMALIZERS = ("running", "fixed")
 PRED_EPS = 1e-8  # added to every prediction, as the GTI MDK does
@@ -114,10 +110,7 @@ class GtiLoss(nn.Module):
 
         # IoU of each predicted box with its cell's target (with gradient, as in the GTI MDK).
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.iou_target_grad):
-            pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
-            txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
-            iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
-            iou = iou.permute(0, 2, 3, 1)  # [N, S, S, B]
+            iou = slot_iou(pb, t)
         best = iou.detach().max(-1, keepdim=True).indices  # ties: the first slot, as torch.max
         resp = torch.zeros(iou.shape, dtype=torch.bool, device=iou.device).scatter_(-1, best, True)
         resp &= obj.unsqueeze(-1)

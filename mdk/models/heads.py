@@ -22,7 +22,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torchvision.ops import batched_nms
 
 from mdk.models import yolo_codec
 
@@ -31,19 +30,6 @@ def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"head.{name} must be an integer >= {low}, got {value!r}")
     return value
-
-
-def _nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, conf_thresh: float,
-         nms_iou: float, max_det: int) -> list[dict]:
-    """Per image: drop scores <= conf_thresh and empty boxes, per-class NMS, top ``max_det``."""
-    out = []
-    for i in range(boxes.shape[0]):
-        b = boxes[i]
-        keep = (scores[i] > conf_thresh) & (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
-        bx, sc, lb = b[keep], scores[i][keep], labels[i][keep]
-        kept = batched_nms(bx, sc, lb, nms_iou)[:max_det]
-        out.append({"boxes": bx[kept], "scores": sc[kept], "labels": lb[kept]})
-    return out
 
 
 class YoloV1Head:
@@ -174,9 +160,8 @@ class AnchorHead:
                     cells.append((row, nx, 0))
                 if 0 <= ny < s:
                     cells.append((ny, col, 0))
-            for (rr, cc, centre_cell) in cells:
-                for p in priors.tolist():
-                    claims.append((centre_cell, -ratio[k, p], -k, k, rr, cc, p))
+            claims += [(centre_cell, -ratio[k, p], -k, k, rr, cc, p)
+                       for rr, cc, centre_cell in cells for p in priors.tolist()]
         for centre_cell, _, _, k, rr, cc, p in sorted(claims):  # best claim written last
             ox, oy = centre[k, 0] - cc, centre[k, 1] - rr
             if self.neighbours:
@@ -201,4 +186,4 @@ class AnchorHead:
         xyxy = (self.boxes(p) * image_size).clamp(0, image_size).reshape(n, -1, 4)
         cls_score, cls = p[..., 5:].clamp(0, 1).max(-1)
         scores = (p[..., 4].clamp(0, 1) * cls_score).reshape(n, -1)
-        return _nms(xyxy, scores, cls.reshape(n, -1), conf_thresh, nms_iou, max_det)
+        return yolo_codec.nms(xyxy, scores, cls.reshape(n, -1), conf_thresh, nms_iou, max_det)

@@ -38,6 +38,16 @@ def _paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
 
 
+def slot_iou(pb: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """IoU of each box slot ``pb`` [N, S, S, B, >=4] with its cell's target box ``t[..., :4]``
+    -> [N, S, S, B]."""
+    N, S, _, B = pb.shape[:4]
+    pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
+    txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
+    iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
+    return iou.permute(0, 2, 3, 1)
+
+
 def is_number(v: object) -> bool:
     """An int or float from the config (YAML's true/false are bools, not numbers here)."""
     return not isinstance(v, bool) and isinstance(v, (int, float))
@@ -96,10 +106,7 @@ class YoloLoss(nn.Module):
 
         # Which predicted box is responsible: highest IoU with the target (no gradient through it).
         with torch.no_grad():
-            pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
-            txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
-            iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
-            iou = iou.permute(0, 2, 3, 1)  # [N, S, S, B]
+            iou = slot_iou(pb, t)
             best = iou.argmax(-1, keepdim=True)
             resp = torch.zeros_like(iou, dtype=torch.bool).scatter_(-1, best, True) & obj.unsqueeze(-1)
 

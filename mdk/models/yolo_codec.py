@@ -6,12 +6,22 @@ Layout per cell (model output channels, target last dimension): box ``b`` occupi
 """
 from __future__ import annotations
 
-import logging
 
 import torch
 from torchvision.ops import batched_nms
 
-log = logging.getLogger(__name__)
+
+def nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, conf_thresh: float,
+        nms_iou: float, max_det: int) -> list[dict]:
+    """Per image: drop scores <= conf_thresh and empty boxes, per-class NMS, top ``max_det``."""
+    out = []
+    for i in range(boxes.shape[0]):
+        b = boxes[i]
+        keep = (scores[i] > conf_thresh) & (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
+        bx, sc, lb = b[keep], scores[i][keep], labels[i][keep]
+        kept = batched_nms(bx, sc, lb, nms_iou)[:max_det]
+        out.append({"boxes": bx[kept], "scores": sc[kept], "labels": lb[kept]})
+    return out
 
 
 def encode_target(boxes: torch.Tensor, labels: torch.Tensor, grid: int, boxes_per_cell: int,
@@ -80,11 +90,4 @@ def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
     # The output layer is linear in float stages: negative conf/class values mean 'no' (two
     # negatives must not multiply into a confident detection), values over 1 mean 'yes'.
     scores = conf.clamp(0, 1) * cls_score.clamp(0, 1)
-    out = []
-    for i in range(n):
-        keep = (scores[i] > conf_thresh) & (boxes[i, :, 2] > boxes[i, :, 0]) \
-            & (boxes[i, :, 3] > boxes[i, :, 1])
-        bx, sc, lb = boxes[i][keep], scores[i][keep], cls[i][keep]
-        kept = batched_nms(bx, sc, lb, nms_iou)[:max_det]
-        out.append({"boxes": bx[kept], "scores": sc[kept], "labels": lb[kept]})
-    return out
+    return nms(boxes, scores, cls, conf_thresh, nms_iou, max_det)

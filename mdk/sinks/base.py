@@ -5,6 +5,7 @@ nothing more; the run goes on. Every :class:`NullSink` subclass gets this (``__i
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Any, Callable, ClassVar, Mapping
@@ -23,10 +24,8 @@ def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: "NullSink", *args: Any, **kwargs: Any) -> Any:
         if self.broken:
             if method.__name__ == "close":  # still release what it holds (files, threads)
-                try:
+                with contextlib.suppress(OSError):
                     method(self, *args, **kwargs)
-                except OSError:
-                    pass
             return None
         try:
             return method(self, *args, **kwargs)

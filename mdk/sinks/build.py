@@ -6,6 +6,7 @@ takes ``run_dir, stage, group, resume_step, config`` (see :func:`build_sinks`) a
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -48,11 +49,8 @@ def build_sinks(logger_cfg: Any, run_dir: str | Path, config: Mapping[str, Any],
                 log.warning("%s could not start: %s (%s); the run goes on without it", where,
                             disk_reason(e) or "a write failed", e)
     except BaseException:
-        for s in sinks:  # release the sinks already made (wandb runs, open event files)
-            try:
-                s.close()
-            except Exception as e:
-                log.warning("closing %s failed: %s", type(s).__name__, e)
+        with contextlib.suppress(Exception):  # each failure is warned; the first error wins
+            MultiSink(sinks).close()  # release the sinks already made (wandb runs, event files)
         raise
     if not sinks:
         return NullSink()

@@ -28,29 +28,17 @@ log = logging.getLogger(__name__)
 ID_FILE = "wandb_ids.json"
 
 
-def stored_run_id(run_dir: Path, stage: str) -> Optional[str]:
-    """The wandb run id this job dir holds for ``stage`` (None when there is none yet)."""
-    p = Path(run_dir) / ID_FILE
+def _stored_ids(run_dir: Path) -> dict[str, str]:
+    """The wandb run id of each stage this job dir holds ({} when there is none yet)."""
+    p = run_dir / ID_FILE
     if not p.is_file():
-        return None
+        return {}
     try:
         ids = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         log.warning("%s is unreadable (%s): a new wandb run is started", p, e)
-        return None
-    return ids.get(stage) if isinstance(ids, dict) else None
-
-
-def _store_run_id(run_dir: Path, stage: str, run_id: str) -> None:
-    p = Path(run_dir) / ID_FILE
-    ids: dict[str, str] = {}
-    if p.is_file():
-        try:
-            ids = json.loads(p.read_text())
-        except (OSError, ValueError):
-            ids = {}
-    ids[stage] = run_id
-    write_json(p, ids, indent=1, sort_keys=True)
+        return {}
+    return ids if isinstance(ids, dict) else {}
 
 
 class WandbSink(NullSink):
@@ -61,16 +49,18 @@ class WandbSink(NullSink):
                  name: Optional[str] = None) -> None:
         import wandb  # here: an optional heavy package, imported only when this sink is on
 
+        self.wandb = wandb
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         # Never block on the network: without an API key (or with WANDB_MODE set) run offline.
         mode = mode or os.environ.get("WANDB_MODE") or (
             "online" if os.environ.get("WANDB_API_KEY") else "offline")
-        run_id = stored_run_id(run_dir, stage)
+        ids = _stored_ids(run_dir)
+        run_id = ids.get(stage)
         continuing = run_id is not None
         if run_id is None:
             run_id = secrets.token_hex(8)  # wandb ids: [a-z0-9], unique in the project
-            _store_run_id(run_dir, stage, run_id)
+            write_json(run_dir / ID_FILE, {**ids, stage: run_id}, indent=1, sort_keys=True)
         self.run = wandb.init(project=project, entity=entity, dir=str(run_dir), id=run_id,
                               resume="allow", group=group, job_type=stage,
                               name=name or f"{run_dir.name}-{stage}", tags=list(tags) or None,
@@ -90,15 +80,11 @@ class WandbSink(NullSink):
         self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))
 
     def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
-        import wandb  # (see __init__)
-
         hwc = check_image(tag, image).permute(1, 2, 0).numpy()
-        self.run.log({tag: wandb.Image(hwc)}, step=int(step))
+        self.run.log({tag: self.wandb.Image(hwc)}, step=int(step))
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        import wandb  # (see __init__)
-
-        self.run.log({tag: wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
+        self.run.log({tag: self.wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=int(step))
 
     def close(self) -> None:
         self.run.finish()
