@@ -7,7 +7,6 @@ stage changes (quantization flags, calibration, export) is decided before the lo
 from __future__ import annotations
 
 import logging
-import math
 import time
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Optional
@@ -16,7 +15,6 @@ import torch
 
 from mdk.engine.device_io import CudaPrefetcher
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
-from mdk.errors import NonFiniteLossError  # re-exported for the hooks
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +169,3 @@ class Trainer:
         self.batch_in_epoch += 1
         self._call("after_step")
 
-
-def check_finite(terms: dict[str, torch.Tensor], it: int) -> None:
-    """Raise naming the iteration and the loss term that is NaN/Inf (one host sync)."""
-    vals = torch.stack([v.detach().float().cpu() for v in terms.values()])
-    if not torch.isfinite(vals).all():
-        bad = [k for k, v in zip(terms, vals.tolist()) if not math.isfinite(v)]
-        raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) {bad} = "
-                                 f"{[terms[k].item() for k in bad]}. The last good checkpoint is "
-                                 "kept; lower optim.lr or check the data")
