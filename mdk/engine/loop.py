@@ -137,9 +137,7 @@ class Trainer:
 
     def run_step(self, batch: Any) -> None:
         self._call("before_step")
-        images, targets = batch[0], batch[1]
-        images = images.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
+        images, targets = (x.to(self.device, non_blocking=True) for x in batch[:2])
         if self.batch_transform is not None:
             images = self.batch_transform(images, batch)
         if self.channels_last:
