@@ -1,12 +1,13 @@
 """The four main schedules (torch's names), each with warmup (the rule: :mod:`mdk.sched.base`).
-``t`` is the main clock; in the default mode it runs from iteration 0 (warmup counts toward it).
-Each takes the base class's arguments (optimizer, iters_per_epoch, warmup, interval) first."""
+``t`` is the main clock; in the default mode it runs from iteration 0 (warmup counts toward it)."""
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from torch.optim import Optimizer
 
 from mdk.sched.base import WarmupScheduler, _fail, _float, _int
 
@@ -16,10 +17,18 @@ class WarmupStepLR(WarmupScheduler):
 
     main_keys = ("step_size", "gamma")
 
-    def __init__(self, *args: Any, step_size: int = 5, gamma: float = 0.1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        step_size: int = 5,
+        gamma: float = 0.1,
+    ) -> None:
         self.step_size = _int("step_size", step_size, 1)
         self.gamma = _float("gamma", gamma, 0.0, True)
-        super().__init__(*args, **kwargs)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def _main_lr(self, base_lr: float, t: int) -> float:
         return base_lr * self.gamma ** (t // self.step_size)
@@ -30,8 +39,15 @@ class WarmupMultiStepLR(WarmupScheduler):
 
     main_keys = ("milestones", "gamma")
 
-    def __init__(self, *args: Any, milestones: Sequence[int] = (8, 11), gamma: float = 0.1,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        milestones: Sequence[int] = (8, 11),
+        gamma: float = 0.1,
+    ) -> None:
         if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence):
             _fail("milestones", "must be a list of increasing integers", milestones)
         ms = [_int(f"milestones[{i}]", m, 1) for i, m in enumerate(milestones)]
@@ -39,7 +55,7 @@ class WarmupMultiStepLR(WarmupScheduler):
             _fail("milestones", "must be strictly increasing", ms)
         self.milestones = ms
         self.gamma = _float("gamma", gamma, 0.0, True)
-        super().__init__(*args, **kwargs)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def _main_lr(self, base_lr: float, t: int) -> float:
         return base_lr * self.gamma ** bisect.bisect_right(self.milestones, t)
@@ -54,11 +70,18 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
 
     main_keys = ("T_max", "eta_min")
 
-    def __init__(self, *args: Any, T_max: int = 12,  # noqa: N803 - torch's name, as in its docs
-                 eta_min: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        T_max: int = 12,  # noqa: N803 - torch's name, so configs read like the torch docs
+        eta_min: float = 0.0,
+    ) -> None:
         self.T_max = _int("T_max", T_max, 1)
         self.eta_min = _float("eta_min", eta_min, 0.0, False)
-        super().__init__(*args, **kwargs)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def _main_lr(self, base_lr: float, t: int) -> float:
         t = min(t, self.T_max)
@@ -71,12 +94,20 @@ class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
 
     main_keys = ("T_0", "T_mult", "eta_min")
 
-    def __init__(self, *args: Any, T_0: int = 5, T_mult: int = 2,  # noqa: N803 - torch's names
-                 eta_min: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "epoch",
+        T_0: int = 5,  # noqa: N803 - torch's names
+        T_mult: int = 2,  # noqa: N803
+        eta_min: float = 0.0,
+    ) -> None:
         self.T_0 = _int("T_0", T_0, 1)
         self.T_mult = _int("T_mult", T_mult, 1)
         self.eta_min = _float("eta_min", eta_min, 0.0, False)
-        super().__init__(*args, **kwargs)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def cycle(self, t: int) -> tuple[int, int]:
         """``(T_cur, T_i)`` at main-clock time ``t``; integer arithmetic, so no log() rounding."""
