@@ -126,9 +126,8 @@ class Trainer:
     def forward_backward(self, images: torch.Tensor,
                          targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """Loss terms of ``images``; their gradient is added to ``p.grad`` (scaled under fp16)."""
-        ctx = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype
-               else nullcontext())
-        with ctx:
+        with (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype
+              else nullcontext()):
             pred = self.model(images)
         terms = self.loss_fn(pred, targets)  # the loss computes in float32 or float64
         loss = terms["total"]
@@ -152,17 +151,15 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         self.skip_step = False  # a hook (the NaN guard) may veto this optimizer step
         self._call("after_backward")
-        if self.skip_step:
-            if self.scaler is not None:
-                self.scaler.update()  # closes this step's unscale_ so the next one may unscale
-        else:
+        if not self.skip_step:
             if self.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
-                self.scaler.update()
             else:
                 self.optimizer.step()
+        if self.scaler is not None:  # after a skipped step too: it closes that step's unscale_
+            self.scaler.update()
         self.iter += 1
         self.batch_in_epoch += 1
         self._call("after_step")
