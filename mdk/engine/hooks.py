@@ -150,7 +150,7 @@ class MetricsHook(HookBase):
 
 class ProgressHook(HookBase):
     """A tqdm bar per epoch on rank 0 when ``trainer.progress`` (``setting``) draws bars; with
-    ``auto`` and no terminal (SLURM logs, pipes), a log line every ``line_every_s`` seconds."""
+    ``auto`` and no terminal (SLURM logs, pipes), a log line every ``LINE_EVERY_S`` seconds."""
 
     LINE_EVERY_S = 60.0
 
