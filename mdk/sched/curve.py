@@ -52,11 +52,10 @@ def plot_lr_curves(curves: Mapping[str, Sequence[float]], iters_per_epoch: int,
     # combination of the others (labels are "k1=v1 k2=v2 ...").
     colours: dict[str, str] = {}
     styles: dict[str, str] = {}
-    palette = [f"C{i}" for i in range(10)]
     dashes = ["-", "--", ":", "-."]
     for label, lrs in curves.items():
         head, _, rest = label.partition(" ")
-        colour = colours.setdefault(head, palette[len(colours) % len(palette)])
+        colour = colours.setdefault(head, f"C{len(colours) % 10}")  # matplotlib's 10 colours
         style = styles.setdefault(rest, dashes[len(styles) % len(dashes)])
         ax.plot([i / iters_per_epoch for i in range(len(lrs))], lrs, label=label,
                 color=colour, linestyle=style, linewidth=1.5)
