@@ -12,12 +12,11 @@ import torch
 
 
 class CudaPrefetcher:
-    """Iterate ``batches`` with each one's tensors already on ``device``; items whose position is
-    in ``keep_on_host`` stay where they are (the sample indices, read on the host)."""
+    """Iterate ``batches`` with each one's tensors already on ``device``; the third item (the
+    sample indices, read on the host) stays where it is."""
 
-    def __init__(self, batches: Iterator[Any], device: torch.device,
-                 keep_on_host: tuple[int, ...] = (2,)) -> None:
-        self.batches, self.device, self.keep = batches, device, keep_on_host
+    def __init__(self, batches: Iterator[Any], device: torch.device) -> None:
+        self.batches, self.device = batches, device
         self.stream = torch.cuda.Stream(device)
         self.next = self._load()
 
@@ -27,7 +26,7 @@ class CudaPrefetcher:
             return None
         with torch.cuda.stream(self.stream):
             return tuple(x.to(self.device, non_blocking=True)
-                         if torch.is_tensor(x) and i not in self.keep else x
+                         if torch.is_tensor(x) and i != 2 else x
                          for i, x in enumerate(batch))
 
     def __iter__(self) -> "CudaPrefetcher":

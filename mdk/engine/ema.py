@@ -57,13 +57,10 @@ class ModelEMA:
         self.updates = 0
         m = unwrap(model)
         self.buffer_names = {n for n, _ in m.named_buffers()}
-        self.shadow: dict[str, torch.Tensor] = {}
-        self.model_dtypes: dict[str, torch.dtype] = {}
-        with torch.no_grad():
-            for k, v in m.state_dict().items():
-                self.model_dtypes[k] = v.dtype
-                self.shadow[k] = v.detach().to(dtype).clone() if v.is_floating_point() \
-                    else v.detach().clone()
+        sd = m.state_dict()
+        self.model_dtypes = {k: v.dtype for k, v in sd.items()}
+        self.shadow = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).clone()
+                       for k, v in sd.items()}
 
     def decay_at(self, n: int) -> float:
         """The decay of update number ``n`` (1-based)."""

@@ -19,14 +19,13 @@ log = logging.getLogger(__name__)
 CHIP_MODEL_DIR = "chip_model"  # under the exporting stage's checkpoint folder
 
 
-def export_best(cfg: DictConfig, checkpoints: StageCheckpointer, val_ds: Any,
-                check_images: int = 32) -> Path:
+def export_best(cfg: DictConfig, checkpoints: StageCheckpointer, val_ds: Any) -> Path:
     src = checkpoints.best if checkpoints.best.is_file() else checkpoints.last
     model, _ = load_model_for(cfg, src, mode="eval")
     out = checkpoints.dir / CHIP_MODEL_DIR
     cm = export_chip_model(model, out, str(cfg.chip), onnx=True,
                            allow_any_size=allow_any_size(cfg))
-    n = min(check_images, len(val_ds))
+    n = min(32, len(val_ds))  # val images the integer reference is checked on
     images = torch.stack([val_ds[i][0] for i in range(n)])
     bad = count_mismatches(model, cm, images)
     total = sum(bad)

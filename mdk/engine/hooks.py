@@ -35,8 +35,7 @@ class EvalHook(HookBase):
 
     def after_epoch(self) -> None:
         t = self.trainer
-        last = t.epoch + 1 == t.epochs
-        if (t.epoch + 1) % self.every == 0 or last:
+        if (t.epoch + 1) % self.every == 0 or t.epoch + 1 == t.epochs:
             t0 = time.perf_counter()
             t.metrics = self.eval_fn()
             log.info("epoch %d/%d  val mAP@0.5 %.4f  val loss %.4f  (%s, %.1fs)", t.epoch + 1,
@@ -69,32 +68,29 @@ class CheckpointHook(HookBase):
         self.best, self.best_epoch = state["best_metric"], state["best_epoch"]
         self.best_metrics = state.get("best_metrics") or {}
 
-    def save_last(self) -> None:
-        self._save([LAST], epoch_done=False)
-
-    def _save(self, names: list[str], epoch_done: bool) -> None:
+    def save_last(self, *names: str, epoch_done: bool = False) -> None:
+        """Write last.pth (with ``names``: those files before it)."""
         if self.before_save is not None:
             self.before_save()
         state = self.state_fn(epoch_done)
         if self.is_main:
-            self.save_fn(state, *names)
+            self.save_fn(state, *names, LAST)
 
     def after_step(self) -> None:
         t = self.trainer
         if self.every_iters and t.iter % self.every_iters == 0 and t.batch_in_epoch < t.iters_per_epoch:
-            self._save([LAST], epoch_done=False)
+            self.save_last()
 
     def after_epoch(self) -> None:
         t = self.trainer
-        names = [LAST]
         m = getattr(t, "metrics", {}).get("map50")
-        if m is not None and m > self.best:
+        best = m is not None and m > self.best
+        if best:
             self.best, self.best_epoch = m, t.epoch
             self.best_metrics = dict(t.metrics)
-            # best.pth first: a kill between the two writes leaves the old last.pth, so the
-            # epoch is replayed and best.pth rewritten (the other order would lose the new best).
-            names.insert(0, BEST)
-        self._save(names, epoch_done=True)
+        # best.pth first: a kill between the two writes leaves the old last.pth, so the epoch is
+        # replayed and best.pth rewritten (the other order would lose the new best).
+        self.save_last(*([BEST] if best else []), epoch_done=True)
 
 
 class FaultHook(HookBase):
@@ -154,17 +150,17 @@ class MetricsHook(HookBase):
 
 class ProgressHook(HookBase):
     """A tqdm bar per epoch on rank 0 when ``trainer.progress`` (``setting``) draws bars; with
-    ``auto`` and no terminal (SLURM logs, pipes), a log line every ``line_every_s`` seconds."""
+    ``auto`` and no terminal (SLURM logs, pipes), a log line every ``LINE_EVERY_S`` seconds."""
+
+    LINE_EVERY_S = 60.0
 
     def __init__(self, metrics: MetricsHook, setting: Any, is_main: bool,
-                 line_every_s: float = 60.0) -> None:
-        self.metrics = metrics
-        self.setting, self.is_main = setting, is_main
-        self.enabled = bars_on(setting, is_main)
-        self.lines = is_main and setting == "auto" and not self.enabled
-        self.line_every_s, self._next_line = line_every_s, 0.0
+                 images_per_step: int = 0) -> None:
+        self.metrics, self.setting, self.is_main = metrics, setting, is_main
+        self.lines = is_main and setting == "auto" and not bars_on(setting, is_main)
+        self._next_line = 0.0
         self.bar: Optional[Any] = None
-        self.images_per_step = 0  # the global batch (set by the engine) for the img/s figure
+        self.images_per_step = images_per_step  # the global batch, for the img/s figure
         self._t0: Optional[float] = None
         self._b0, self._w0 = 0, 0.0
 
@@ -185,7 +181,7 @@ class ProgressHook(HookBase):
                 log.info("epoch %d/%d  iteration %d/%d  loss %s", t.epoch + 1, t.epochs,
                          t.batch_in_epoch, t.iters_per_epoch,
                          f"{m['loss/total']:.4f}" if "loss/total" in m else "-")
-            self._next_line = time.monotonic() + self.line_every_s
+            self._next_line = time.monotonic() + self.LINE_EVERY_S
         if self.bar is not None:
             self.bar.update(1)
             if self.metrics.last and self.trainer.iter % self.metrics.every == 0:
@@ -193,9 +189,7 @@ class ProgressHook(HookBase):
                                      lr=f"{self.metrics.last['lr']:.2e}", refresh=False)
 
     def after_epoch(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self.after_train()  # closes the epoch's bar
         m, t = self.metrics.last, self.trainer
         # The epoch's last log step read values back from the device, so the clock is honest.
         steps = t.batch_in_epoch - self._b0
@@ -209,7 +203,7 @@ class ProgressHook(HookBase):
                      m.get("loss/total", float("nan")), m.get("lr", float("nan")), rate)
 
     def after_train(self) -> None:
-        if self.bar is not None:  # interrupted mid-epoch: leave the terminal clean
+        if self.bar is not None:  # also when interrupted mid-epoch: leave the terminal clean
             self.bar.close()
             self.bar = None
 

@@ -7,7 +7,6 @@ stage changes (quantization flags, calibration, export) is decided before the lo
 from __future__ import annotations
 
 import logging
-import math
 import time
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Optional
@@ -16,7 +15,6 @@ import torch
 
 from mdk.engine.device_io import CudaPrefetcher
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
-from mdk.errors import NonFiniteLossError  # re-exported for the hooks
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +126,8 @@ class Trainer:
     def forward_backward(self, images: torch.Tensor,
                          targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """Loss terms of ``images``; their gradient is added to ``p.grad`` (scaled under fp16)."""
-        ctx = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype
-               else nullcontext())
-        with ctx:
+        with (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype
+              else nullcontext()):
             pred = self.model(images)
         terms = self.loss_fn(pred, targets)  # the loss computes in float32 or float64
         loss = terms["total"]
@@ -139,9 +136,7 @@ class Trainer:
 
     def run_step(self, batch: Any) -> None:
         self._call("before_step")
-        images, targets = batch[0], batch[1]
-        images = images.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
+        images, targets = (x.to(self.device, non_blocking=True) for x in batch[:2])
         if self.batch_transform is not None:
             images = self.batch_transform(images, batch)
         if self.channels_last:
@@ -156,27 +151,16 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         self.skip_step = False  # a hook (the NaN guard) may veto this optimizer step
         self._call("after_backward")
-        if self.skip_step:
-            if self.scaler is not None:
-                self.scaler.update()  # closes this step's unscale_ so the next one may unscale
-        else:
+        if not self.skip_step:
             if self.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
-                self.scaler.update()
             else:
                 self.optimizer.step()
+        if self.scaler is not None:  # after a skipped step too: it closes that step's unscale_
+            self.scaler.update()
         self.iter += 1
         self.batch_in_epoch += 1
         self._call("after_step")
 
-
-def check_finite(terms: dict[str, torch.Tensor], it: int) -> None:
-    """Raise naming the iteration and the loss term that is NaN/Inf (one host sync)."""
-    vals = torch.stack([v.detach().float().cpu() for v in terms.values()])
-    if not torch.isfinite(vals).all():
-        bad = [k for k, v in zip(terms, vals.tolist()) if not math.isfinite(v)]
-        raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) {bad} = "
-                                 f"{[terms[k].item() for k in bad]}. The last good checkpoint is "
-                                 "kept; lower optim.lr or check the data")

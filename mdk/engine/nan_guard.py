@@ -1,5 +1,5 @@
 """The NaN guard of the training loop: a NaN/Inf loss stops the run naming the iteration and the
-term, without a host sync per step on CUDA (mdk/engine/hooks.py re-exports it)."""
+term, without a host sync per step on CUDA."""
 from __future__ import annotations
 
 import logging
@@ -10,9 +10,20 @@ import torch
 
 from mdk import dist
 from mdk.engine.device_io import DeferredRead
-from mdk.engine.loop import HookBase, NonFiniteLossError, check_finite
+from mdk.engine.loop import HookBase
+from mdk.errors import NonFiniteLossError
 
 log = logging.getLogger(__name__)
+HINT = "The last good checkpoint is kept; lower optim.lr or check the data"
+
+
+def _not_finite(it: int, names: list[str], values: list[float]) -> NonFiniteLossError:
+    """The error naming iteration ``it`` and its non-finite terms (none: another rank's loss)."""
+    bad = [(k, v) for k, v in zip(names, values) if not math.isfinite(v)]
+    if not bad:
+        return NonFiniteLossError(f"loss is not finite at iteration {it} on another rank. {HINT}")
+    return NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) "
+                              f"{[k for k, _ in bad]} = {[v for _, v in bad]}. {HINT}")
 
 
 class NanGuardHook(HookBase):
@@ -34,11 +45,10 @@ class NanGuardHook(HookBase):
 
     def after_backward(self) -> None:
         t = self.trainer
-        terms = t.loss_terms
+        vals = torch.stack([v.detach().float().reshape(()) for v in t.loss_terms.values()])
         if self.limit:
-            self._skip_or_stop(terms)
+            self._skip_or_stop(vals)
             return
-        vals = torch.stack([v.detach().float().reshape(()) for v in terms.values()])
         bad = ~torch.isfinite(vals).all()
         if self.first_bad is None:
             self.first_bad = torch.full((), self.NONE, dtype=torch.int64, device=vals.device)
@@ -55,14 +65,8 @@ class NanGuardHook(HookBase):
         it = int(first)
         if it == self.NONE:
             return
-        terms = self.trainer.loss_terms
-        if int(self.first_bad) == it:
-            bad = [(k, v) for k, v in zip(terms, self.bad_values.tolist()) if not math.isfinite(v)]
-            raise NonFiniteLossError(f"loss is not finite at iteration {it}: term(s) "
-                                     f"{[k for k, _ in bad]} = {[v for _, v in bad]}. The last good "
-                                     "checkpoint is kept; lower optim.lr or check the data")
-        raise NonFiniteLossError(f"loss is not finite at iteration {it} on another rank. The last "
-                                 "good checkpoint is kept; lower optim.lr or check the data")
+        mine = self.bad_values.tolist() if int(self.first_bad) == it else []
+        raise _not_finite(it, list(self.trainer.loss_terms), mine)
 
     def after_step(self) -> None:
         t = self.trainer
@@ -77,21 +81,16 @@ class NanGuardHook(HookBase):
     def after_epoch(self) -> None:
         self.check()
 
-    def _skip_or_stop(self, terms: dict[str, torch.Tensor]) -> None:
+    def _skip_or_stop(self, vals: torch.Tensor) -> None:
         t = self.trainer
-        bad = (~torch.isfinite(terms["total"].detach()).all()).float().reshape(1)
+        bad = (~torch.isfinite(t.loss_terms["total"].detach()).all()).float().reshape(1)
         if not dist.all_reduce_max(bad).item():
             return
-        try:
-            check_finite(terms, t.iter + 1)  # raises naming the term when it is this rank's loss
-            raise NonFiniteLossError(f"loss is not finite at iteration {t.iter + 1} on another "
-                                     "rank. The last good checkpoint is kept; lower optim.lr or "
-                                     "check the data")
-        except NonFiniteLossError as e:
-            if self.skipped >= self.limit:
-                raise NonFiniteLossError(f"{e} (trainer.nan_skip_limit={self.limit} bad "
-                                         "batches were already skipped)") from None
-            self.skipped += 1
-            t.skip_step = True
-            log.warning("%s; skipping this batch (%d of trainer.nan_skip_limit=%d)", e,
-                        self.skipped, self.limit)
+        e = _not_finite(t.iter + 1, list(t.loss_terms), vals.tolist())
+        if self.skipped >= self.limit:
+            raise NonFiniteLossError(f"{e} (trainer.nan_skip_limit={self.limit} bad batches were "
+                                     "already skipped)")
+        self.skipped += 1
+        t.skip_step = True
+        log.warning("%s; skipping this batch (%d of trainer.nan_skip_limit=%d)", e, self.skipped,
+                    self.limit)

@@ -20,23 +20,22 @@ from mdk.eval.grid import dataset_grid, save_png
 from mdk.eval.plots import save_pr_curves
 from mdk.eval.scalars import ap_table, scalars
 from mdk.sinks.base import NullSink
-from mdk.stage_checkpoint import BEST
 
 log = logging.getLogger(__name__)
 
 
 class EvalReporter:
     def __init__(self, run_dir: Path, stage: str, dataset: Any, sink: NullSink,
-                 grid_images: int = 8, enabled: bool = True) -> None:
+                 grid_images: int = 8) -> None:
         self.run_dir, self.stage, self.dataset, self.sink = Path(run_dir), stage, dataset, sink
-        self.grid_images, self.enabled = int(grid_images), enabled
+        self.grid_images = int(grid_images)
         self.keep: list = []  # filled by the evaluation: [evaluator result, merged detections]
         self.best: Optional[list] = None  # the best evaluation's [result, detections] so far
 
     def after_eval(self, step: int, best: bool) -> None:
         """Report the evaluation that just filled ``keep`` to the sinks; ``best``: it chose a new
         best.pth (kept for ``write_best``)."""
-        if not self.enabled or len(self.keep) != 2:
+        if len(self.keep) != 2:
             return
         result, detections = self.keep
         self.keep = []
@@ -52,7 +51,7 @@ class EvalReporter:
     def write_best(self, step: int) -> list[Path]:
         """Write the pictures of the best evaluation so far (the grid also to the sinks); return
         the files."""
-        if not self.enabled or self.best is None:
+        if self.best is None:
             return []
         result, detections = self.best
         self.best = None
@@ -83,10 +82,10 @@ class ReportHook(HookBase):
     """Hand each epoch's evaluation to the reporter, and its best one's pictures when the loop
     ends. Register after the CheckpointHook, which decides what is best."""
 
-    def __init__(self, reporter: EvalReporter, checkpoint_hook: Any, step_offset: int = 0,
-                 best_path: Optional[Path] = None) -> None:
+    def __init__(self, reporter: EvalReporter, checkpoint_hook: Any, step_offset: int,
+                 best_path: Path) -> None:
         self.reporter, self.ckpt, self.offset = reporter, checkpoint_hook, step_offset
-        self.best_path = best_path or Path(reporter.stage) / BEST
+        self.best_path = best_path
 
     def after_epoch(self) -> None:
         t = self.trainer
@@ -94,7 +93,7 @@ class ReportHook(HookBase):
             self.reporter.after_eval(self.offset + t.iter, best=self.ckpt.best_epoch == t.epoch)
 
     def after_train(self) -> None:
-        if self.reporter.enabled and self.reporter.best is None and self.ckpt.best_epoch >= 0:
+        if self.reporter.best is None and self.ckpt.best_epoch >= 0:
             log.info("the best evaluation of %s (epoch %d) came before this run resumed: its "
                      "PR curves and detections are in that run's dir, or draw them with "
                      "python -m mdk.tools.evaluate %s --reports <dir>", self.reporter.stage,

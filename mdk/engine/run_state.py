@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -21,16 +21,10 @@ from mdk.world import World
 log = logging.getLogger(__name__)
 
 
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
 class RunState:
     """Named stateful parts; ``state_dict`` / ``load_state_dict`` walk the same names."""
 
-    def __init__(self, parts: Mapping[str, Optional[Stateful]]) -> None:
+    def __init__(self, parts: Mapping[str, Any]) -> None:  # each with state_dict/load_state_dict
         self.parts = {k: v for k, v in parts.items() if v is not None}
 
     def state_dict(self) -> dict[str, Any]:
@@ -62,21 +56,6 @@ class ConfiguredOptimizer:
             group.update(keep)
 
 
-def rng_state() -> dict[str, Any]:
-    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def set_rng_state(s: dict[str, Any]) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
 class RankRNG:
     """Every rank's random generators, ``{rank: state}``: saving gathers them (a collective, so
     every rank saves), loading restores this rank's own."""
@@ -85,12 +64,21 @@ class RankRNG:
         self.world = world
 
     def state_dict(self) -> dict[int, Any]:
-        return dict(enumerate(dist.all_gather_object(rng_state())))
+        s = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            s["cuda"] = torch.cuda.get_rng_state_all()
+        return dict(enumerate(dist.all_gather_object(s)))
 
     def load_state_dict(self, state: dict[int, Any]) -> None:
-        own = state.get(self.world.rank)
-        if own is not None:
-            set_rng_state(own)
+        s = state.get(self.world.rank)
+        if s is None:
+            return
+        random.setstate(s["python"])
+        np.random.set_state(s["numpy"])
+        torch.set_rng_state(s["torch"])
+        if "cuda" in s and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(s["cuda"])
 
 
 class HookStates:

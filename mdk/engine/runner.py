@@ -29,12 +29,6 @@ WORK: dict[str, Callable[[StageContext], Mapping[str, Any]]] = {
     "train": train_stage, "calibrate": calibrate_stage}
 
 
-def _work(kind: str) -> Callable[[StageContext], Mapping[str, Any]]:
-    """A built-in kind, or the function a stage record's ``kind: pkg.module.fn`` names."""
-    return WORK.get(kind) or checks.build(kind, "step.kind", check=True,
-                                          hint="name a function as package.module.function")
-
-
 def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
               step_offset: int = 0, group: Optional[str] = None) -> StageResult:
     """Run ``cfg.step`` in this process: a rank of ``world`` (process group joined), or alone when
@@ -54,19 +48,22 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     model.to(world.device)
     loss_fn = build.build_loss(cfg).to(world.device)  # (a loss may hold state: GtiLoss.nu)
     local_bs = cfg.trainer.batch_size // world.size
-    metric = str((cfg.get("eval") or {}).get("metric", "voc07"))
-    box_rule = str((cfg.get("eval") or {}).get("box_rule", "devkit"))
+    ev = cfg.get("eval") or {}
     eval_fn = faults.wrap("eval", lambda keep=None: evaluate(  # MDK_FAULT=kill:eval:N (tests)
         model, val_ds, local_bs, world.device, cfg.trainer.conf_thresh, cfg.trainer.nms_iou,
         cfg.trainer.limit_val_batches, loss_fn=loss_fn, progress=cfg.trainer.progress,
-        metric=metric, keep=keep, world=world, box_rule=box_rule))
+        metric=str(ev.get("metric", "voc07")), keep=keep, world=world,
+        box_rule=str(ev.get("box_rule", "devkit"))))
     ctx = StageContext(cfg, run_dir, world, spec, model, train_ds, val_ds, checkpoints, start,
                        loss_fn, eval_fn, step_offset, group)
     if start.finished and not spec.trains:
         done = start.resume.get("summary") or {}  # done before: report, do not redo
         result = StageResult.from_dict({**done, "stage": spec.name})
     else:
-        result = StageResult.from_work(spec.name, _work(spec.kind)(ctx))
+        # a built-in kind, or the function a stage record's ``kind: pkg.module.fn`` names
+        work = WORK.get(spec.kind) or checks.build(
+            spec.kind, "step.kind", check=True, hint="name a function as package.module.function")
+        result = StageResult.from_work(spec.name, work(ctx))
     # a stage that saves nothing (the quantization report) names no folder
     result.checkpoints = str(checkpoints.dir) if checkpoints.dir.is_dir() else None
     result.next, result.bar = spec.next, spec.bar

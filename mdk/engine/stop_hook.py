@@ -43,28 +43,19 @@ class StopOnRequestHook(HookBase):
     def _asked(self) -> bool:
         return stop_requested() is not None
 
-    def _agreed_late(self) -> bool:
-        """Whether any rank was asked by the previous step (this process alone: by now)."""
+    def _agreed(self, now: bool) -> bool:
+        """Whether any rank was asked: by now, or (``now`` False) by the previous step, whose
+        agreement is read without a host sync. This process alone: by now."""
         if not self.distributed:
             return self._asked()
         if not is_armed():
             return False
+        if now:
+            t = torch.tensor([float(self._asked())], device=self.trainer.device)
+            return bool(dist.all_reduce_max(t).item())
         before = self._pending is not None and self._pending() > 0
         self._pending = None
         return before
-
-    def _start_agreement(self) -> None:
-        """Start this step's agreement, read after the next step (no host sync now)."""
-        if self.distributed and is_armed():
-            self._pending = dist.max_flag_started(float(self._asked()))
-
-    def _agreed_now(self) -> bool:
-        if not self.distributed:
-            return self._asked()
-        if not is_armed():
-            return False
-        t = torch.tensor([1.0 if self._asked() else 0.0], device=self.trainer.device)
-        return bool(dist.all_reduce_max(t).item())
 
     def _stop(self, saved_by_epoch_end: bool) -> None:
         t = self.trainer
@@ -80,16 +71,17 @@ class StopOnRequestHook(HookBase):
         # The last step of an epoch is followed by evaluation and the epoch-end checkpoint; stop
         # after those (after_epoch), so best.pth and the epoch's metrics are not lost.
         mid_epoch = t.batch_in_epoch < t.iters_per_epoch
-        if self._agreed_late():
+        if self._agreed(now=False):
             if mid_epoch:
                 self._stop(saved_by_epoch_end=False)
             self._at_epoch_end = True
-        elif mid_epoch:
-            self._start_agreement()
+        elif mid_epoch and self.distributed and is_armed():
+            # this step's agreement, read after the next step (no host sync now)
+            self._pending = dist.max_flag_started(float(self._asked()))
 
     def after_epoch(self) -> None:
         t = self.trainer
-        asked = self._at_epoch_end or self._agreed_now()  # the same on every rank
+        asked = self._at_epoch_end or self._agreed(now=True)  # the same on every rank
         self._at_epoch_end = False
         if t.epoch + 1 < t.epochs and asked:
             self._stop(saved_by_epoch_end=True)

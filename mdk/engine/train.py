@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import torch
 
@@ -113,8 +113,8 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
             return ctx.evaluate(keep=keep)
 
     metrics = MetricsHook(sink, cfg.logger.log_every, ctx.step_offset, world.size)
-    progress = ProgressHook(metrics, cfg.trainer.progress, world.is_main)
-    progress.images_per_step = int(cfg.trainer.batch_size)
+    progress = ProgressHook(metrics, cfg.trainer.progress, world.is_main,
+                            int(cfg.trainer.batch_size))
     guard = NanGuardHook(cfg.trainer.get("nan_skip_limit", 0), cfg.logger.log_every)
     ckpt = CheckpointHook(lambda epoch_done: checkpoint(epoch_done), ctx.checkpoints.save,
                           world.is_main, cfg.trainer.checkpoint_every_iters,
@@ -150,21 +150,16 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         fresh = unfit_parts(resume, cfg)  # an optimizer/loss of another class: its own fresh state
         state.load_state_dict({k: v for k, v in resume.items() if k not in fresh})
     elif world.is_main:
-        _plot_lr(ctx, sampler.num_batches)
+        try:
+            plot_lr_curve(cfg.scheduler, sampler.num_batches, cfg.trainer.epochs,
+                          ctx.run_dir / f"lr_{ctx.spec.name}.png", base_lr=cfg.optim.lr)
+        except Exception as e:  # a plot must never stop training
+            log.warning("could not draw the LR curve: %s", e)
     try:
         trainer.train()
     finally:
         sink.close()
     return _summary(ckpt, metrics, trainer)
-
-
-def _plot_lr(ctx: StageContext, iters_per_epoch: int) -> None:
-    cfg = ctx.cfg
-    try:
-        plot_lr_curve(cfg.scheduler, iters_per_epoch, cfg.trainer.epochs,
-                      ctx.run_dir / f"lr_{ctx.spec.name}.png", base_lr=cfg.optim.lr)
-    except Exception as e:  # a plot must never stop training
-        log.warning("could not draw the LR curve: %s", e)
 
 
 def _so_far(ckpt: CheckpointHook, metrics: MetricsHook) -> dict[str, Any]:
@@ -174,12 +169,9 @@ def _so_far(ckpt: CheckpointHook, metrics: MetricsHook) -> dict[str, Any]:
 
 
 def _summary(ckpt: CheckpointHook, metrics: MetricsHook, trainer: Trainer) -> dict[str, Any]:
-    found = ckpt.best_epoch >= 0
     bm: dict[str, Any] = ckpt.best_metrics or {}
-    out: dict[str, Optional[Any]] = {
-        "best_map50": ckpt.best if found else None,
-        "best_epoch": ckpt.best_epoch + 1 if found else None,
-        "final_loss": metrics.last.get("loss/total"), "iterations": trainer.iter}
+    out = {**_so_far(ckpt, metrics), "iterations": trainer.iter,
+           "best_epoch": ckpt.best_epoch + 1 if ckpt.best_epoch >= 0 else None}
     if bm.get("ap") is not None:
         out.update(metric=bm.get("metric"), ap=bm.get("ap"))
     if trainer.stop and trainer.stop_reason:  # a trainer.hooks hook ended training early

@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 __all__ = ["WarmupScheduler"]
 
 _WARMUP_KEYS = ("iters", "start_factor", "method", "mode", "epochs")
-_METHODS = ("linear", "constant")
-_MODES = ("mdk", "gti")
-_INTERVALS = ("epoch", "iter")
 
 
 def _fail(key: str, msg: str, value: Any) -> None:
@@ -47,6 +44,12 @@ def _int(key: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         _fail(key, f"must be an integer >= {minimum}", value)
     return int(value)
+
+
+def _choice(key: str, value: Any, options: tuple[str, ...]) -> str:
+    if value not in options:
+        _fail(key, f"must be one of {list(options)}", value)
+    return str(value)
 
 
 def _float(key: str, value: Any, lo: float, lo_open: bool, hi: float | None = None) -> float:
@@ -73,6 +76,8 @@ class WarmupScheduler(LRScheduler):
         interval: the main-schedule parameters count ``epoch``s or ``iter``ations.
     """
 
+    main_keys: tuple[str, ...] = ()  # a subclass's main-schedule parameters (in the state)
+
     def __init__(
         self,
         optimizer: Optimizer,
@@ -81,9 +86,7 @@ class WarmupScheduler(LRScheduler):
         interval: str = "epoch",
     ) -> None:
         self.iters_per_epoch = _int("iters_per_epoch", iters_per_epoch, 1)
-        if interval not in _INTERVALS:
-            _fail("interval", f"must be one of {list(_INTERVALS)}", interval)
-        self.interval = str(interval)
+        self.interval = _choice("interval", interval, ("epoch", "iter"))
         warmup = {} if warmup is None else warmup
         if not isinstance(warmup, Mapping):
             _fail("warmup", "must be a mapping {iters, start_factor, method}", warmup)
@@ -100,14 +103,9 @@ class WarmupScheduler(LRScheduler):
         self.warmup_start_factor = _float(
             "warmup.start_factor", warmup.get("start_factor", 1.0), 0.0, True, 1.0
         )
-        method = warmup.get("method", "linear")
-        if method not in _METHODS:
-            _fail("warmup.method", f"must be one of {list(_METHODS)}", method)
-        self.warmup_method = str(method)
-        mode = warmup.get("mode", "mdk")
-        if mode not in _MODES:
-            _fail("warmup.mode", f"must be one of {list(_MODES)}", mode)
-        self.warmup_mode = str(mode)
+        self.warmup_method = _choice("warmup.method", warmup.get("method", "linear"),
+                                     ("linear", "constant"))
+        self.warmup_mode = _choice("warmup.mode", warmup.get("mode", "mdk"), ("mdk", "gti"))
         super().__init__(optimizer)
 
     # --- the closed form -------------------------------------------------------------------
@@ -145,8 +143,7 @@ class WarmupScheduler(LRScheduler):
         # Closed form, never torch's chained recurrence: a resumed scheduler is bit-identical.
         return self.lr_at(self.last_epoch)
 
-    def _get_closed_form_lr(self) -> list[float]:
-        return self.lr_at(self.last_epoch)
+    _get_closed_form_lr = get_lr
 
     # --- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -203,7 +200,7 @@ class WarmupScheduler(LRScheduler):
         }
 
     def _main_params(self) -> dict[str, Any]:
-        return {}
+        return {k: getattr(self, k) for k in self.main_keys}
 
 
 def check_config(node: DictConfig) -> None:

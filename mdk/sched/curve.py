@@ -22,21 +22,17 @@ log = logging.getLogger(__name__)
 SchedulerSource = Union[Callable[..., LRScheduler], Mapping[str, Any]]
 
 
-def build_scheduler(source: SchedulerSource, optimizer: torch.optim.Optimizer,
-                    iters_per_epoch: int) -> LRScheduler:
-    """A config node with ``_target_`` (``_partial_: true``) or a factory -> a scheduler."""
-    if isinstance(source, Mapping):
-        return build(source, "scheduler", optimizer=optimizer, iters_per_epoch=iters_per_epoch)
-    return source(optimizer=optimizer, iters_per_epoch=iters_per_epoch)
-
-
 def lr_curve(source: SchedulerSource, iters_per_epoch: int, epochs: int,
              base_lr: float = 1.0) -> list[float]:
-    """LR of param group 0 used by each optimizer step ``0 .. epochs*iters_per_epoch - 1``."""
+    """LR of param group 0 used by each optimizer step ``0 .. epochs*iters_per_epoch - 1``;
+    ``source``: a config node with ``_target_`` (``_partial_: true``) or a scheduler factory."""
     param = torch.nn.Parameter(torch.zeros(1))
     # grad stays None: optimizer.step() changes nothing but satisfies torch's step-order check.
     opt = torch.optim.SGD([param], lr=base_lr)
-    sched = build_scheduler(source, opt, iters_per_epoch)
+    if isinstance(source, Mapping):
+        sched = build(source, "scheduler", optimizer=opt, iters_per_epoch=iters_per_epoch)
+    else:
+        sched = source(optimizer=opt, iters_per_epoch=iters_per_epoch)
     lrs = []
     for _ in range(epochs * iters_per_epoch):
         lrs.append(float(opt.param_groups[0]["lr"]))
@@ -56,11 +52,10 @@ def plot_lr_curves(curves: Mapping[str, Sequence[float]], iters_per_epoch: int,
     # combination of the others (labels are "k1=v1 k2=v2 ...").
     colours: dict[str, str] = {}
     styles: dict[str, str] = {}
-    palette = [f"C{i}" for i in range(10)]
     dashes = ["-", "--", ":", "-."]
     for label, lrs in curves.items():
         head, _, rest = label.partition(" ")
-        colour = colours.setdefault(head, palette[len(colours) % len(palette)])
+        colour = colours.setdefault(head, f"C{len(colours) % 10}")  # matplotlib's 10 colours
         style = styles.setdefault(rest, dashes[len(styles) % len(dashes)])
         ax.plot([i / iters_per_epoch for i in range(len(lrs))], lrs, label=label,
                 color=colour, linestyle=style, linewidth=1.5)
@@ -83,10 +78,9 @@ def plot_lr_curves(curves: Mapping[str, Sequence[float]], iters_per_epoch: int,
     return fig
 
 
-def plot_lr_curve(scheduler_factory_or_cfg: SchedulerSource, iters_per_epoch: int, epochs: int,
-                  path: str | Path, base_lr: float = 1.0, label: str = "lr") -> Figure:
+def plot_lr_curve(source: SchedulerSource, iters_per_epoch: int, epochs: int,
+                  path: str | Path, base_lr: float = 1.0) -> Figure:
     """Save the PNG of one run's LR schedule."""
-    lrs = lr_curve(scheduler_factory_or_cfg, iters_per_epoch, epochs, base_lr)
-    target = (scheduler_factory_or_cfg.get("_target_", "")
-              if isinstance(scheduler_factory_or_cfg, Mapping) else "")
-    return plot_lr_curves({label: lrs}, iters_per_epoch, path, title=str(target))
+    lrs = lr_curve(source, iters_per_epoch, epochs, base_lr)
+    target = source.get("_target_", "") if isinstance(source, Mapping) else ""
+    return plot_lr_curves({"lr": lrs}, iters_per_epoch, path, title=str(target))

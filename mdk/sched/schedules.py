@@ -15,6 +15,8 @@ from mdk.sched.base import WarmupScheduler, _fail, _float, _int
 class WarmupStepLR(WarmupScheduler):
     """StepLR with warmup: ``main_lr(t) = base_lr * gamma ** (t // step_size)``."""
 
+    main_keys = ("step_size", "gamma")
+
     def __init__(
         self,
         optimizer: Optimizer,
@@ -31,12 +33,11 @@ class WarmupStepLR(WarmupScheduler):
     def _main_lr(self, base_lr: float, t: int) -> float:
         return base_lr * self.gamma ** (t // self.step_size)
 
-    def _main_params(self) -> dict[str, Any]:
-        return {"step_size": self.step_size, "gamma": self.gamma}
-
 
 class WarmupMultiStepLR(WarmupScheduler):
     """MultiStepLR with warmup: ``main_lr(t) = base_lr * gamma ** #{m in milestones : m <= t}``."""
+
+    main_keys = ("milestones", "gamma")
 
     def __init__(
         self,
@@ -59,9 +60,6 @@ class WarmupMultiStepLR(WarmupScheduler):
     def _main_lr(self, base_lr: float, t: int) -> float:
         return base_lr * self.gamma ** bisect.bisect_right(self.milestones, t)
 
-    def _main_params(self) -> dict[str, Any]:
-        return {"milestones": list(self.milestones), "gamma": self.gamma}
-
 
 class WarmupCosineAnnealingLR(WarmupScheduler):
     """CosineAnnealingLR with warmup:
@@ -69,6 +67,8 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
 
     Unlike torch's (periodic) one, the lr stays at ``eta_min`` (an absolute lr) after ``T_max``.
     """
+
+    main_keys = ("T_max", "eta_min")
 
     def __init__(
         self,
@@ -87,13 +87,12 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
         t = min(t, self.T_max)
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
 
-    def _main_params(self) -> dict[str, Any]:
-        return {"T_max": self.T_max, "eta_min": self.eta_min}
-
 
 class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
     """CosineAnnealingWarmRestarts with warmup (SGDR): cycle ``i`` lasts ``T_0 * T_mult**i``;
     inside a cycle ``main_lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``."""
+
+    main_keys = ("T_0", "T_mult", "eta_min")
 
     def __init__(
         self,
@@ -123,6 +122,3 @@ class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
     def _main_lr(self, base_lr: float, t: int) -> float:
         t_cur, t_i = self.cycle(t)
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
-
-    def _main_params(self) -> dict[str, Any]:
-        return {"T_0": self.T_0, "T_mult": self.T_mult, "eta_min": self.eta_min}
