@@ -20,7 +20,7 @@ from torch import nn
 from mdk.insight.layer_modes import mask_bits_of, quantized_only
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chips import chip_bits
-from mdk.quant.weights import compute_shift, quantize_conv
+from mdk.quant.weights import conv_mantissas
 
 
 def db(signal: float, noise: float) -> Optional[float]:
@@ -34,14 +34,12 @@ def db(signal: float, noise: float) -> Optional[float]:
 
 def weight_sqnr(layer: nn.Module, mask_bits: int, chip: str) -> tuple[Optional[float], int]:
     """(weight SQNR in dB, shift) of one chip layer's float weights quantized at ``mask_bits``."""
-    wb, bb = chip_bits(str(chip), int(mask_bits))
-    w, b = layer.conv.weight.detach(), layer.conv.bias
-    b = None if b is None else b.detach()
-    with torch.no_grad():
-        w_q, _ = quantize_conv(w, b, int(mask_bits), wb, bb)
-        shift = int(compute_shift(w, b, wb, bb))
-        w64 = w.double()
-        return db(float((w64 ** 2).sum()), float(((w64 - w_q.double()) ** 2).sum())), shift
+    w = layer.conv.weight.detach()
+    w_int, _, shift = conv_mantissas(w, layer.conv.bias, int(mask_bits),
+                                     *chip_bits(str(chip), int(mask_bits)))
+    w64 = w.double()
+    noise = float(((w64 - w_int.double() / 2 ** shift) ** 2).sum())
+    return db(float((w64 ** 2).sum()), noise), shift
 
 
 @dataclass

@@ -47,15 +47,13 @@ def fuse_gains(model: nn.Module) -> list[float]:
     prev = float(LEVELS)
     for layer, c in zip(layers, caps):
         layer.conv.weight.mul_(prev / c)
-        if layer.conv.bias is not None:
-            layer.conv.bias.mul_(LEVELS / c)
+        layer.conv.bias.mul_(LEVELS / c)
         layer.cap.fill_(float(LEVELS))
         layer.fused.fill_(True)
         prev = c
-    core = getattr(model, "module", model) if not hasattr(model, "out_scale") else model
-    if hasattr(core, "out_scale"):
-        core.out_scale.fill_(caps[-1] / LEVELS)
-    else:
+    core = model if hasattr(model, "out_scale") else getattr(model, "module", model)
+    if not hasattr(core, "out_scale"):
         raise ValueError(f"{type(model).__name__} has no out_scale buffer to carry c_last/31")
+    core.out_scale.fill_(caps[-1] / LEVELS)
     log.info("gain fusion applied to %d layers; out_scale=%.6g", len(layers), caps[-1] / LEVELS)
     return caps
