@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -82,7 +82,8 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
             return score(model.to(world.device), full)
         assert analysed is not None
         if it[0] == "sqnr":
-            return layer_table(analysed, _image_batches(sub), chip)
+            loader = DataLoader(sub.dataset, batch_size=sub.batch_size)
+            return layer_table(analysed, (images.to(sub.device) for images, _, _ in loader), chip)
         return measure_quantized(analysed, _quantized_layers(it, bits), sub, chip)
 
     done: dict[Item, Any] = {}
@@ -90,9 +91,7 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
         t = time.perf_counter()
         done[items[k]] = run(items[k])
         log.info("  %s: %.1f s", items[k], time.perf_counter() - t)
-    merged: dict[Item, Any] = {}
-    for theirs in dist.all_gather_object(done):
-        merged.update(theirs)
+    merged = {it: v for theirs in dist.all_gather_object(done) for it, v in theirs.items()}
     report = _assemble(rows, part, merged, full, sub, str(cfg.chip))
     if world.is_main:
         _write(ctx, report)
@@ -115,11 +114,6 @@ def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
     if it[0] == "left":
         return {i: b for i, b in bits.items() if i != it[1]}
     return dict(bits)  # "quantized": every layer
-
-
-def _image_batches(data: EvalSet) -> Iterator[torch.Tensor]:
-    for images, _, _ in DataLoader(data.dataset, batch_size=data.batch_size):
-        yield images.to(data.device)
 
 
 def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], full: EvalSet,

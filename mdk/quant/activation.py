@@ -121,8 +121,3 @@ def quantize_activation(y: torch.Tensor, cap: torch.Tensor | float) -> torch.Ten
     if not c > 0:
         raise ValueError(f"activation cap must be > 0 (got {c}); calibrate first (step=cal)")
     return _QuantAct.apply(y, c)
-
-
-def activation_levels(y_q: torch.Tensor, cap: torch.Tensor | float) -> torch.Tensor:
-    """Integer level k (0..31) of an activation on the grid."""
-    return torch.round(y_q * LEVELS / cap).to(torch.int64)

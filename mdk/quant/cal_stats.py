@@ -78,11 +78,6 @@ def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.T
     return flat.kthvalue(k).values, flat.max()
 
 
-def percentile_exact(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Nearest-rank p-th percentile of all values of ``x`` (0-dim tensor, same dtype/device)."""
-    return percentile_and_max(x, p)[0]
-
-
 def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:
     """Cap minimising E[(Q(relu(y), cap) - relu(y))^2] over ``candidates`` fractions of max(y);
     the first of equal errors wins."""

@@ -17,7 +17,6 @@ last activation * ``output.scale``. The float weight is exactly ``W / 2**shift``
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,6 @@ from mdk.quant.bn_fold import chip_layers
 from mdk.quant.fusion import is_fused
 from mdk.quant.chips import chip_bits
 from mdk.quant.weights import MAX_SHIFT, conv_mantissas
-
-log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "mdk-chip-model", 1
 SPEC_FILE, WEIGHTS_FILE = "chip_model.json", "weights.npz"

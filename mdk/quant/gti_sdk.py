@@ -48,12 +48,6 @@ class MajorLayer:
     pooling: bool
 
 
-def file_names(chip: str, image_size: int) -> tuple[str, str]:
-    """(layer-spec JSON, model JSON) names as the GTI MDK names its templates."""
-    suffix = "_448" if int(image_size) == 448 else ""
-    return f"{chip}_gnetdet_dat{suffix}.json", f"{chip}_gnetdet_model{suffix}.json"
-
-
 def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
     """Group the chip layers into GTI major layers; ValueError for what the layout cannot express."""
     out: list[MajorLayer] = []
@@ -139,30 +133,22 @@ def _write_values(path: Path, pieces: Iterable[tuple[np.ndarray, np.ndarray]]) -
 
 
 def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
-    layers = []
-    for k, m in enumerate(majors):
-        layers.append({"coef_bits": m.coef_bits, "image_size": m.image_size,
-                       "input_channels": m.input_channels, "last_layer_out": False,
-                       "learning": False, "major_layer": k + 1,
-                       "output_channels": m.output_channels, "pooling": m.pooling,
-                       "scaling": [int(L.shift) for L in cm.layers[m.first:m.first + m.sublayers]],
-                       "sublayer_number": m.sublayers})
+    layers = [{"coef_bits": m.coef_bits, "image_size": m.image_size,
+               "input_channels": m.input_channels, "last_layer_out": False, "learning": False,
+               "major_layer": k + 1, "output_channels": m.output_channels, "pooling": m.pooling,
+               "scaling": [int(L.shift) for L in cm.layers[m.first:m.first + m.sublayers]],
+               "sublayer_number": m.sublayers} for k, m in enumerate(majors)]
     return {"layer": layers, "model": [{"ChipType": int(cm.chip), "MajorLayerNumber": len(majors)}]}
 
 
 def model_json(cm: ChipModel, majors: Sequence[MajorLayer], image_size: int, dat_path: str) -> dict:
     last = majors[-1]
-    size, channels, tile = last.image_size, last.output_channels, TILE
-    post, scaledown = "interlace_tile_decode", 0
+    size, channels, tile = last.image_size, last.output_channels, min(last.image_size, TILE)
     if last.pooling:  # the SDK reads the pooled output; a 7x7 one in fc mode
         size, tile = size >> 1, TILE >> 1
-        if size == 7:
-            post = "fc77_decode"
-    tile = min(size, tile) if not last.pooling else tile
-    if post == "fc77_decode":
-        out_bytes, scaledown = size * size * channels * 64 // 49, 3
-    else:
-        out_bytes = size * size * channels * 32 // 49
+    fc = last.pooling and size == 7
+    post, scaledown = ("fc77_decode", 3) if fc else ("interlace_tile_decode", 0)
+    out_bytes = size * size * channels * (64 if fc else 32) // 49
     reader = {"data file": None, "data offset": None, "input format": "CS_BGR24_PLANAR",
               "name": "image reader", "operation": "IMAGEREADER", "output channels": 3,
               "output format": "CS_BGR24_PLANAR", "output height": int(image_size),
@@ -209,18 +195,14 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
     out.mkdir(parents=True, exist_ok=True)
     _write_values(out / FILTER_FILE, ((w, nw) for w, nw, _, _ in layer_values(cm, majors, negz)))
     _write_values(out / BIAS_FILE, ((b, nb) for _, _, b, nb in layer_values(cm, majors, negz)))
-    dat_name, model_name = file_names(chip, size)
-    write_text(out / dat_name, _dump(dat_json(cm, majors)))
-    write_text(out / model_name, _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
-    write_text(out / CAP_FILE, f"{last_cap(cm)}\n")
-    log.info("GTI SDK hand-off (%d major layers, CAP %s) written to %s", len(majors),
-             last_cap(cm), out)
+    suffix = "_448" if size == 448 else ""  # the names of the GTI MDK's templates
+    write_text(out / f"{chip}_gnetdet_dat{suffix}.json", _dump(dat_json(cm, majors)))
+    write_text(out / f"{chip}_gnetdet_model{suffix}.json",
+               _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
+    cap = str(np.float32(cm.out_scale * 31.0))  # c_last, as the shortest float32 text
+    write_text(out / CAP_FILE, f"{cap}\n")
+    log.info("GTI SDK hand-off (%d major layers, CAP %s) written to %s", len(majors), cap, out)
     return out
-
-
-def last_cap(cm: ChipModel) -> str:
-    """``c_last = 31 * output.scale`` as the shortest float32 text (the caps are float32)."""
-    return str(np.float32(cm.out_scale * 31.0))
 
 
 def set_dat_path(gti_dir: str | Path, dat_path: str) -> Path:

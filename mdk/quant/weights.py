@@ -18,15 +18,12 @@ so at an exact power-of-two boundary mdk and GTI give the same chip integers.
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable, Optional
 
 import torch
 
 from mdk.quant.chips import SUPPORTED_MASKS
 from mdk.quant.rounding import round_half_away
-
-log = logging.getLogger(__name__)
 
 MAX_SHIFT = 12
 

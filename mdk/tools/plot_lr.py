@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +21,6 @@ from omegaconf import DictConfig
 
 from mdk.compose import CONF_DIR, compose
 from mdk.sched.curve import lr_curve, plot_lr_curves
-
-log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_DIR = CONF_DIR
 
