@@ -71,7 +71,8 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
     costs = [_cost(it, rows, full, sub) for it in items]
     mine = share(costs, world.size)[world.rank]
     log.info("quantization report: %d items (%d on this rank), per layer: %s", len(items),
-             len(mine), part.words)
+             len(mine), f"none: {part.missing}" if analysed is None else f"{part.weights.stage}'s "
+             f"float weights (BN folded) at {part.subject.stage}'s mask widths and caps")
 
     def run(it: Item) -> Any:
         if it[0] == "stage":

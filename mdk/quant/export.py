@@ -12,7 +12,6 @@ import logging
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,15 +64,6 @@ def export_onnx(cm: ChipModel, path: Path) -> None:
         torch.onnx.export(ChipOnnxNet(cm).eval(), (dummy,), str(path), input_names=["image_u8"],
                           output_names=["output"], opset_version=OPSET, dynamo=False,
                           dynamic_axes={"image_u8": {0: "batch"}, "output": {0: "batch"}})
-
-
-def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
-    """Run an exported ONNX file with onnxruntime on uint8 images (CPU)."""
-    import onnxruntime as ort  # here: a heavy runtime, only for the export's check
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
-    return sess.run(None, {"image_u8": u8.cpu().numpy()})[0]
 
 
 def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str, onnx: bool = True,

@@ -83,7 +83,7 @@ def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
     return out
 
 
-def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
+def negative_zeros(w: torch.Tensor, b: torch.Tensor, mask_bits: int,
                    w_int: torch.Tensor, b_int: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Where the GTI quantizer gives ``-0.0``: a negative value whose mantissa is 0 (5-bit masks:
     only if its coefficient ``R(w/step)`` is not 0, as a zero coefficient comes out +0.0)."""
@@ -91,8 +91,7 @@ def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
     neg_w = (w_int == 0) & (w < 0)
     if mask_bits == 5:
         neg_w &= five_bit_coefficients(w)[0] != 0
-    neg_b = (b_int == 0) & (b.detach().cpu() < 0) if b is not None else torch.zeros_like(b_int, dtype=torch.bool)
-    return neg_w.numpy(), neg_b.numpy()
+    return neg_w.numpy(), ((b_int == 0) & (b.detach().cpu() < 0)).numpy()
 
 
 def _format(values: np.ndarray, negzero: np.ndarray) -> str:
@@ -115,10 +114,9 @@ def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
         nw = negzeros[i][0] if negzeros else np.zeros(w.shape, dtype=bool)
         nb = negzeros[i][1] if negzeros else np.zeros(b.shape, dtype=bool)
         pad = majors[-1].output_channels - w.shape[0] if i == last else 0
-        if pad:
-            w = np.concatenate([w, np.zeros((pad, *w.shape[1:]))])
-            nw = np.concatenate([nw, np.zeros((pad, *nw.shape[1:]), dtype=bool)])
-            b, nb = np.concatenate([b, np.zeros(pad)]), np.concatenate([nb, np.zeros(pad, bool)])
+        if pad:  # zeros (False) after the last output channel
+            w, nw = (np.pad(a, [(0, pad), (0, 0), (0, 0), (0, 0)]) for a in (w, nw))
+            b, nb = (np.pad(a, (0, pad)) for a in (b, nb))
         yield w.ravel(), nw.ravel(), b.ravel(), nb.ravel()
 
 
