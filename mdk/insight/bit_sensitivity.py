@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from mdk.insight.layer_modes import quantized_only
-from mdk.insight.scoring import EvalSet, Score, score
+from mdk.insight.layer_modes import measure_quantized, quantized_only
+from mdk.insight.scoring import EvalSet, Score
 from mdk.quant.bit_plan import MajorLayer
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chips import CHIP_BITS, chip_bits
@@ -107,20 +107,14 @@ def width_costs(model: nn.Module, chip: str, data: EvalSet, by: str = "loss") ->
     if by not in BY:
         raise ValueError(f"by={by!r}: measure the cost by one of {BY}")
     groups = major_layers(model)
-    with quantized_only(model, {}, chip):
-        reference = score(model, data)
+    reference = measure_quantized(model, {}, data, chip)
     if by == "fisher":
         fisher, layers = fisher_diagonal(model, data, chip), chip_layers(model)
         costs = [{b: sum(fisher_cost(layers[i], fisher[i], b, chip) for i in g)
                   for b in chip_widths(chip)} for g in groups]
         return WidthCosts(groups, reference, costs, by)
-    scores = []
-    for g in groups:
-        per_width = {}
-        for b in chip_widths(chip):
-            with quantized_only(model, {i: b for i in g}, chip, activations=False):
-                per_width[b] = score(model, data)
-        scores.append(per_width)
+    scores = [{b: measure_quantized(model, {i: b for i in g}, data, chip, activations=False)
+               for b in chip_widths(chip)} for g in groups]
     costs = [{b: s.loss - reference.loss if by == "loss" else reference.map - s.map
               for b, s in per_width.items()} for per_width in scores]
     return WidthCosts(groups, reference, costs, by, scores)

@@ -119,8 +119,8 @@ def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
 
 def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], full: EvalSet,
               sub: EvalSet, chip: str) -> dict[str, Any]:
-    stages = [{"stage": r.stage, "mode": r.mode, "map": merged[("stage", k)].map,
-               "loss": merged[("stage", k)].loss} for k, r in enumerate(rows)]
+    stages = [{"stage": r.stage, "mode": r.mode, **merged[("stage", k)].numbers()}
+              for k, r in enumerate(rows)]
     layers: list[dict[str, Any]] = []
     about: dict[str, Any] = {"metric": merged[("stage", 0)].metric, "chip": chip,
                              "split": str(full.dataset.split), "waterfall_images": full.images,
@@ -130,9 +130,8 @@ def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], f
     if part.missing is None:
         f, q = merged[("float",)], merged[("quantized",)]
         about.update(float=f.numbers(), quantized=q.numbers())
-        for d in merged[("sqnr",)]:
-            i = d["index"]
-            layers.append({**d, **sensitivities(f, q, merged[("only", i)], merged[("left", i)])})
+        layers = [{**d, **sensitivities(f, q, merged[("only", d["index"])],
+                                        merged[("left", d["index"])])} for d in merged[("sqnr",)]]
     return build_report(stages, layers, part.subject and part.subject.stage, about)
 
 
