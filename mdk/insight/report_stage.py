@@ -68,7 +68,10 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
     if analysed is not None:
         items += [("float",), ("quantized",), ("sqnr",)]
         items += [(kind, i) for i in bits for kind in ("only", "left")]
-    costs = [_cost(it, rows, full, sub) for it in items]
+    # each item's expected time, in images of one fake-quant pass
+    costs = [full.images * (CHIP_MODEL_COST if rows[it[1]].is_chip_model else 1)
+             if it[0] == "stage" else sub.images * (SQNR_COST if it[0] == "sqnr" else 1)
+             for it in items]
     mine = share(costs, world.size)[world.rank]
     log.info("quantization report: %d items (%d on this rank), per layer: %s", len(items),
              len(mine), f"none: {part.missing}" if analysed is None else f"{part.weights.stage}'s "
@@ -98,13 +101,6 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
         _write(ctx, report)
     log.info("quantization report done in %.1f s", time.perf_counter() - t0)
     return {"metric": report["metric"], "report": str(ctx.run_dir / "quant_report.json")}
-
-
-def _cost(it: Item, rows: list[Present], full: EvalSet, sub: EvalSet) -> float:
-    """An item's expected time, in images of one fake-quant pass."""
-    if it[0] == "stage":
-        return full.images * (CHIP_MODEL_COST if rows[it[1]].is_chip_model else 1)
-    return sub.images * (SQNR_COST if it[0] == "sqnr" else 1)
 
 
 def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:

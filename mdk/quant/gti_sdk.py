@@ -56,8 +56,7 @@ def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
         if tuple(L.weight.shape[2:]) != (3, 3):
             raise ValueError(f"GTI layout: layer {i} has a {tuple(L.weight.shape[2:])} kernel; the "
                              "chip runs 3x3 convolutions only")
-        new = not out or out[-1].pooling or cm.layers[i - 1].mask_bits != L.mask_bits
-        if new:
+        if not out or out[-1].pooling or cm.layers[i - 1].mask_bits != L.mask_bits:  # a new one
             out.append(MajorLayer(i, 0, L.mask_bits, size, int(L.weight.shape[1]), 0, False))
         m = out[-1]
         m.sublayers += 1
