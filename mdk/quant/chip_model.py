@@ -127,8 +127,7 @@ def load_chip_model(path: str | Path) -> ChipModel:
             for key in ("weight", "bias"):
                 if s[key] not in npz:
                     raise ValueError(f"{w_path}: array {s[key]!r} (layers[{i}].{key}) is missing")
-            w = torch.from_numpy(npz[s["weight"]].astype(np.int64))
-            b = torch.from_numpy(npz[s["bias"]].astype(np.int64))
+            w, b = (torch.from_numpy(npz[s[key]].astype(np.int64)) for key in ("weight", "bias"))
             want = (s["out_channels"], s["in_channels"], *s["kernel"])
             if tuple(w.shape) != tuple(want) or tuple(b.shape) != (s["out_channels"],):
                 raise ValueError(f"{spec_path}: layers[{i}] shapes {tuple(w.shape)}/"

@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def is_fused(model: nn.Module) -> bool:
-    layers = chip_layers(model)
-    flags = {bool(layer.fused) for layer in layers}
+    flags = {bool(layer.fused) for layer in chip_layers(model)}
     if len(flags) > 1:
         raise ValueError("model is half fused (some ChipConv.fused buffers are True, some False); "
                          "the checkpoint is inconsistent - rerun step4 from the step3 checkpoint")

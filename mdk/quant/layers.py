@@ -91,7 +91,6 @@ class ChipConv(nn.Module):
                 "mdk.stage.apply_stage (which folds BN), or set the model's batch_norm=true.")
             return
         if prefix + "fused" not in state_dict:
-            state_dict = dict(state_dict)
-            state_dict[prefix + "fused"] = torch.tensor(False)
+            state_dict = {**state_dict, prefix + "fused": torch.tensor(False)}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
