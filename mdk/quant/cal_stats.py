@@ -36,9 +36,7 @@ def mse_stride(n: int) -> int:
 def strided(x: torch.Tensor, start: int, step: int) -> torch.Tensor:
     """The values of ``x`` at flat (logical, row-major) positions ``start, start + step, ...``."""
     x = x.detach()
-    if start == 0 and step == 1:
-        return x.reshape(-1)
-    if x.is_contiguous():
+    if x.is_contiguous() or (start == 0 and step == 1):
         return x.reshape(-1)[start::step]
     # channels_last or other layouts: reshape would first copy the whole activation
     return torch.take(x, torch.arange(start, x.numel(), step, device=x.device))
