@@ -12,7 +12,8 @@ from conftest import TINY
 from mdk.engine.build import build_data
 from mdk.engine.runner import run_stage
 from mdk.insight.bit_sensitivity import (coefficients, fisher_cost, fisher_diagonal, major_layers,
-                                         memory_of, weights_quantized, width_costs)
+                                         memory_of, width_costs)
+from mdk.insight.layer_modes import quantized_only
 from mdk.insight.scoring import EvalSet
 from mdk.quant.weights import quantize_conv
 from mdk.quant.bit_plan import plan_bits
@@ -104,7 +105,7 @@ def test_a_deliberately_sensitive_layer_gets_the_wider_width(step1_done):
     budget = sum(m.weights * 3 for m in major) + 576 * 5
     plan = plan_bits(major, budget)
     assert plan.bits[2] == 8 and plan.memory_bits <= budget
-    with weights_quantized(model, {}, "5801"):  # the layers are put back after a measurement
+    with quantized_only(model, {}, "5801"):  # the layers are put back after a measurement
         assert not any(layer.quant_weight for layer in chip_layers(model))
 
 

@@ -8,7 +8,8 @@ import torch
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate, integer_ref
 from mdk.quant.chip_model import chip_model_from, load_chip_model
-from mdk.quant.export import export_chip_model, run_onnx
+from mdk.quant.export import export_chip_model
+from mdk.saved_models import ChipModelNet
 from mdk.stage import apply_stage
 
 CFG = dict(num_classes=3, channels=[8, "M", 8, "M", 16, 16, "M", 16, "M", 16, "M", 16],
@@ -99,7 +100,7 @@ def test_export_files_load_and_onnx(fused, tmp_path):
     val = _u8(5, 11)
     with torch.no_grad():
         want = fused(val).numpy()
-    got = run_onnx(tmp_path / "chip" / "model.onnx", val)
+    got = ChipModelNet(tmp_path / "chip", "onnx")(val).numpy()  # onnxruntime on model.onnx
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()))
 

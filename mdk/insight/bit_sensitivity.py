@@ -12,14 +12,14 @@ same whatever the widths. ``by`` says how:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ContextManager, Mapping, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from mdk.insight.layer_modes import quantized_only
-from mdk.insight.scoring import EvalSet, Score, score
+from mdk.insight.layer_modes import measure_quantized, quantized_only
+from mdk.insight.scoring import EvalSet, Score
 from mdk.quant.bit_plan import MajorLayer
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chips import CHIP_BITS, chip_bits
@@ -54,12 +54,6 @@ def chip_widths(chip: str) -> list[int]:
     return sorted(CHIP_BITS[str(chip)])
 
 
-def weights_quantized(model: nn.Module, mask_bits: Mapping[int, int], chip: str
-                      ) -> ContextManager[nn.Module]:
-    """``model`` with only the weights of the layers in ``mask_bits`` quantized (put back after)."""
-    return quantized_only(model, mask_bits, chip, activations=False)
-
-
 @dataclass(frozen=True)
 class WidthCosts:
     groups: list[list[int]]
@@ -67,9 +61,6 @@ class WidthCosts:
     costs: list[dict[int, float]]  # per major layer: width -> cost
     by: str
     scores: list[dict[int, Score]] = field(default_factory=list)  # measured (loss, map): the scores
-
-    def cost(self, group: int, width: int) -> float:
-        return self.costs[group][width]
 
     def major(self, model: nn.Module) -> list[MajorLayer]:
         """The planner's input (mdk.quant.bit_plan)."""
@@ -89,7 +80,7 @@ def fisher_diagonal(model: nn.Module, data: EvalSet, chip: str) -> list[torch.Te
     try:
         for w in weights:
             w.requires_grad_(True)
-        with weights_quantized(model, {}, chip), torch.enable_grad():  # every layer float
+        with quantized_only(model, {}, chip), torch.enable_grad():  # every layer float
             for images, targets, _ in DataLoader(data.dataset, batch_size=data.batch_size):
                 pred = model(images.to(data.device))
                 loss = data.loss_fn(pred, targets.to(data.device))["total"]
@@ -105,8 +96,8 @@ def fisher_diagonal(model: nn.Module, data: EvalSet, chip: str) -> list[torch.Te
 
 def fisher_cost(layer: nn.Module, fisher: torch.Tensor, bits: int, chip: str) -> float:
     """``1/2 sum F (Q(w) - w)^2`` of one chip layer's weights at ``bits`` on ``chip``."""
-    w, b = layer.conv.weight.detach(), layer.conv.bias
-    wq, _ = quantize_conv(w, None if b is None else b.detach(), bits, *chip_bits(chip, bits))
+    w = layer.conv.weight.detach()
+    wq, _ = quantize_conv(w, layer.conv.bias.detach(), bits, *chip_bits(chip, bits))
     return 0.5 * float((fisher * (wq - w).square()).sum())
 
 
@@ -116,20 +107,14 @@ def width_costs(model: nn.Module, chip: str, data: EvalSet, by: str = "loss") ->
     if by not in BY:
         raise ValueError(f"by={by!r}: measure the cost by one of {BY}")
     groups = major_layers(model)
-    with weights_quantized(model, {}, chip):
-        reference = score(model, data)
+    reference = measure_quantized(model, {}, data, chip)
     if by == "fisher":
         fisher, layers = fisher_diagonal(model, data, chip), chip_layers(model)
         costs = [{b: sum(fisher_cost(layers[i], fisher[i], b, chip) for i in g)
                   for b in chip_widths(chip)} for g in groups]
         return WidthCosts(groups, reference, costs, by)
-    scores = []
-    for g in groups:
-        per_width = {}
-        for b in chip_widths(chip):
-            with weights_quantized(model, {i: b for i in g}, chip):
-                per_width[b] = score(model, data)
-        scores.append(per_width)
+    scores = [{b: measure_quantized(model, {i: b for i in g}, data, chip, activations=False)
+               for b in chip_widths(chip)} for g in groups]
     costs = [{b: s.loss - reference.loss if by == "loss" else reference.map - s.map
               for b, s in per_width.items()} for per_width in scores]
     return WidthCosts(groups, reference, costs, by, scores)

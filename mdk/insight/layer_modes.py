@@ -52,8 +52,8 @@ def quantized_only(model: nn.Module, mask_bits: Mapping[int, int], chip: str,
 
 
 def measure_quantized(model: nn.Module, mask_bits: Mapping[int, int], data: EvalSet,
-                      chip: str) -> Score:
+                      chip: str, activations: bool = True) -> Score:
     """(mAP, loss) on ``data`` with only the layers of ``mask_bits`` quantized (``{}``: the float
     reference), in this process alone."""
-    with quantized_only(model, mask_bits, chip):
+    with quantized_only(model, mask_bits, chip, activations):
         return score(model, data)

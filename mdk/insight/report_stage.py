@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -68,10 +68,14 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
     if analysed is not None:
         items += [("float",), ("quantized",), ("sqnr",)]
         items += [(kind, i) for i in bits for kind in ("only", "left")]
-    costs = [_cost(it, rows, full, sub) for it in items]
+    # each item's expected time, in images of one fake-quant pass
+    costs = [full.images * (CHIP_MODEL_COST if rows[it[1]].is_chip_model else 1)
+             if it[0] == "stage" else sub.images * (SQNR_COST if it[0] == "sqnr" else 1)
+             for it in items]
     mine = share(costs, world.size)[world.rank]
     log.info("quantization report: %d items (%d on this rank), per layer: %s", len(items),
-             len(mine), part.words)
+             len(mine), f"none: {part.missing}" if analysed is None else f"{part.weights.stage}'s "
+             f"float weights (BN folded) at {part.subject.stage}'s mask widths and caps")
 
     def run(it: Item) -> Any:
         if it[0] == "stage":
@@ -82,7 +86,8 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
             return score(model.to(world.device), full)
         assert analysed is not None
         if it[0] == "sqnr":
-            return layer_table(analysed, _image_batches(sub), chip)
+            loader = DataLoader(sub.dataset, batch_size=sub.batch_size)
+            return layer_table(analysed, (images.to(sub.device) for images, _, _ in loader), chip)
         return measure_quantized(analysed, _quantized_layers(it, bits), sub, chip)
 
     done: dict[Item, Any] = {}
@@ -90,21 +95,12 @@ def quant_report(ctx: StageContext) -> Mapping[str, Any]:
         t = time.perf_counter()
         done[items[k]] = run(items[k])
         log.info("  %s: %.1f s", items[k], time.perf_counter() - t)
-    merged: dict[Item, Any] = {}
-    for theirs in dist.all_gather_object(done):
-        merged.update(theirs)
+    merged = {it: v for theirs in dist.all_gather_object(done) for it, v in theirs.items()}
     report = _assemble(rows, part, merged, full, sub, str(cfg.chip))
     if world.is_main:
         _write(ctx, report)
     log.info("quantization report done in %.1f s", time.perf_counter() - t0)
     return {"metric": report["metric"], "report": str(ctx.run_dir / "quant_report.json")}
-
-
-def _cost(it: Item, rows: list[Present], full: EvalSet, sub: EvalSet) -> float:
-    """An item's expected time, in images of one fake-quant pass."""
-    if it[0] == "stage":
-        return full.images * (CHIP_MODEL_COST if rows[it[1]].is_chip_model else 1)
-    return sub.images * (SQNR_COST if it[0] == "sqnr" else 1)
 
 
 def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
@@ -117,15 +113,10 @@ def _quantized_layers(it: Item, bits: dict[int, int]) -> dict[int, int]:
     return dict(bits)  # "quantized": every layer
 
 
-def _image_batches(data: EvalSet) -> Iterator[torch.Tensor]:
-    for images, _, _ in DataLoader(data.dataset, batch_size=data.batch_size):
-        yield images.to(data.device)
-
-
 def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], full: EvalSet,
               sub: EvalSet, chip: str) -> dict[str, Any]:
-    stages = [{"stage": r.stage, "mode": r.mode, "map": merged[("stage", k)].map,
-               "loss": merged[("stage", k)].loss} for k, r in enumerate(rows)]
+    stages = [{"stage": r.stage, "mode": r.mode, **merged[("stage", k)].numbers()}
+              for k, r in enumerate(rows)]
     layers: list[dict[str, Any]] = []
     about: dict[str, Any] = {"metric": merged[("stage", 0)].metric, "chip": chip,
                              "split": str(full.dataset.split), "waterfall_images": full.images,
@@ -135,9 +126,8 @@ def _assemble(rows: list[Present], part: PerLayer, merged: Mapping[Item, Any], f
     if part.missing is None:
         f, q = merged[("float",)], merged[("quantized",)]
         about.update(float=f.numbers(), quantized=q.numbers())
-        for d in merged[("sqnr",)]:
-            i = d["index"]
-            layers.append({**d, **sensitivities(f, q, merged[("only", i)], merged[("left", i)])})
+        layers = [{**d, **sensitivities(f, q, merged[("only", d["index"])],
+                                        merged[("left", d["index"])])} for d in merged[("sqnr",)]]
     return build_report(stages, layers, part.subject and part.subject.stage, about)
 
 

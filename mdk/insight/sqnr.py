@@ -20,7 +20,7 @@ from torch import nn
 from mdk.insight.layer_modes import mask_bits_of, quantized_only
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chips import chip_bits
-from mdk.quant.weights import compute_shift, quantize_conv
+from mdk.quant.weights import conv_mantissas
 
 
 def db(signal: float, noise: float) -> Optional[float]:
@@ -34,14 +34,12 @@ def db(signal: float, noise: float) -> Optional[float]:
 
 def weight_sqnr(layer: nn.Module, mask_bits: int, chip: str) -> tuple[Optional[float], int]:
     """(weight SQNR in dB, shift) of one chip layer's float weights quantized at ``mask_bits``."""
-    wb, bb = chip_bits(str(chip), int(mask_bits))
-    w, b = layer.conv.weight.detach(), layer.conv.bias
-    b = None if b is None else b.detach()
-    with torch.no_grad():
-        w_q, _ = quantize_conv(w, b, int(mask_bits), wb, bb)
-        shift = int(compute_shift(w, b, wb, bb))
-        w64 = w.double()
-        return db(float((w64 ** 2).sum()), float(((w64 - w_q.double()) ** 2).sum())), shift
+    w = layer.conv.weight.detach()
+    w_int, _, shift = conv_mantissas(w, layer.conv.bias, int(mask_bits),
+                                     *chip_bits(str(chip), int(mask_bits)))
+    w64 = w.double()
+    noise = float(((w64 - w_int.double() / 2 ** shift) ** 2).sum())
+    return db(float((w64 ** 2).sum()), noise), shift
 
 
 @dataclass
@@ -53,33 +51,25 @@ class _Sums:
     values: int = 0
 
 
-def _outputs(model: nn.Module, images: torch.Tensor, with_inputs: bool,
-             pre: Optional[list] = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _outputs(model: nn.Module, images: torch.Tensor, pre: Optional[list] = None
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every chip layer's (input, output) of one forward; ``pre`` receives (values above the cap,
     values) of each layer's pre-activation."""
     layers = chip_layers(model)
-    ins: list[torch.Tensor] = []
-    outs: list[torch.Tensor] = []
-
-    def keep(_m: nn.Module, args: tuple, out: torch.Tensor) -> None:
-        if with_inputs:
-            ins.append(args[0])
-        outs.append(out)
-
-    hooks = [layer.register_forward_hook(keep) for layer in layers]
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hooks = [layer.register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
+             for layer in layers]
     if pre is not None:
         for layer in layers:
-            layer.observer = lambda y, layer=layer: pre.append(
-                (int((y > layer.cap).sum()), y.numel()))
+            layer.observer = lambda y, cap=layer.cap: pre.append((int((y > cap).sum()), y.numel()))
     try:
         model(images)
     finally:
         for h in hooks:
             h.remove()
-        if pre is not None:
-            for layer in layers:
-                layer.observer = None
-    return ins, outs
+        for layer in layers:
+            layer.observer = None
+    return seen
 
 
 @torch.no_grad()
@@ -93,19 +83,18 @@ def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
     for images in batches:
         pre: list[tuple[int, int]] = []
         with quantized_only(model, {}, chip):
-            ins, ref = _outputs(model, images, with_inputs=True, pre=pre)
-        for i, layer in enumerate(layers):  # each layer alone on the float model's input
-            with quantized_only(model, {i: bits[i]}, chip):
-                q = layer(ins[i])
-            sums[i].noise_isolated += float(((q.double() - ref[i].double()) ** 2).sum())
-            sums[i].signal += float((ref[i].double() ** 2).sum())
-        del ins
+            ref = _outputs(model, images, pre)
         with quantized_only(model, bits, chip):
-            _, full = _outputs(model, images, with_inputs=False)
-        for i in range(len(layers)):
-            sums[i].noise_cumulative += float(((full[i].double() - ref[i].double()) ** 2).sum())
-            sums[i].clipped += pre[i][0]
-            sums[i].values += pre[i][1]
+            full = _outputs(model, images)
+        for i, (layer, s) in enumerate(zip(layers, sums)):
+            with quantized_only(model, {i: bits[i]}, chip):  # alone, on the float model's input
+                q = layer(ref[i][0])
+            r = ref[i][1].double()
+            s.signal += float((r ** 2).sum())
+            s.noise_isolated += float(((q.double() - r) ** 2).sum())
+            s.noise_cumulative += float(((full[i][1].double() - r) ** 2).sum())
+            s.clipped += pre[i][0]
+            s.values += pre[i][1]
     return [{"act_sqnr_db_isolated": db(s.signal, s.noise_isolated),
              "act_sqnr_db_cumulative": db(s.signal, s.noise_cumulative),
              "clipped_fraction": s.clipped / s.values if s.values else 0.0} for s in sums]

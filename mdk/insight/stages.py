@@ -86,13 +86,6 @@ class PerLayer:
                     "its weights")
         return None
 
-    @property
-    def words(self) -> str:
-        if self.missing or self.weights is None or self.subject is None:
-            return f"none: {self.missing}"
-        return (f"{self.weights.stage}'s float weights (BN folded) at {self.subject.stage}'s "
-                "mask widths and caps")
-
 
 def per_layer_of(rows: list[Present]) -> PerLayer:
     """The subject and the float stage among ``rows`` (the latest of each)."""

@@ -40,10 +40,6 @@ def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return _CONST[key]
 
 
-def _h_tensor(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return _const(_pred_half(dtype), dtype, device)
-
-
 def _eager_levels(y: torch.Tensor, h: torch.Tensor, scale: float, rescale: float) -> torch.Tensor:
     """floor(clamp(h + scale * y, h, 31 + h)) * rescale, in four passes (scale 1: three)."""
     hv = _pred_half(y.dtype)
@@ -83,7 +79,7 @@ class _QuantAct(torch.autograd.Function):
         ctx.save_for_backward(y)
         ctx.cap = cap
         scale, rescale = (1.0, 1.0) if cap == LEVELS else (LEVELS / cap, cap / LEVELS)
-        h = _h_tensor(y.dtype, y.device)
+        h = _const(_pred_half(y.dtype), y.dtype, y.device)
         fused = _fused_levels() if y.is_cuda else None
         if fused is not None:
             try:
@@ -125,8 +121,3 @@ def quantize_activation(y: torch.Tensor, cap: torch.Tensor | float) -> torch.Ten
     if not c > 0:
         raise ValueError(f"activation cap must be > 0 (got {c}); calibrate first (step=cal)")
     return _QuantAct.apply(y, c)
-
-
-def activation_levels(y_q: torch.Tensor, cap: torch.Tensor | float) -> torch.Tensor:
-    """Integer level k (0..31) of an activation on the grid."""
-    return torch.round(y_q * LEVELS / cap).to(torch.int64)

@@ -44,9 +44,7 @@ def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
     Ties go to less memory, then to narrower widths first in layer order (independent of dict
     order). ValueError when even the narrowest widths do not fit.
     """
-    if not layers:
-        return BitPlan((), 0.0, 0)
-    front = _front(layers, budget_bits)
+    front = _front(layers, budget_bits)  # no layers: the empty plan
     used, (cost, bits) = min(front.items(), key=lambda kv: (kv[1][0], kv[0], kv[1][1]))
     return BitPlan(bits, cost, used)
 

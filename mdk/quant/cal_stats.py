@@ -36,9 +36,7 @@ def mse_stride(n: int) -> int:
 def strided(x: torch.Tensor, start: int, step: int) -> torch.Tensor:
     """The values of ``x`` at flat (logical, row-major) positions ``start, start + step, ...``."""
     x = x.detach()
-    if start == 0 and step == 1:
-        return x.reshape(-1)
-    if x.is_contiguous():
+    if x.is_contiguous() or (start == 0 and step == 1):
         return x.reshape(-1)[start::step]
     # channels_last or other layouts: reshape would first copy the whole activation
     return torch.take(x, torch.arange(start, x.numel(), step, device=x.device))
@@ -76,11 +74,6 @@ def percentile_and_max(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.T
         if below < k:  # the target is among the kept values: exact answer from the small set
             return above.kthvalue(k - below).values, above.max()
     return flat.kthvalue(k).values, flat.max()
-
-
-def percentile_exact(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Nearest-rank p-th percentile of all values of ``x`` (0-dim tensor, same dtype/device)."""
-    return percentile_and_max(x, p)[0]
 
 
 def mse_cap(x: torch.Tensor, candidates: int = 64) -> torch.Tensor:

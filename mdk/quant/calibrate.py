@@ -224,12 +224,9 @@ def finalize_caps(model: nn.Module) -> list[float]:
 
 def save_caps(model: nn.Module, path: str | Path, meta: Optional[dict] = None) -> Path:
     """Write the per-layer caps to a JSON file (the caller decides which rank writes)."""
-    path = Path(path)
-    layers = chip_layers(model)
-    doc = {"meta": meta or {},
-           "layers": [{"index": i, "mask_bits": int(l.mask_bits), "pool": bool(l.pool),
-                       "cap": float(l.cap)} for i, l in enumerate(layers)]}
-    return write_json(path, doc, indent=2)
+    return write_json(path, {"meta": meta or {}, "layers": [
+        {"index": i, "mask_bits": int(l.mask_bits), "pool": bool(l.pool), "cap": float(l.cap)}
+        for i, l in enumerate(chip_layers(model))]}, indent=2)
 
 
 @torch.no_grad()

@@ -17,7 +17,6 @@ last activation * ``output.scale``. The float weight is exactly ``W / 2**shift``
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,6 @@ from mdk.quant.bn_fold import chip_layers
 from mdk.quant.fusion import is_fused
 from mdk.quant.chips import chip_bits
 from mdk.quant.weights import MAX_SHIFT, conv_mantissas
-
-log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "mdk-chip-model", 1
 SPEC_FILE, WEIGHTS_FILE = "chip_model.json", "weights.npz"
@@ -130,8 +127,7 @@ def load_chip_model(path: str | Path) -> ChipModel:
             for key in ("weight", "bias"):
                 if s[key] not in npz:
                     raise ValueError(f"{w_path}: array {s[key]!r} (layers[{i}].{key}) is missing")
-            w = torch.from_numpy(npz[s["weight"]].astype(np.int64))
-            b = torch.from_numpy(npz[s["bias"]].astype(np.int64))
+            w, b = (torch.from_numpy(npz[s[key]].astype(np.int64)) for key in ("weight", "bias"))
             want = (s["out_channels"], s["in_channels"], *s["kernel"])
             if tuple(w.shape) != tuple(want) or tuple(b.shape) != (s["out_channels"],):
                 raise ValueError(f"{spec_path}: layers[{i}] shapes {tuple(w.shape)}/"

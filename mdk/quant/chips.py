@@ -17,7 +17,6 @@ CHIP_BITS: dict[str, dict[int, tuple[int, int]]] = {
     "2803": {2: (12, 12), 5: (12, 16), 12: (12, 20)},
 }
 CHIP_INPUT_SIZES: dict[str, tuple[int, ...]] = {chip: (224, 320, 448, 640) for chip in CHIP_BITS}
-CHIPS = tuple(CHIP_BITS)
 SUPPORTED_MASKS = (1, 2, 3, 5, 8, 12)
 
 
@@ -58,8 +57,9 @@ def allow_any_size(cfg: DictConfig) -> bool:
 
 
 def check_chip(cfg: DictConfig) -> None:
-    if str(cfg.chip) not in CHIPS:
-        raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of {', '.join(CHIPS)}")
+    if str(cfg.chip) not in CHIP_BITS:
+        raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of "
+                          f"{', '.join(CHIP_BITS)}")
     flag = OmegaConf.select(cfg, "export.allow_any_size", default=False)
     if not isinstance(flag, bool):
         raise ConfigError(f"export.allow_any_size={flag!r} must be true or false")

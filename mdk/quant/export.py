@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,28 +54,16 @@ class ChipOnnxNet(nn.Module):
         return x * self.out_scale
 
 
-def export_onnx(cm: ChipModel, path: str | Path, image_size: Optional[int] = None) -> Path:
+def export_onnx(cm: ChipModel, path: Path) -> None:
     """Write ``cm`` as ONNX (opset 17, dynamic batch) with the legacy TorchScript exporter (the
     torch.export one needs ``onnxscript``, not a dependency)."""
-    path = Path(path)
-    size = int(image_size or cm.meta.get("image_size") or 64)
+    size = int(cm.meta.get("image_size") or 64)
     dummy = torch.zeros(1, 3, size, size, dtype=torch.uint8)
-    net = ChipOnnxNet(cm).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (dummy,), str(path), input_names=["image_u8"],
+        torch.onnx.export(ChipOnnxNet(cm).eval(), (dummy,), str(path), input_names=["image_u8"],
                           output_names=["output"], opset_version=OPSET, dynamo=False,
                           dynamic_axes={"image_u8": {0: "batch"}, "output": {0: "batch"}})
-    return path
-
-
-def run_onnx(path: str | Path, images: torch.Tensor) -> np.ndarray:
-    """Run an exported ONNX file with onnxruntime on uint8 images (CPU)."""
-    import onnxruntime as ort  # here: a heavy runtime, only for the export's check
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
-    return sess.run(None, {"image_u8": u8.cpu().numpy()})[0]
 
 
 def export_chip_model(model: nn.Module, out_dir: str | Path, chip: str, onnx: bool = True,

@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def is_fused(model: nn.Module) -> bool:
-    layers = chip_layers(model)
-    flags = {bool(layer.fused) for layer in layers}
+    flags = {bool(layer.fused) for layer in chip_layers(model)}
     if len(flags) > 1:
         raise ValueError("model is half fused (some ChipConv.fused buffers are True, some False); "
                          "the checkpoint is inconsistent - rerun step4 from the step3 checkpoint")
@@ -47,15 +46,13 @@ def fuse_gains(model: nn.Module) -> list[float]:
     prev = float(LEVELS)
     for layer, c in zip(layers, caps):
         layer.conv.weight.mul_(prev / c)
-        if layer.conv.bias is not None:
-            layer.conv.bias.mul_(LEVELS / c)
+        layer.conv.bias.mul_(LEVELS / c)
         layer.cap.fill_(float(LEVELS))
         layer.fused.fill_(True)
         prev = c
-    core = getattr(model, "module", model) if not hasattr(model, "out_scale") else model
-    if hasattr(core, "out_scale"):
-        core.out_scale.fill_(caps[-1] / LEVELS)
-    else:
+    core = model if hasattr(model, "out_scale") else getattr(model, "module", model)
+    if not hasattr(core, "out_scale"):
         raise ValueError(f"{type(model).__name__} has no out_scale buffer to carry c_last/31")
+    core.out_scale.fill_(caps[-1] / LEVELS)
     log.info("gain fusion applied to %d layers; out_scale=%.6g", len(layers), caps[-1] / LEVELS)
     return caps

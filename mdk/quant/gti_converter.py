@@ -53,9 +53,8 @@ def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, s
 
 def warn_where_the_converter_differs(cm: ChipModel, float_layers: FloatLayers,
                                      filter_file: str) -> None:
-    last = len(cm.layers) - 1
-    for i, ((w, b), L) in enumerate(zip(float_layers, cm.layers, strict=True)):
-        slips = rounding_slips(w, b, L.mask_bits, L.shift) if i != last else 0
+    for i, ((w, b), L) in enumerate(zip(float_layers[:-1], cm.layers[:-1], strict=True)):
+        slips = rounding_slips(w, b, L.mask_bits, L.shift)  # the last layer: its shift, below
         if slips:
             log.warning("layer %d: %d written value(s) where the GTI tools' float32 floor(x + 0.5) "
                         "rounds otherwise (it rounds ±0.49999997 to ±1); %s holds the trained "

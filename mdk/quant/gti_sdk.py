@@ -48,12 +48,6 @@ class MajorLayer:
     pooling: bool
 
 
-def file_names(chip: str, image_size: int) -> tuple[str, str]:
-    """(layer-spec JSON, model JSON) names as the GTI MDK names its templates."""
-    suffix = "_448" if int(image_size) == 448 else ""
-    return f"{chip}_gnetdet_dat{suffix}.json", f"{chip}_gnetdet_model{suffix}.json"
-
-
 def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
     """Group the chip layers into GTI major layers; ValueError for what the layout cannot express."""
     out: list[MajorLayer] = []
@@ -62,8 +56,7 @@ def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
         if tuple(L.weight.shape[2:]) != (3, 3):
             raise ValueError(f"GTI layout: layer {i} has a {tuple(L.weight.shape[2:])} kernel; the "
                              "chip runs 3x3 convolutions only")
-        new = not out or out[-1].pooling or cm.layers[i - 1].mask_bits != L.mask_bits
-        if new:
+        if not out or out[-1].pooling or cm.layers[i - 1].mask_bits != L.mask_bits:  # a new one
             out.append(MajorLayer(i, 0, L.mask_bits, size, int(L.weight.shape[1]), 0, False))
         m = out[-1]
         m.sublayers += 1
@@ -89,7 +82,7 @@ def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
     return out
 
 
-def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
+def negative_zeros(w: torch.Tensor, b: torch.Tensor, mask_bits: int,
                    w_int: torch.Tensor, b_int: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Where the GTI quantizer gives ``-0.0``: a negative value whose mantissa is 0 (5-bit masks:
     only if its coefficient ``R(w/step)`` is not 0, as a zero coefficient comes out +0.0)."""
@@ -97,8 +90,7 @@ def negative_zeros(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int,
     neg_w = (w_int == 0) & (w < 0)
     if mask_bits == 5:
         neg_w &= five_bit_coefficients(w)[0] != 0
-    neg_b = (b_int == 0) & (b.detach().cpu() < 0) if b is not None else torch.zeros_like(b_int, dtype=torch.bool)
-    return neg_w.numpy(), neg_b.numpy()
+    return neg_w.numpy(), ((b_int == 0) & (b.detach().cpu() < 0)).numpy()
 
 
 def _format(values: np.ndarray, negzero: np.ndarray) -> str:
@@ -121,10 +113,9 @@ def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
         nw = negzeros[i][0] if negzeros else np.zeros(w.shape, dtype=bool)
         nb = negzeros[i][1] if negzeros else np.zeros(b.shape, dtype=bool)
         pad = majors[-1].output_channels - w.shape[0] if i == last else 0
-        if pad:
-            w = np.concatenate([w, np.zeros((pad, *w.shape[1:]))])
-            nw = np.concatenate([nw, np.zeros((pad, *nw.shape[1:]), dtype=bool)])
-            b, nb = np.concatenate([b, np.zeros(pad)]), np.concatenate([nb, np.zeros(pad, bool)])
+        if pad:  # zeros (False) after the last output channel
+            w, nw = (np.pad(a, [(0, pad), (0, 0), (0, 0), (0, 0)]) for a in (w, nw))
+            b, nb = (np.pad(a, (0, pad)) for a in (b, nb))
         yield w.ravel(), nw.ravel(), b.ravel(), nb.ravel()
 
 
@@ -139,30 +130,22 @@ def _write_values(path: Path, pieces: Iterable[tuple[np.ndarray, np.ndarray]]) -
 
 
 def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
-    layers = []
-    for k, m in enumerate(majors):
-        layers.append({"coef_bits": m.coef_bits, "image_size": m.image_size,
-                       "input_channels": m.input_channels, "last_layer_out": False,
-                       "learning": False, "major_layer": k + 1,
-                       "output_channels": m.output_channels, "pooling": m.pooling,
-                       "scaling": [int(L.shift) for L in cm.layers[m.first:m.first + m.sublayers]],
-                       "sublayer_number": m.sublayers})
+    layers = [{"coef_bits": m.coef_bits, "image_size": m.image_size,
+               "input_channels": m.input_channels, "last_layer_out": False, "learning": False,
+               "major_layer": k + 1, "output_channels": m.output_channels, "pooling": m.pooling,
+               "scaling": [int(L.shift) for L in cm.layers[m.first:m.first + m.sublayers]],
+               "sublayer_number": m.sublayers} for k, m in enumerate(majors)]
     return {"layer": layers, "model": [{"ChipType": int(cm.chip), "MajorLayerNumber": len(majors)}]}
 
 
 def model_json(cm: ChipModel, majors: Sequence[MajorLayer], image_size: int, dat_path: str) -> dict:
     last = majors[-1]
-    size, channels, tile = last.image_size, last.output_channels, TILE
-    post, scaledown = "interlace_tile_decode", 0
+    size, channels, tile = last.image_size, last.output_channels, min(last.image_size, TILE)
     if last.pooling:  # the SDK reads the pooled output; a 7x7 one in fc mode
         size, tile = size >> 1, TILE >> 1
-        if size == 7:
-            post = "fc77_decode"
-    tile = min(size, tile) if not last.pooling else tile
-    if post == "fc77_decode":
-        out_bytes, scaledown = size * size * channels * 64 // 49, 3
-    else:
-        out_bytes = size * size * channels * 32 // 49
+    fc = last.pooling and size == 7
+    post, scaledown = ("fc77_decode", 3) if fc else ("interlace_tile_decode", 0)
+    out_bytes = size * size * channels * (64 if fc else 32) // 49
     reader = {"data file": None, "data offset": None, "input format": "CS_BGR24_PLANAR",
               "name": "image reader", "operation": "IMAGEREADER", "output channels": 3,
               "output format": "CS_BGR24_PLANAR", "output height": int(image_size),
@@ -209,18 +192,14 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
     out.mkdir(parents=True, exist_ok=True)
     _write_values(out / FILTER_FILE, ((w, nw) for w, nw, _, _ in layer_values(cm, majors, negz)))
     _write_values(out / BIAS_FILE, ((b, nb) for _, _, b, nb in layer_values(cm, majors, negz)))
-    dat_name, model_name = file_names(chip, size)
-    write_text(out / dat_name, _dump(dat_json(cm, majors)))
-    write_text(out / model_name, _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
-    write_text(out / CAP_FILE, f"{last_cap(cm)}\n")
-    log.info("GTI SDK hand-off (%d major layers, CAP %s) written to %s", len(majors),
-             last_cap(cm), out)
+    suffix = "_448" if size == 448 else ""  # the names of the GTI MDK's templates
+    write_text(out / f"{chip}_gnetdet_dat{suffix}.json", _dump(dat_json(cm, majors)))
+    write_text(out / f"{chip}_gnetdet_model{suffix}.json",
+               _dump(model_json(cm, majors, size, os.path.realpath(out / DAT_FILE))))
+    cap = str(np.float32(cm.out_scale * 31.0))  # c_last, as the shortest float32 text
+    write_text(out / CAP_FILE, f"{cap}\n")
+    log.info("GTI SDK hand-off (%d major layers, CAP %s) written to %s", len(majors), cap, out)
     return out
-
-
-def last_cap(cm: ChipModel) -> str:
-    """``c_last = 31 * output.scale`` as the shortest float32 text (the caps are float32)."""
-    return str(np.float32(cm.out_scale * 31.0))
 
 
 def set_dat_path(gti_dir: str | Path, dat_path: str) -> Path:

@@ -70,18 +70,12 @@ def fake_quant_forward(model: nn.Module, images: torch.Tensor,
     return x * core.out_scale.to(dtype), acts
 
 
-def max_accumulator(cm: ChipModel) -> int:
-    """Largest possible |conv + bias| mantissa sum over all layers for inputs in 0..31."""
-    worst = 0
-    for L in cm.layers:
-        per_out = L.weight.abs().flatten(1).sum(1) * LEVEL_MAX + L.bias.abs()
-        worst = max(worst, int(per_out.max()))
-    return worst
-
-
 def float32_is_exact(cm: ChipModel) -> bool:
-    """True if a float32 direct-summation conv reproduces the integer accumulators exactly."""
-    return max_accumulator(cm) < 2 ** 24
+    """True if a float32 direct-summation conv reproduces the integer accumulators exactly: the
+    largest possible |conv + bias| mantissa sum, for inputs in 0..31, stays below 2**24."""
+    worst = max((int((L.weight.abs().flatten(1).sum(1) * LEVEL_MAX + L.bias.abs()).max())
+                 for L in cm.layers), default=0)
+    return worst < 2 ** 24
 
 
 def count_mismatches(model: nn.Module, cm: ChipModel, images: torch.Tensor,
@@ -89,8 +83,5 @@ def count_mismatches(model: nn.Module, cm: ChipModel, images: torch.Tensor,
     """Per layer: activations where the fake-quant level (act * 31 / cap) != the integer level."""
     _, ref = integer_forward(cm, images)
     _, fq = fake_quant_forward(model, images, dtype)
-    out = []
-    for L, a_int, a_fq in zip(cm.layers, ref, fq):
-        levels = a_fq * (LEVEL_MAX / L.cap)
-        out.append(int((levels != a_int.to(dtype)).sum()))
-    return out
+    return [int((a_fq * (LEVEL_MAX / L.cap) != a_int.to(dtype)).sum())
+            for L, a_int, a_fq in zip(cm.layers, ref, fq)]

@@ -54,7 +54,7 @@ class ChipConv(nn.Module):
             return quantize_conv(w, b, self.mask_bits, *self.chip_bits)
         # Without grad the weights are fixed, so quantize once; in-place version counters
         # (bumped by optimizer steps, load_state_dict, fusion) and storage key the cache.
-        key = (w._version, None if b is None else b._version, w.data_ptr(), w.dtype, w.device,
+        key = (w._version, b._version, w.data_ptr(), w.dtype, w.device,
                self.mask_bits, tuple(self.chip_bits))
         cache = self.__dict__.get("_wq_cache")
         if cache is None or cache[0] != key:
@@ -65,7 +65,7 @@ class ChipConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.effective_weight_bias()
         # Cast so a float64 input (exact fake-quant check, mdk.quant.integer_ref) runs in float64.
-        y = F.conv2d(x, w.to(x.dtype), None if b is None else b.to(x.dtype), padding=1)
+        y = F.conv2d(x, w.to(x.dtype), b.to(x.dtype), padding=1)
         if self.bn is not None:
             y = self.bn(y)
         if self.observer is not None:
@@ -91,7 +91,6 @@ class ChipConv(nn.Module):
                 "mdk.stage.apply_stage (which folds BN), or set the model's batch_norm=true.")
             return
         if prefix + "fused" not in state_dict:
-            state_dict = dict(state_dict)
-            state_dict[prefix + "fused"] = torch.tensor(False)
+            state_dict = {**state_dict, prefix + "fused": torch.tensor(False)}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

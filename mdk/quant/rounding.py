@@ -21,9 +21,7 @@ _PRED_HALF: dict[torch.dtype, float] = {d: _pred(d) for d in (torch.float16, tor
 
 def pred_half(dtype: torch.dtype) -> float:
     """Largest ``dtype`` value below 0.5 (a Python float holds it exactly)."""
-    if dtype not in _PRED_HALF:
-        _PRED_HALF[dtype] = _pred(dtype)
-    return _PRED_HALF[dtype]
+    return _PRED_HALF[dtype] if dtype in _PRED_HALF else _pred(dtype)
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:

@@ -18,15 +18,12 @@ so at an exact power-of-two boundary mdk and GTI give the same chip integers.
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable, Optional
 
 import torch
 
 from mdk.quant.chips import SUPPORTED_MASKS
 from mdk.quant.rounding import round_half_away
-
-log = logging.getLogger(__name__)
 
 MAX_SHIFT = 12
 
@@ -106,34 +103,29 @@ def weight_mantissas(w: torch.Tensor, mask_bits: int, scale: torch.Tensor,
     return sign * coef * rnd(step * scale)
 
 
-def _quantize(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,
-              bias_bits: int) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+def _quantize(w: torch.Tensor, b: torch.Tensor, mask_bits: int, weight_bits: int, bias_bits: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weight mantissas, bias mantissas, shift, 2**shift) of a chip conv (it always has a bias)."""
     with torch.no_grad():
         shift = compute_shift(w, b, weight_bits, bias_bits)
         scale = torch.exp2(shift.to(w.dtype))
-        w_int = weight_mantissas(w.detach(), int(mask_bits), scale)
-        b_int = round_half_away(b.detach() * scale) if b is not None else None
-    return w_int, b_int, shift
+        return (weight_mantissas(w.detach(), int(mask_bits), scale),
+                round_half_away(b.detach() * scale), shift, scale)
 
 
-def quantize_conv(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,
-                  bias_bits: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def quantize_conv(w: torch.Tensor, b: torch.Tensor, mask_bits: int, weight_bits: int,
+                  bias_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Fake-quantized (w_q, b_q) with straight-through gradients.
 
     ``w_q + (w - w.detach())``, not ``w + (w_q - w).detach()``: the latter is not exactly ``w_q``
     in floating point, and the integer reference needs exact values.
     """
-    w_int, b_int, shift = _quantize(w, b, mask_bits, weight_bits, bias_bits)
-    scale = torch.exp2(shift.to(w.dtype))
-    w_q = w_int / scale + (w - w.detach())
-    b_q = None if b is None else b_int / scale + (b - b.detach())
-    return w_q, b_q
+    w_int, b_int, _, scale = _quantize(w, b, mask_bits, weight_bits, bias_bits)
+    return w_int / scale + (w - w.detach()), b_int / scale + (b - b.detach())
 
 
-def conv_mantissas(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, weight_bits: int,
+def conv_mantissas(w: torch.Tensor, b: torch.Tensor, mask_bits: int, weight_bits: int,
                    bias_bits: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Export form: int64 weight and bias mantissas and the shift, ``w_q == w_int / 2**shift`` exactly."""
-    w_int, b_int, shift = _quantize(w, b, mask_bits, weight_bits, bias_bits)
-    if b_int is None:
-        b_int = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+    w_int, b_int, shift, _ = _quantize(w, b, mask_bits, weight_bits, bias_bits)
     return w_int.to(torch.int64), b_int.to(torch.int64), int(shift)

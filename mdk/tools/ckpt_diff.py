@@ -59,15 +59,10 @@ def diff_state_dicts(a: Mapping, b: Mapping) -> tuple[list[TensorDiff], list[str
     fa, fb = flatten(a), flatten(b)
     problems = [f"{k}: only in the first" for k in fa if k not in fb]
     problems += [f"{k}: only in the second" for k in fb if k not in fa]
-    diffs = []
-    for k in fa:
-        if k not in fb:
-            continue
-        if fa[k].shape != fb[k].shape:
-            problems.append(f"{k}: shape {tuple(fa[k].shape)} vs {tuple(fb[k].shape)}")
-            continue
-        diffs.append(tensor_diff(k, fa[k], fb[k]))
-    return diffs, problems
+    both = [k for k in fa if k in fb]
+    problems += [f"{k}: shape {tuple(fa[k].shape)} vs {tuple(fb[k].shape)}"
+                 for k in both if fa[k].shape != fb[k].shape]
+    return [tensor_diff(k, fa[k], fb[k]) for k in both if fa[k].shape == fb[k].shape], problems
 
 
 def format_table(diffs: list[TensorDiff], top: Optional[int] = None) -> str:
@@ -79,10 +74,6 @@ def format_table(diffs: list[TensorDiff], top: Optional[int] = None) -> str:
         lines.append(f"{d.name:<{w}}  {str(list(d.shape)):<18} {d.max_abs:10.3e} {d.max_rel:10.3e} "
                      f"{d.scale:10.3e}")
     return "\n".join(lines)
-
-
-def within(diffs: list[TensorDiff], rtol: float, atol: Optional[float] = None) -> bool:
-    return all(d.max_rel <= rtol and (atol is None or d.max_abs <= atol) for d in diffs)
 
 
 def _load(path: str, key: str) -> Mapping:
@@ -116,7 +107,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"({worst.name}), largest absolute {max(d.max_abs for d in diffs):.3e}")
     if problems:
         return 2
-    ok = within(diffs, args.rtol, args.atol)
+    ok = all(d.max_rel <= args.rtol and (args.atol is None or d.max_abs <= args.atol)
+             for d in diffs)
     print("OK: within tolerance" if ok else f"FAIL: above rtol={args.rtol:g}"
           + (f" / atol={args.atol:g}" if args.atol is not None else ""))
     return 0 if ok else 1

@@ -28,8 +28,6 @@ from torchvision.utils import draw_bounding_boxes
 from mdk.models.build import build_head
 from mdk.tools.evaluate import ToolError, add_model_args, load_any
 
-log = logging.getLogger(__name__)
-
 MIN_DRAW_SIZE = 384  # enlarge smaller images so the default bitmap font is legible
 PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
            "#bfef45", "#fabed4", "#469990", "#dcbeff", "#9a6324", "#800000", "#aaffc3",

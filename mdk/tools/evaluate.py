@@ -48,7 +48,6 @@ from mdk.stage import stage_spec
 from mdk.stage_checkpoint import load_model_for, spec_of
 from mdk.world import World, single_process
 
-log = logging.getLogger(__name__)
 
 @dataclass
 class Loaded:
@@ -57,7 +56,6 @@ class Loaded:
     cfg: DictConfig          # the config the data and thresholds come from
     device: torch.device
     description: str
-    kind: str                # "checkpoint" | "chip_model"
     name: str = "model"      # what report files are named after: the stage, or chip_model
 
 
@@ -82,7 +80,7 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
     device = single_process(cfg.trainer.device).device
     return Loaded(model.to(device).eval(), cfg, device,
                   f"checkpoint {path} (stage {spec.name}, evaluated as {_mode_name(spec)})",
-                  "checkpoint", spec.name)
+                  spec.name)
 
 
 def _mode_name(spec: Any) -> str:
@@ -122,7 +120,7 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
     net.grid = int(meta.get("grid", 0)) or None
     return Loaded(net.eval(), cfg, torch.device("cpu"),
                   f"chip model {directory} ({net.cm.chip}, {len(net.cm.layers)} layers, "
-                  f"{runtime} runtime)", "chip_model", "chip_model")
+                  f"{runtime} runtime)", "chip_model")
 
 
 def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer") -> Loaded:
@@ -151,8 +149,7 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
     patch: dict[str, Any] = {"cache_images": False}
     if split:
         patch["val_split"] = split
-    image_size = int(cfg.model.image_size)
-    grid = getattr(model, "grid", None) or image_size // 2 ** sum(
+    grid = getattr(model, "grid", None) or int(cfg.model.image_size) // 2 ** sum(
         1 for c in cfg.model.net.channels if c == "M")
     cfg = OmegaConf.merge(cfg, {"dataset": patch})
     _, val = build_data(cfg, grid, World(), train=False)

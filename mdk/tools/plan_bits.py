@@ -39,8 +39,6 @@ from mdk.stage import chain, stage_names, stage_spec
 from mdk.stage_checkpoint import BEST, checkpoint_root
 from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoint_model
 
-log = logging.getLogger(__name__)
-
 TOOL_KEYS = {"budget_kb": None, "budget": None, "max_cost": None, "images": "200", "by": "loss",
              "out": None}
 LIMITS = ("budget_kb", "budget", "max_cost")

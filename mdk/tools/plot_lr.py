@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +21,6 @@ from omegaconf import DictConfig
 
 from mdk.compose import CONF_DIR, compose
 from mdk.sched.curve import lr_curve, plot_lr_curves
-
-log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_DIR = CONF_DIR
 
@@ -45,12 +42,10 @@ def compose_run(overrides: Sequence[str], epochs: int | None, config_dir: Path) 
     """Compose ``config_dir`` for one sweep point; without a root ``config.yaml`` the scheduler
     group alone, with ``trainer.epochs`` from ``--epochs`` (default 12)."""
     has_root = (config_dir / "config.yaml").is_file()
-    ovs: list[str] = []
     if has_root:
-        ovs += [f"trainer.epochs={epochs}"] if epochs is not None else []
-        ovs += list(overrides)
+        ovs = ([f"trainer.epochs={epochs}"] if epochs is not None else []) + list(overrides)
     else:
-        ovs.append(f"+trainer.epochs={epochs if epochs is not None else 12}")
+        ovs = [f"+trainer.epochs={epochs if epochs is not None else 12}"]
         ovs += [f"+{o}" if o.startswith("scheduler=") else o for o in overrides]
         if not any(o.startswith("scheduler=") for o in overrides):
             raise ValueError(f"{config_dir}/config.yaml does not exist, so pass scheduler=<name> "
