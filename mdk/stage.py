@@ -56,7 +56,7 @@ class StageSpec:
 
     @property
     def trains(self) -> bool:
-            return self.kind == "train"
+        return self.kind == "train"
 
     @property
     def folds_bn(self) -> bool:
