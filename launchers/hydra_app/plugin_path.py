@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "launchers" / "plugins"
 
 
-def add_plugin_path(export: bool = True) -> None:
+def add_plugin_path() -> None:
     # Our conf/hydra/launcher presets share the submitit plugin's names on purpose (so
     # `hydra/launcher=submitit_slurm` picks them); Hydra 1.3 warns about that on every run.
     warnings.filterwarnings("ignore", category=UserWarning,
@@ -21,8 +21,7 @@ def add_plugin_path(export: bool = True) -> None:
     for p in (str(REPO), str(PLUGINS)):
         if p not in sys.path:
             sys.path.insert(0, p)
-    if export:
-        parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        new = [p for p in (str(REPO), str(PLUGINS)) if p not in parts]
-        if new:
-            os.environ["PYTHONPATH"] = os.pathsep.join([*new, *parts])
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    new = [p for p in (str(REPO), str(PLUGINS)) if p not in parts]
+    if new:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*new, *parts])

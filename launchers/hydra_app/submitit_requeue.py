@@ -60,12 +60,6 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
     return str(Path(sweep_dir) / subdir)
 
 
-def _export_repo_on_pythonpath() -> None:
-    """Jobs unpickle this launcher and the task, so they need the repo and the plugin folder on
-    PYTHONPATH (sbatch --export=ALL passes it on), whatever directory the command ran in."""
-    add_plugin_path(export=True)
-
-
 def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequence[str]]) -> None:
     """The SLURM request is made once for the whole sweep from the launching config, so a swept
     ``dist.gpus``/``dist.nodes`` would get the wrong number of processes: refused up front."""
@@ -125,7 +119,9 @@ class RequeueMixin:
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         check_resources_not_swept(self.config, job_overrides)
-        _export_repo_on_pythonpath()
+        # Jobs unpickle this launcher and the task: the repo and the plugin folder on PYTHONPATH
+        # (sbatch --export=ALL passes it on), whatever directory the command ran in.
+        add_plugin_path()
         # Resolve the sweep dir here, once, absolute: jobs and their reruns get this string.
         sweep_dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         with read_write(self.config.hydra.sweep), open_dict(self.config.hydra.sweep):

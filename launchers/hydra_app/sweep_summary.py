@@ -40,10 +40,6 @@ class SweepDirInUseError(SystemExit):
     """The sweep dir already holds another sweep's jobs (SystemExit: see SweepFailedError)."""
 
 
-def _rank() -> int:
-    return detect().rank
-
-
 class SweepSummary(Callback):
 
     def __init__(self, resume: bool = False, fail_on_error: bool = True) -> None:
@@ -84,7 +80,7 @@ class SweepSummary(Callback):
 
     # --- job process -------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not is_multirun() or _rank() != 0:
+        if not is_multirun() or detect().rank != 0:
             return
         self._started = time.time()
         path = Path(str(config.hydra.runtime.output_dir)) / RESULT
@@ -99,7 +95,7 @@ class SweepSummary(Callback):
                           "attempts": attempts + 1, "started": self._started}, indent=1)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not is_multirun() or _rank() != 0:
+        if not is_multirun() or detect().rank != 0:
             return
         path = Path(str(config.hydra.runtime.output_dir)) / RESULT
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.reports.sweep_stats import compact_stages
+from launchers.reports.sweep_stats import columns, compact_stages
 from mdk.engine.result import StageResult
 
 RESULT = "result.json"
@@ -60,9 +60,7 @@ def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
 def _swept(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(keys whose value differs between jobs, overrides all jobs share)."""
     maps = [dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o) for r in rows]
-    keys: list[str] = []
-    for m in maps:
-        keys += [k for k in m if k not in keys]
+    keys = list(dict.fromkeys(k for m in maps for k in m))  # in the order first seen
     varying = [k for k in keys if len({m.get(k) for m in maps}) > 1]
     common = [f"{k}={maps[0][k]}" for k in keys if k not in varying and maps and k in maps[0]]
     return varying, common
@@ -104,8 +102,7 @@ def format_table(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         body.append([r["job"], *[m.get(k, "-") for k in varying], _fmt(r.get("best_map50"), ".4f"),
                      _fmt(r.get("final_loss"), ".4f"), *extra, _fmt(r.get("time_s"), ".1f"),
                      status])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    lines = columns(head, body)
     if search:
         states = Counter(r["trial"]["state"] for r in rows if r.get("trial"))
         lines.append(", ".join(f"{n} {k}" for k, n in sorted(states.items())) +
