@@ -39,13 +39,11 @@ class StageResults(list):
     def objective(self, metric: Optional[str] = None) -> float:
         """The metric of the chosen stage; ValueError (the trial fails) if missing or not finite."""
         metric = metric or (self.metric if isinstance(self.metric, str) else self.metric[0])
-        pairs = [(r.stage, r) for r in self]
-        if self.stage is not None:
-            if self.stage not in self.stages:
-                raise ValueError(f"objective.stage={self.stage} did not run (stages: "
-                                 f"{', '.join(self.stages)}); pick one of them or null")
-            pairs = [(s, r) for s, r in pairs if s == self.stage]
-        scored = [(s, r.value(metric)) for s, r in pairs if r.value(metric) is not None]
+        if self.stage is not None and self.stage not in self.stages:
+            raise ValueError(f"objective.stage={self.stage} did not run (stages: "
+                             f"{', '.join(self.stages)}); pick one of them or null")
+        scored = [(r.stage, r.value(metric)) for r in self
+                  if self.stage in (None, r.stage) and r.value(metric) is not None]
         if not scored:
             where = f"stage {self.stage}" if self.stage else f"stages {', '.join(self.stages)}"
             raise ValueError(f"objective.metric={metric}: no value in the results of {where}")

@@ -168,10 +168,6 @@ def trial_record(trial: Any, note: Optional[str] = None) -> dict[str, Any]:
             **({"note": note} if note else {})}
 
 
-def trial_by_number(study: Any, number: int) -> Any:
-    return study.get_trials(deepcopy=False)[number]  # a study's trials are numbered 0, 1, ...
-
-
 def record_in_job(trial: Any, note: Optional[str] = None) -> None:
     """Add the trial's record to its job's result.json (made if missing)."""
     job_dir = trial.user_attrs.get(JOB_DIR)
