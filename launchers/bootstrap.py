@@ -35,14 +35,6 @@ def _venv_python() -> Path:
     return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def _in_venv() -> bool:
-    return Path(sys.prefix).resolve() == VENV.resolve()
-
-
-def _have_deps() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in NEEDED)
-
-
 def _run(cmd: list[str]) -> None:
     print("[mdk setup] $", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -74,10 +66,10 @@ def ensure_environment() -> None:
     """Return if this interpreter can run mdk; otherwise install and exec the venv's python."""
     if os.environ.get("MDK_NO_BOOTSTRAP") == "1":
         return
-    if _in_venv():
+    if Path(sys.prefix).resolve() == VENV.resolve():  # running in the venv
         install()  # no-op unless pyproject.toml changed
         return
-    if _have_deps() and not VENV.exists():
+    if all(importlib.util.find_spec(m) is not None for m in NEEDED) and not VENV.exists():
         return
     try:
         install()
