@@ -25,7 +25,7 @@ class StageResults(list):
                  metric: Union[str, Sequence[str]], stage: Optional[str] = None) -> None:
         super().__init__(results)
         self.stages, self.stage = list(stages), stage
-        self.metric: Union[str, list[str]] = metric if isinstance(metric, str) else list(metric)
+        self.metric = metric if isinstance(metric, str) else [str(m) for m in metric]
 
     @property
     def stop_reason(self) -> Optional[str]:
@@ -76,5 +76,4 @@ def with_objective(cfg: DictConfig, result: Any) -> Any:
     if not isinstance(result, (list, tuple)):
         return result
     stages = list(cfg.pipeline) or [cfg.step.name]
-    metric = obj.metric if isinstance(obj.metric, str) else [str(m) for m in obj.metric]
-    return StageResults(result, stages, metric, obj.get("stage"))
+    return StageResults(result, stages, obj.metric, obj.get("stage"))

@@ -11,6 +11,7 @@ continued by its sweeper.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -85,11 +86,8 @@ class SweepSummary(Callback):
         self._started = time.time()
         path = Path(str(config.hydra.runtime.output_dir)) / RESULT
         attempts = 0
-        if path.is_file():
-            try:
-                attempts = int(json.loads(path.read_text()).get("attempts", 0))
-            except (ValueError, OSError):
-                pass
+        with contextlib.suppress(ValueError, OSError):  # a first run has no result.json yet
+            attempts = int(json.loads(path.read_text()).get("attempts", 0))
         write_json(path, {"status": "running", "overrides": _overrides(config),
                           "job_id": str(OmegaConf.select(config, "hydra.job.id")),
                           "attempts": attempts + 1, "started": self._started}, indent=1)

@@ -26,11 +26,9 @@ def _per_class(results: list[StageResult], class_names: list[str]) -> list[str]:
     width = max(12, *(len(n) for n in class_names))
     lines = [f"{'AP per class':<{width}} " + " ".join(f"{r.stage:>7}" for r in scored)]
     for c, name in enumerate(class_names):
-        cells = []
-        for r in scored:
-            v = r.ap[c] if c < len(r.ap) else float("nan")
-            cells.append(f"{'n/a' if math.isnan(v) else format(v, '.4f'):>7}")
-        lines.append(f"{name:<{width}} " + " ".join(cells))
+        aps = [r.ap[c] if c < len(r.ap) else math.nan for r in scored]
+        lines.append(f"{name:<{width}} " + " ".join(
+            f"{'n/a' if math.isnan(v) else format(v, '.4f'):>7}" for v in aps))
     return lines
 
 

@@ -71,19 +71,15 @@ def describe(values: list[float]) -> dict[str, Any]:
             "min": min(values), "max": max(values), "values": values}
 
 
-def has_seed_axis(rows: list[dict[str, Any]]) -> bool:
-    return len({override_map(r.get("overrides")).get(SEED_KEY) for r in rows}) > 1
-
-
 def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The aggregate of ``rows`` (``collect_results``); None when the sweep has no seed axis."""
     # An unreadable result.json has no overrides: grouping it would make every key look swept.
     unplaced = [r["job"] for r in rows if not r.get("overrides")]
     rows = [r for r in rows if r.get("overrides")]
-    if not has_seed_axis(rows):
+    maps = [override_map(r.get("overrides")) for r in rows]
+    if len({m.get(SEED_KEY) for m in maps}) <= 1:  # no seed axis
         return None
     bars = _bars(rows)
-    maps = [override_map(r.get("overrides")) for r in rows]
     keys = list(dict.fromkeys(k for m in maps for k in m))  # in the order first seen
     group_by = [k for k in keys if k != SEED_KEY and len({m.get(k) for m in maps}) > 1]
     members: dict[tuple, list[int]] = {}
