@@ -50,7 +50,8 @@ def run(cfg: DictConfig) -> Any:
         raise
     except Exception as e:
         line = user_error_line(e)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not (line or isinstance(e, RankFailedError)):
+        full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+        if full or not (line or isinstance(e, RankFailedError)):
             raise
         # A failed rank's message is its own traceback (the parent's frames would only bury it):
         # the run log gets its headline (rank*.log has it all), stderr all of it, status 1.
