@@ -105,6 +105,6 @@ def _run(cfg: DictConfig) -> list[StageResult]:
                             s, res.extra.get("stopped_epoch"), scfg.trainer.epochs,
                             res.extra["stop_reason"])
                 break
-    if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
-        print_summary(results, cfg, run_dir)
-    return results
+        if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
+            print_summary(results, cfg, run_dir)
+        return results

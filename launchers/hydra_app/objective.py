@@ -36,9 +36,8 @@ class StageResults(list):
         names = [self.metric] if isinstance(self.metric, str) else self.metric
         return [self.objective(n) for n in names]
 
-    def objective(self, metric: Optional[str] = None) -> float:
+    def objective(self, metric: str) -> float:
         """The metric of the chosen stage; ValueError (the trial fails) if missing or not finite."""
-        metric = metric or (self.metric if isinstance(self.metric, str) else self.metric[0])
         if self.stage is not None and self.stage not in self.stages:
             raise ValueError(f"objective.stage={self.stage} did not run (stages: "
                              f"{', '.join(self.stages)}); pick one of them or null")
@@ -56,7 +55,7 @@ class StageResults(list):
     def __float__(self) -> float:
         if not isinstance(self.metric, str):
             raise TypeError(f"objective.metric={self.metric} has several values; use objectives()")
-        return self.objective()
+        return self.objective(self.metric)
 
 
 class FailedRun(dict):
