@@ -44,9 +44,8 @@ def print_summary(results: list[StageResult], cfg: DictConfig, run_dir: Path) ->
         lines.append(f"mAP@0.5: {metric} on the {cfg.dataset.val_split} split, at each stage's "
                      "best evaluation (eval.metric)")
     lines += _per_class(results, list(cfg.dataset.class_names))
-    nxt = results[-1].next
-    if nxt:
-        lines.append(f"next stage: python run.py step={nxt}")
+    if results[-1].next:
+        lines.append(f"next stage: python run.py step={results[-1].next}")
     if results[-1].export:
         lines.append(f"chip model exported to {results[-1].export}")
     lines.append(f"run dir: {run_dir}")
