@@ -24,10 +24,10 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.bootstrap import add_plugin_path
 from launchers.hydra_app.job_ends import (JobsEndedError, forget_stopped_job, jobs_end_lines,
                                           record_stopped_job)
 from launchers.hydra_app.optuna_study import SWEEPER
-from launchers.hydra_app.plugin_path import add_plugin_path
 from launchers.reports.stop_line import SEARCH_RERUN, sweep_rerun
 from mdk.atomic_file import write_json
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
