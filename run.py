@@ -2,8 +2,7 @@
 
 On first use this installs what it needs into ./.venv and re-runs itself there.
 """
-from launchers.bootstrap import ensure_environment
-from launchers.hydra_app.plugin_path import add_plugin_path
+from launchers.bootstrap import add_plugin_path, ensure_environment
 from launchers.processes.malloc import tune_malloc
 
 ensure_environment()

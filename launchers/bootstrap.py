@@ -3,6 +3,10 @@
 Standard library only (it runs before anything is installed). Skipped when the current
 interpreter already has mdk's dependencies (you manage your own environment) or when
 MDK_NO_BOOTSTRAP=1. The venv is refreshed when pyproject.toml changes.
+
+``add_plugin_path`` puts ``launchers/plugins`` (the project's ``hydra_plugins`` portion) and the
+repository root on ``sys.path`` and on ``PYTHONPATH`` (submitit jobs unpickle the launcher);
+run.py calls it before importing Hydra.
 """
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import os
 import platform
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PLUGINS = REPO / "launchers" / "plugins"
 VENV = Path(os.environ.get("MDK_VENV", REPO / ".venv"))
 NEEDED = ("torch", "torchvision", "hydra", "omegaconf", "submitit", "tqdm", "torchmetrics",
           "tensorboard", "onnxruntime", "pytest")
@@ -33,14 +39,6 @@ def _stamp() -> str:
 
 def _venv_python() -> Path:
     return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-def _in_venv() -> bool:
-    return Path(sys.prefix).resolve() == VENV.resolve()
-
-
-def _have_deps() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in NEEDED)
 
 
 def _run(cmd: list[str]) -> None:
@@ -74,10 +72,10 @@ def ensure_environment() -> None:
     """Return if this interpreter can run mdk; otherwise install and exec the venv's python."""
     if os.environ.get("MDK_NO_BOOTSTRAP") == "1":
         return
-    if _in_venv():
+    if Path(sys.prefix).resolve() == VENV.resolve():  # running in the venv
         install()  # no-op unless pyproject.toml changed
         return
-    if _have_deps() and not VENV.exists():
+    if all(importlib.util.find_spec(m) is not None for m in NEEDED) and not VENV.exists():
         return
     try:
         install()
@@ -86,3 +84,17 @@ def ensure_environment() -> None:
                  f"Delete {VENV} and run again, or install with `pip install -e .[test]`")
     py = str(_venv_python())
     os.execv(py, [py, *sys.argv])
+
+
+def add_plugin_path() -> None:
+    # Our conf/hydra/launcher presets share the submitit plugin's names on purpose (so
+    # `hydra/launcher=submitit_slurm` picks them); Hydra 1.3 warns about that on every run.
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"(?s).*validated against ConfigStore schema with the same name")
+    for p in (str(REPO), str(PLUGINS)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    new = [p for p in (str(REPO), str(PLUGINS)) if p not in parts]
+    if new:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*new, *parts])

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from launchers.hydra_app.plugin_path import add_plugin_path  # noqa: E402
+from launchers.bootstrap import add_plugin_path  # noqa: E402
 
 add_plugin_path()  # our submitit launchers, for compose tests and the jobs they start
 from mdk.schema import register_schemas  # noqa: E402

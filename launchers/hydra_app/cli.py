@@ -33,11 +33,9 @@ _USER = "MDK_USER_HYDRA_FULL_ERROR"  # the user's HYDRA_FULL_ERROR, carried into
 def restore_full_error() -> None:
     """Put the user's HYDRA_FULL_ERROR back, so Hydra reports task errors as usual."""
     user = os.environ.get(_USER)
-    if user is None:
-        return
     if user:
         os.environ["HYDRA_FULL_ERROR"] = user
-    else:
+    elif user is not None:
         os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
@@ -69,8 +67,5 @@ def run_cli(main: Callable[[], object]) -> None:
             raise
         sys.exit(line)
     finally:
+        restore_full_error()
         os.environ.pop(_USER, None)
-        if user:
-            os.environ["HYDRA_FULL_ERROR"] = user
-        else:
-            os.environ.pop("HYDRA_FULL_ERROR", None)

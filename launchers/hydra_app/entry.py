@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_app.job import is_multirun, run_guarded
 from launchers.hydra_app.objective import with_objective
-from launchers.hydra_app.one_run import folder_lock
 from launchers.hydra_app.optuna_trial import HOOK, is_trial, trial_hook
 from launchers.hydra_app.user_error_line import user_error_line
-from launchers.processes.env import ProcessEnv, detect
+from launchers.processes.env import detect
 from launchers.processes.malloc import tune_malloc
 from launchers.processes.rank_ends import RankFailedError
 from launchers.processes.spawn import run_ranks
@@ -25,17 +25,15 @@ from mdk import faults
 from mdk.config import validate
 from mdk.engine.result import StageResult
 from mdk.engine.runner import stage_on_rank
+from mdk.folder_lock import one_run
 from mdk.paths import register_resolvers
 from mdk.preflight import preflight, train_images
 from mdk.stage import StageSpec, stage_config
+from mdk.stage_checkpoint import checkpoint_root
 from mdk.stage_config import running_stages
 from mdk.stop import StopRequested, stop_requested
 
 log = logging.getLogger(__name__)
-
-
-def _resolved(cfg: DictConfig) -> DictConfig:
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
 def run(cfg: DictConfig) -> Any:
@@ -52,24 +50,14 @@ def run(cfg: DictConfig) -> Any:
         raise
     except Exception as e:
         line = user_error_line(e)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+        if full or not (line or isinstance(e, RankFailedError)):
             raise
-        if line is None and isinstance(e, RankFailedError):
-            # Its message is the rank's own traceback; the parent's frames would only bury it.
-            text = str(e)
-            log.error("%s", text.splitlines()[0])  # the run log gets the headline; rank*.log has it all
-            raise SystemExit(text) from None  # stderr, status 1
-        if line is None:
-            raise
-        log.error("%s", line)
-        raise SystemExit(line) from None
-
-
-def _sweep_name() -> str | None:
-    """The sweep dir's name of a multirun job, for grouping metric sinks."""
-    if not is_multirun():
-        return None
-    return Path(str(HydraConfig.get().sweep.dir)).name
+        # A failed rank's message is its own traceback (the parent's frames would only bury it):
+        # the run log gets its headline (rank*.log has it all), stderr all of it, status 1.
+        text = line or str(e)
+        log.error("%s", line or text.splitlines()[0])
+        raise SystemExit(text) from None
 
 
 def _run(cfg: DictConfig) -> list[StageResult]:
@@ -82,41 +70,41 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     # epochs/lr_scale must be in place before interpolations resolve.
     n_train = train_images(cfg) if any(stage_config(cfg, s).step.get("min_iters")
                                        for s in stages) else None
-    configs = [_resolved(stage_config(cfg, s, n_train)) for s in stages]
+    configs = [OmegaConf.create(OmegaConf.to_container(stage_config(cfg, s, n_train), resolve=True))
+               for s in stages]
     trial = trial_hook(cfg, stages)
     if trial is not None and trial[0] in stages:
         configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]
     preflight(configs[0], run_dir)
-    with folder_lock(configs[0], env, run_dir):
-        return _run_stages(cfg, env, run_dir, stages, configs)
-
-
-def _run_stages(cfg: DictConfig, env: ProcessEnv, run_dir: Path, stages: list[str],
-                configs: list[DictConfig]) -> list[StageResult]:
-    faults.at("start")
-    results: list[StageResult] = []
-    offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
-    group = _sweep_name()
-    for s, scfg in zip(stages, configs):
-        if StageSpec.from_node(scfg.step).trains:
-            log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
-        else:
-            log.info("=== %s ===  one pass, no training", s)
-        try:
-            res = StageResult.from_dict(
-                run_ranks(scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
-        except StopRequested as e:
-            e.stage = e.stage or s
-            raise
-        offset += res.iterations
-        results.append(res)
-        if stop_requested() is not None and s != stages[-1]:  # asked in the stage's last epoch
-            raise StopRequested(str(stop_requested()), stage=s)
-        if res.extra.get("stop_reason"):  # e.g. a search's pruner
-            log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run", s,
-                        res.extra.get("stopped_epoch"), scfg.trainer.epochs,
-                        res.extra["stop_reason"])
-            break
-    if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
-        print_summary(results, cfg, run_dir)
-    return results
+    # The lock on paths.checkpoints (mdk/folder_lock.py), held by the process that hosts rank 0,
+    # which writes the checkpoints; under torchrun or SLURM by rank 0's task only, so the run's
+    # other tasks do not compete for it (when it refuses, they stop at the rendezvous).
+    holds_lock = (env.rank if env.external else int(cfg.dist.rank)) == 0
+    with one_run(checkpoint_root(configs[0]), str(run_dir)) if holds_lock else nullcontext():
+        faults.at("start")
+        results: list[StageResult] = []
+        offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
+        group = Path(str(HydraConfig.get().sweep.dir)).name if is_multirun() else None
+        for s, scfg in zip(stages, configs):
+            if StageSpec.from_node(scfg.step).trains:
+                log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
+            else:
+                log.info("=== %s ===  one pass, no training", s)
+            try:
+                res = StageResult.from_dict(run_ranks(
+                    scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
+            except StopRequested as e:
+                e.stage = e.stage or s
+                raise
+            offset += res.iterations
+            results.append(res)
+            if stop_requested() is not None and s != stages[-1]:  # asked in its last epoch
+                raise StopRequested(str(stop_requested()), stage=s)
+            if res.extra.get("stop_reason"):  # e.g. a search's pruner
+                log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run",
+                            s, res.extra.get("stopped_epoch"), scfg.trainer.epochs,
+                            res.extra["stop_reason"])
+                break
+        if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
+            print_summary(results, cfg, run_dir)
+        return results

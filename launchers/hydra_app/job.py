@@ -24,12 +24,10 @@ def run_guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
     """``fn(cfg)``; in a multirun an Exception or a SystemExit with a message becomes a result.
     A SystemExit with a code (submitit's requeue), KeyboardInterrupt and StopRequested still end
     the process."""
-    if not is_multirun():
-        return fn(cfg)
     try:
         return fn(cfg)
     except (Exception, SystemExit) as e:
-        if isinstance(e, SystemExit) and not isinstance(e.code, str):
+        if not is_multirun() or isinstance(e, SystemExit) and not isinstance(e.code, str):
             raise
         log.error("job failed: %s", e, exc_info=True)
         return {"status": "failed", "error": f"{type(e).__name__}: {e}",

@@ -25,7 +25,7 @@ class StageResults(list):
                  metric: Union[str, Sequence[str]], stage: Optional[str] = None) -> None:
         super().__init__(results)
         self.stages, self.stage = list(stages), stage
-        self.metric: Union[str, list[str]] = metric if isinstance(metric, str) else list(metric)
+        self.metric = metric if isinstance(metric, str) else [str(m) for m in metric]
 
     @property
     def stop_reason(self) -> Optional[str]:
@@ -36,16 +36,13 @@ class StageResults(list):
         names = [self.metric] if isinstance(self.metric, str) else self.metric
         return [self.objective(n) for n in names]
 
-    def objective(self, metric: Optional[str] = None) -> float:
+    def objective(self, metric: str) -> float:
         """The metric of the chosen stage; ValueError (the trial fails) if missing or not finite."""
-        metric = metric or (self.metric if isinstance(self.metric, str) else self.metric[0])
-        pairs = [(r.stage, r) for r in self]
-        if self.stage is not None:
-            if self.stage not in self.stages:
-                raise ValueError(f"objective.stage={self.stage} did not run (stages: "
-                                 f"{', '.join(self.stages)}); pick one of them or null")
-            pairs = [(s, r) for s, r in pairs if s == self.stage]
-        scored = [(s, r.value(metric)) for s, r in pairs if r.value(metric) is not None]
+        if self.stage is not None and self.stage not in self.stages:
+            raise ValueError(f"objective.stage={self.stage} did not run (stages: "
+                             f"{', '.join(self.stages)}); pick one of them or null")
+        scored = [(r.stage, r.value(metric)) for r in self
+                  if self.stage in (None, r.stage) and r.value(metric) is not None]
         if not scored:
             where = f"stage {self.stage}" if self.stage else f"stages {', '.join(self.stages)}"
             raise ValueError(f"objective.metric={metric}: no value in the results of {where}")
@@ -58,7 +55,7 @@ class StageResults(list):
     def __float__(self) -> float:
         if not isinstance(self.metric, str):
             raise TypeError(f"objective.metric={self.metric} has several values; use objectives()")
-        return self.objective()
+        return self.objective(self.metric)
 
 
 class FailedRun(dict):
@@ -78,5 +75,4 @@ def with_objective(cfg: DictConfig, result: Any) -> Any:
     if not isinstance(result, (list, tuple)):
         return result
     stages = list(cfg.pipeline) or [cfg.step.name]
-    metric = obj.metric if isinstance(obj.metric, str) else [str(m) for m in obj.metric]
-    return StageResults(result, stages, metric, obj.get("stage"))
+    return StageResults(result, stages, obj.metric, obj.get("stage"))

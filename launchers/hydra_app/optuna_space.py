@@ -54,19 +54,24 @@ RANGES = ("write a range as choice(a,b), a,b, range(1,10,2), interval(0.001,0.1)
 
 
 def value_text(value: Any) -> str:
-    """``value`` as override text that Hydra reads back to the same value."""
+    """``value`` (a scalar, or a list, dict or quoted string of a parsed override) as override
+    text that Hydra reads back to the same value."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, str):
-        for text in (value, "'" + value.replace("'", "\\'") + "'"):
-            if _reads_as(text, value):
-                return text
-        raise ConfigError(f"the value {value!r} cannot be written as a Hydra override")
-    return _element_text(value)
+    if isinstance(value, QuotedString):
+        return value.with_quotes()
+    if isinstance(value, list):
+        return "[" + ",".join(map(value_text, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{value_text(v)}" for k, v in value.items()) + "}"
+    for text in (value, "'" + value.replace("'", "\\'") + "'"):
+        if _reads_as(text, value):
+            return text
+    raise ConfigError(f"the value {value!r} cannot be written as a Hydra override")
 
 
 def _reads_as(text: str, value: Any) -> bool:
@@ -74,16 +79,6 @@ def _reads_as(text: str, value: Any) -> bool:
         return _PARSER.parse_override(f"k={text}").value() == value
     except HydraException:
         return False
-
-
-def _element_text(value: Any) -> str:
-    if isinstance(value, QuotedString):
-        return value.with_quotes()
-    if isinstance(value, list):
-        return "[" + ",".join(_element_text(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_element_text(v)}" for k, v in value.items()) + "}"
-    return value_text(value)
 
 
 def _distribution(o: Override, where: str) -> tuple[Any, dict[Any, str]]:
@@ -102,7 +97,7 @@ def _distribution(o: Override, where: str) -> tuple[Any, dict[Any, str]]:
             if isinstance(item, QuotedString):
                 item = item.text
             elif isinstance(item, (list, dict)):  # Optuna's choices are scalars: carry the text
-                item = _element_text(item)
+                item = value_text(item)
                 texts[item] = item
             values.append(item)
         return od.CategoricalDistribution(values), texts

@@ -147,15 +147,13 @@ def write_best(study: Any, path: Path, dirs: Sequence[str]) -> None:
     if not done:
         log.warning("no trial of study %s completed: no optimization_results.yaml", study.study_name)
         return
+    out: dict[str, Any] = {"name": "optuna", "study_name": study.study_name}
     if len(dirs) == 1:
         best = study.best_trial
-        out: dict[str, Any] = {"name": "optuna", "study_name": study.study_name,
-                               "best_trial": best.number, "best_params": best.params,
-                               "best_value": best.value}
+        out.update(best_trial=best.number, best_params=best.params, best_value=best.value)
     else:
-        out = {"name": "optuna", "study_name": study.study_name, "directions": list(dirs),
-               "solutions": [{"trial": t.number, "params": t.params, "values": t.values}
-                             for t in study.best_trials]}
+        out.update(directions=list(dirs), solutions=[
+            {"trial": t.number, "params": t.params, "values": t.values} for t in study.best_trials])
     OmegaConf.save(OmegaConf.create(out), path)
 
 
@@ -166,10 +164,6 @@ def trial_record(trial: Any, note: Optional[str] = None) -> dict[str, Any]:
             "epoch": steps[-1] if steps else None,
             **({RETRY_OF: trial.user_attrs[RETRY_OF]} if RETRY_OF in trial.user_attrs else {}),
             **({"note": note} if note else {})}
-
-
-def trial_by_number(study: Any, number: int) -> Any:
-    return study.get_trials(deepcopy=False)[number]  # a study's trials are numbered 0, 1, ...
 
 
 def record_in_job(trial: Any, note: Optional[str] = None) -> None:

@@ -29,7 +29,7 @@ from launchers.hydra_app.optuna_space import SearchSpace, search_space, value_te
 from launchers.hydra_app.optuna_study import (JOB_DIR, claim_sweep_dir, directions, fail_stale_trials,
                                               finished, group_node, make_pruner,
                                               open_storage, record_in_job, storage_url,
-                                              trial_by_number, write_best)
+                                              write_best)
 from launchers.reports.stop_line import SEARCH_RERUN
 from launchers.reports.sweep_results import RESULT
 from mdk.checks import build
@@ -115,7 +115,7 @@ class SearchSweeper(Sweeper):
         if earlier:
             study.sampler = self._sampler(space, earlier) or study.sampler
         for number, note in fail_stale_trials(study).items():
-            record_in_job(trial_by_number(study, number), note)
+            record_in_job(study.get_trials(deepcopy=False)[number], note)  # numbered 0, 1, ...
         before = len(finished(study))
         log.info("study %s (%s): %d of %d trials done, %d to run, up to %d at a time", name, url,
                  before, self.n_trials, max(0, self.n_trials - before), self._slots())

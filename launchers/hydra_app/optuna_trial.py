@@ -36,15 +36,13 @@ def is_trial() -> bool:
 
 def trial_hook(cfg: DictConfig, stages: Sequence[str]) -> Optional[tuple[str, dict[str, Any]]]:
     """(stage, ``trainer.hooks`` node) for a trial of a one-objective study; None otherwise."""
-    if not is_multirun() or cfg.get("objective") is None:
+    if not (is_multirun() and cfg.get("objective") is not None and is_trial()
+            and isinstance(cfg.objective.metric, str)):
         return None
     hc = HydraConfig.get()
-    sweeper = hc.sweeper
-    if not is_trial() or not isinstance(cfg.objective.metric, str):
-        return None
-    pruner = sweeper.get("pruner")
-    node = {"_target_": f"{__name__}.TrialReporter", "study": str(sweeper.study_name),
-            "storage": str(sweeper.storage), "trial": int(hc.job.num),
+    pruner = hc.sweeper.get("pruner")
+    node = {"_target_": f"{__name__}.TrialReporter", "study": str(hc.sweeper.study_name),
+            "storage": str(hc.sweeper.storage), "trial": int(hc.job.num),
             "metric": str(cfg.objective.metric),
             "pruner": OmegaConf.to_container(pruner, resolve=True) if pruner else None}
     return str(cfg.objective.get("stage") or stages[-1]), node

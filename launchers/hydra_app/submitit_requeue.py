@@ -24,10 +24,10 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.bootstrap import add_plugin_path
 from launchers.hydra_app.job_ends import (JobsEndedError, forget_stopped_job, jobs_end_lines,
                                           record_stopped_job)
 from launchers.hydra_app.optuna_study import SWEEPER
-from launchers.hydra_app.plugin_path import add_plugin_path
 from launchers.reports.stop_line import SEARCH_RERUN, sweep_rerun
 from mdk.atomic_file import write_json
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
@@ -58,12 +58,6 @@ def pin_job_dir(cfg: DictConfig, sweep_dir: str, job_num: int, overrides: Sequen
         cfg.hydra.sweep.dir = sweep_dir
         cfg.hydra.sweep.subdir = subdir
     return str(Path(sweep_dir) / subdir)
-
-
-def _export_repo_on_pythonpath() -> None:
-    """Jobs unpickle this launcher and the task, so they need the repo and the plugin folder on
-    PYTHONPATH (sbatch --export=ALL passes it on), whatever directory the command ran in."""
-    add_plugin_path(export=True)
 
 
 def check_resources_not_swept(master: DictConfig, job_overrides: Sequence[Sequence[str]]) -> None:
@@ -125,7 +119,9 @@ class RequeueMixin:
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         check_resources_not_swept(self.config, job_overrides)
-        _export_repo_on_pythonpath()
+        # Jobs unpickle this launcher and the task: the repo and the plugin folder on PYTHONPATH
+        # (sbatch --export=ALL passes it on), whatever directory the command ran in.
+        add_plugin_path()
         # Resolve the sweep dir here, once, absolute: jobs and their reruns get this string.
         sweep_dir = str(Path(str(self.config.hydra.sweep.dir)).absolute())
         with read_write(self.config.hydra.sweep), open_dict(self.config.hydra.sweep):

@@ -11,6 +11,7 @@ continued by its sweeper.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -38,10 +39,6 @@ class SweepFailedError(SystemExit):
 
 class SweepDirInUseError(SystemExit):
     """The sweep dir already holds another sweep's jobs (SystemExit: see SweepFailedError)."""
-
-
-def _rank() -> int:
-    return detect().rank
 
 
 class SweepSummary(Callback):
@@ -84,22 +81,19 @@ class SweepSummary(Callback):
 
     # --- job process -------------------------------------------------------------------------
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not is_multirun() or _rank() != 0:
+        if not is_multirun() or detect().rank != 0:
             return
         self._started = time.time()
         path = Path(str(config.hydra.runtime.output_dir)) / RESULT
         attempts = 0
-        if path.is_file():
-            try:
-                attempts = int(json.loads(path.read_text()).get("attempts", 0))
-            except (ValueError, OSError):
-                pass
+        with contextlib.suppress(ValueError, OSError):  # a first run has no result.json yet
+            attempts = int(json.loads(path.read_text()).get("attempts", 0))
         write_json(path, {"status": "running", "overrides": _overrides(config),
                           "job_id": str(OmegaConf.select(config, "hydra.job.id")),
                           "attempts": attempts + 1, "started": self._started}, indent=1)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not is_multirun() or _rank() != 0:
+        if not is_multirun() or detect().rank != 0:
             return
         path = Path(str(config.hydra.runtime.output_dir)) / RESULT
         ret = job_return._return_value if job_return.status != JobStatus.UNKNOWN else None

@@ -19,22 +19,20 @@ def user_error_line(exc: BaseException) -> Optional[str]:
         return line
     labels = {cls.__name__: cls.label for cls in user_errors()}
     last_line = re.compile(r"^(?:[\w.]+\.)?(" + "|".join(map(re.escape, labels)) + r"): (.+)$")
-    text = str(exc)
-    rank = re.match(r"rank (\d+) failed", text)
+    rank = re.match(r"rank (\d+) failed", str(exc))
     where = f" (rank {rank.group(1)})" if rank else ""
-    for line in reversed(text.strip().splitlines()):
+    lines = str(exc).strip().splitlines()
+    for line in reversed(lines):
         m = last_line.match(line.strip())
         if m:
             return f"{labels[m.group(1)]}{where}: {m.group(2)}"
     # A full/read-only disk a rank met outside any check.
-    lines = text.strip().splitlines()
     m = _OS_ERROR.match(lines[-1].strip()) if lines else None
-    if m:
-        disk = error_line(OSError(int(m.group(1)), m.group(2), m.group(3)))
-        if disk is not None:
-            label, _, message = disk.partition(": ")
-            return f"{label}{where}: {message}"
-    return None
+    disk = m and error_line(OSError(int(m.group(1)), m.group(2), m.group(3)))
+    if not disk:
+        return None
+    label, _, message = disk.partition(": ")
+    return f"{label}{where}: {message}"
 
 
 _OS_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*Error: \[Errno (\d+)\] (.+?)(?:: '(.+)')?$")

@@ -34,23 +34,20 @@ def detect() -> ProcessEnv:
         return ProcessEnv("torchrun", int(e["RANK"]), int(e.get("LOCAL_RANK", 0)), world,
                           e.get("MASTER_ADDR"), int(e.get("MASTER_PORT", 29500)),
                           int(e.get("LOCAL_WORLD_SIZE", world)))
-    ntasks = int(e.get("SLURM_NTASKS", "1") or 1)
-    if "SLURM_PROCID" in e and ntasks > 1 and e.get("SUBMITIT_EXECUTOR") == "slurm":
-        # submitit computes MASTER_ADDR/PORT from the job (port seeded by the job id).
-        import submitit  # here: only jobs started by submitit need it (run.py loads this module)
+    executor = e.get("SUBMITIT_EXECUTOR")
+    slurm = executor == "slurm" and "SLURM_PROCID" in e and int(e.get("SLURM_NTASKS", "1") or 1) > 1
+    # hydra/launcher=submitit_local with dist.gpus>1: submitit started one process per task on
+    # this machine (without this, each would spawn dist.gpus workers of its own).
+    local = executor == "local" and int(e.get("SUBMITIT_LOCAL_NTASKS", "1") or 1) > 1
+    if not (slurm or local):
+        return ProcessEnv("none")
+    # submitit computes MASTER_ADDR/PORT from the job (port seeded by the job id).
+    import submitit  # here: only jobs started by submitit need it (run.py loads this module)
 
-        te = submitit.helpers.TorchDistributedEnvironment()
-        return ProcessEnv("slurm", te.rank, te.local_rank, te.world_size, te.master_addr,
-                          int(te.master_port), te.local_world_size)
-    if e.get("SUBMITIT_EXECUTOR") == "local" and int(e.get("SUBMITIT_LOCAL_NTASKS", "1") or 1) > 1:
-        # hydra/launcher=submitit_local with dist.gpus>1: submitit started one process per task
-        # on this machine (without this, each would spawn dist.gpus workers of its own).
-        import submitit  # here: as above
-
-        te = submitit.helpers.TorchDistributedEnvironment()
-        return ProcessEnv("submitit_local", te.rank, te.local_rank, te.world_size, "127.0.0.1",
-                          int(te.master_port), te.local_world_size)
-    return ProcessEnv("none")
+    te = submitit.helpers.TorchDistributedEnvironment()
+    return ProcessEnv("slurm" if slurm else "submitit_local", te.rank, te.local_rank,
+                      te.world_size, te.master_addr if slurm else "127.0.0.1", int(te.master_port),
+                      te.local_world_size)
 
 
 def leave_torchrun_rank() -> None:

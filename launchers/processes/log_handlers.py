@@ -17,23 +17,13 @@ at the start of the task (run.py). Anything else still reports as usual.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import sys
-from typing import IO
 
 from mdk.errors import disk_reason
-
-
-def _quiet(stream: IO[str]) -> None:
-    """Send the rest of ``stream``'s writes (and its buffer at exit) to /dev/null."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # no file descriptor (a test's capture): nothing to redirect
-        pass
 
 
 class ConsoleHandler(logging.StreamHandler):
@@ -42,7 +32,12 @@ class ConsoleHandler(logging.StreamHandler):
     def handleError(self, record: logging.LogRecord) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
-            _quiet(self.stream)
+            # The rest of the stream's writes (and its buffer at exit) go to /dev/null; without
+            # a file descriptor (a test's capture) there is nothing to redirect.
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+                os.close(devnull)
             return
         super().handleError(record)
 
@@ -62,12 +57,10 @@ class RunLogFileHandler(logging.FileHandler):
             super().handleError(record)
             return
         self.failed = True
-        try:
+        with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(f"warning: could not write the log file {self.baseFilename}: "
                              f"{reason}; the run goes on, its log lines only on the console\n")
             sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def harden_log_handlers(logger: logging.Logger | None = None) -> None:

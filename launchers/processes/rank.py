@@ -36,13 +36,11 @@ log = logging.getLogger(__name__)
 LOST_PEER_WAIT_S = 1.0
 
 
-def set_cpu_threads(cfg: DictConfig) -> int:
+def set_cpu_threads(cfg: DictConfig) -> None:
     """Intra-op threads of this rank: ``dist.cpu_threads``, or with ``auto`` cores / processes on
-    this machine (N workers on N cores, not N x N threads fighting for them). Returns the count."""
+    this machine (N workers on N cores, not N x N threads fighting for them)."""
     n = cfg.dist.get("cpu_threads", "auto")
-    n = max(1, (os.cpu_count() or 1) // cfg.dist.gpus) if n == "auto" else int(n)
-    torch.set_num_threads(n)
-    return n
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.dist.gpus) if n == "auto" else int(n))
 
 
 @record

@@ -30,15 +30,11 @@ class RankFailedError(RuntimeError):
     """A rank raised or died; the message is its traceback, or one line on how it ended."""
 
 
-def _errors(run_dir: Path) -> Path:
-    d = Path(run_dir) / ".errors"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 def record_stop(run_dir: Path, tag: str, rank: int, e: StopRequested) -> None:
     """A rank stopped on request: why, and where last.pth stands."""
-    (_errors(run_dir) / f"{tag}_stop_rank{rank}.json").write_text(json.dumps(
+    errors = Path(run_dir) / ".errors"
+    errors.mkdir(parents=True, exist_ok=True)
+    (errors / f"{tag}_stop_rank{rank}.json").write_text(json.dumps(
         {"rank": rank, "reason": e.reason, "iteration": e.iteration, "epoch": e.epoch,
          "saved": e.saved}))
 
@@ -49,10 +45,6 @@ def lost_peer(text: str) -> bool:
     return any(k in text for k in ("closed by peer", "Connection reset", "remote worker crashing",
                                    "remote process exited", "Broken pipe",
                                    "is killed by signal: Terminated"))
-
-
-def _load(run_dir: Path, pattern: str) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in (Path(run_dir) / ".errors").glob(pattern)]
 
 
 def how_it_ended(rank: int, pid: int, code: int) -> str:
@@ -106,23 +98,24 @@ def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
     -> ``ProcessFailure``: pid and exit code); ``tracebacks``: of the ranks that raised
     (``error_files``); ``signum``: a stop signal the launcher got. None when every rank
     finished. Removes the stop records."""
-    stops = _load(run_dir, f"{tag}_stop_rank*.json")
+    stops = [json.loads(p.read_text())
+             for p in (Path(run_dir) / ".errors").glob(f"{tag}_stop_rank*.json")]
     shutil.rmtree(Path(run_dir) / ".errors", ignore_errors=True)
     failures = failures or {}
     log = lambda r: f"{run_dir}/rank{r}.log"  # noqa: E731
-    said = tracebacks  # in the order they were written
-    real = [r for r, t in said.items() if not lost_peer(t)]
+    real = [r for r, t in tracebacks.items() if not lost_peer(t)]  # in the order written
     if real:  # the rank's own traceback (a user error's last line becomes its one line)
-        return RankFailedError(f"rank {real[0]} failed (log: {log(real[0])}):\n{said[real[0]]}")
-    silent = sorted((r, f) for r, f in failures.items() if r not in said)
+        r = real[0]
+        return RankFailedError(f"rank {r} failed (log: {log(r)}):\n{tracebacks[r]}")
+    silent = sorted((r, f) for r, f in failures.items() if r not in tracebacks)
     if silent and signum is None:
         r, f = silent[0]
         return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(r, f.pid, f.exitcode)}; "
                                f"its log: {log(r)}")
     if signum is not None or stops:
         return _stopped(stops, signum)
-    if said:
-        r = next(iter(said))
+    if tracebacks:
+        r = next(iter(tracebacks))
         where = ("a rank on another machine probably ended first; see that machine's rank*.log"
                  if several_machines else "its peer ended without a report")
         return RankFailedError(f"rank {r} lost its connection to the other ranks: {where} "

@@ -47,11 +47,10 @@ _state: dict[str, Any] = {"kind": None, "first": None, "at": 0.0, "forwarding": 
                           "held": False}
 
 
-def _mask(how: int) -> Optional[set]:
-    """Block or unblock the stop signals in this thread (POSIX); the previous mask."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(how, STOP_SIGNALS)
+def _mask(how: int) -> None:
+    """Block or unblock the stop signals in this thread (POSIX)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(how, STOP_SIGNALS)
 
 
 def received() -> Optional[int]:
@@ -97,8 +96,6 @@ def exit_at_once(signum: int) -> None:
 def stop_signals(kind: str) -> Iterator[None]:
     """While inside, the stop signals ask this process's run to stop (see the module doc); the
     previous handlers come back after. Unblocks them (a spawned rank starts with them blocked)."""
-    if kind not in ("launcher", "rank"):
-        raise ValueError(f"kind must be launcher or rank, not {kind!r}")
     prev = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     _state.update(kind=kind, first=None, at=0.0, forwarding=False, held=False)
     clear_stop()

@@ -26,11 +26,9 @@ def _per_class(results: list[StageResult], class_names: list[str]) -> list[str]:
     width = max(12, *(len(n) for n in class_names))
     lines = [f"{'AP per class':<{width}} " + " ".join(f"{r.stage:>7}" for r in scored)]
     for c, name in enumerate(class_names):
-        cells = []
-        for r in scored:
-            v = r.ap[c] if c < len(r.ap) else float("nan")
-            cells.append(f"{'n/a' if math.isnan(v) else format(v, '.4f'):>7}")
-        lines.append(f"{name:<{width}} " + " ".join(cells))
+        aps = [r.ap[c] if c < len(r.ap) else math.nan for r in scored]
+        lines.append(f"{name:<{width}} " + " ".join(
+            f"{'n/a' if math.isnan(v) else format(v, '.4f'):>7}" for v in aps))
     return lines
 
 
@@ -46,9 +44,8 @@ def print_summary(results: list[StageResult], cfg: DictConfig, run_dir: Path) ->
         lines.append(f"mAP@0.5: {metric} on the {cfg.dataset.val_split} split, at each stage's "
                      "best evaluation (eval.metric)")
     lines += _per_class(results, list(cfg.dataset.class_names))
-    nxt = results[-1].next
-    if nxt:
-        lines.append(f"next stage: python run.py step={nxt}")
+    if results[-1].next:
+        lines.append(f"next stage: python run.py step={results[-1].next}")
     if results[-1].export:
         lines.append(f"chip model exported to {results[-1].export}")
     lines.append(f"run dir: {run_dir}")

@@ -31,10 +31,6 @@ class Bar:
         return cls(stage, str(bar["reference"]), float(bar["tolerance"]))
 
 
-def _stat(stats: dict[str, Any], stage: str) -> Optional[dict[str, Any]]:
-    return (stats.get(stage) or {}).get(METRIC)
-
-
 def check_bars(bars: list[Bar], stats: dict[str, dict[str, dict[str, Any]]],
                per_job: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
     """Each of ``bars`` whose two stages have numbers in ``stats`` (stage -> metric -> summary, as
@@ -42,7 +38,7 @@ def check_bars(bars: list[Bar], stats: dict[str, dict[str, dict[str, Any]]],
     per completed job) gives the paired view: the difference seed by seed."""
     out = []
     for bar in bars:
-        s, r = _stat(stats, bar.stage), _stat(stats, bar.reference)
+        s, r = ((stats.get(stage) or {}).get(METRIC) for stage in (bar.stage, bar.reference))
         if s is None or r is None:
             continue
         threshold = r["mean"] - bar.tolerance

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.reports.sweep_stats import compact_stages
+from launchers.reports.sweep_stats import columns, compact_stages
 from mdk.engine.result import StageResult
 
 RESULT = "result.json"
@@ -57,17 +57,6 @@ def collect_results(sweep_dir: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit() else 0, r["job"]))
 
 
-def _swept(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """(keys whose value differs between jobs, overrides all jobs share)."""
-    maps = [dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o) for r in rows]
-    keys: list[str] = []
-    for m in maps:
-        keys += [k for k in m if k not in keys]
-    varying = [k for k in keys if len({m.get(k) for m in maps}) > 1]
-    common = [f"{k}={maps[0][k]}" for k in keys if k not in varying and maps and k in maps[0]]
-    return varying, common
-
-
 def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -87,13 +76,16 @@ def _trial_cells(r: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def format_table(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
-    varying, common = _swept(rows)
+    # A column per key whose value differs between jobs; the overrides all jobs share below.
+    maps = [dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o) for r in rows]
+    keys = list(dict.fromkeys(k for m in maps for k in m))  # in the order first seen
+    varying = [k for k in keys if len({m.get(k) for m in maps}) > 1]
+    common = [f"{k}={maps[0][k]}" for k in keys if k not in varying and k in maps[0]]
     search = any(r.get("trial") for r in rows)
     head = ["job", *varying, "best mAP@0.5", "final loss", *(["value", "epoch"] if search else []),
             "time s", "status"]
     body = []
-    for r in rows:
-        m = dict(o.split("=", 1) for o in (r.get("overrides") or []) if "=" in o)
+    for r, m in zip(rows, maps):
         status = r["status"] + (f" ({r['attempts']} runs)" if (r.get("attempts") or 1) > 1 else "")
         extra = []
         if search:
@@ -104,8 +96,7 @@ def format_table(rows: list[dict[str, Any]], sweep_dir: Path) -> str:
         body.append([r["job"], *[m.get(k, "-") for k in varying], _fmt(r.get("best_map50"), ".4f"),
                      _fmt(r.get("final_loss"), ".4f"), *extra, _fmt(r.get("time_s"), ".1f"),
                      status])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    lines = columns(head, body)
     if search:
         states = Counter(r["trial"]["state"] for r in rows if r.get("trial"))
         lines.append(", ".join(f"{n} {k}" for k, n in sorted(states.items())) +

@@ -71,22 +71,16 @@ def describe(values: list[float]) -> dict[str, Any]:
             "min": min(values), "max": max(values), "values": values}
 
 
-def has_seed_axis(rows: list[dict[str, Any]]) -> bool:
-    return len({override_map(r.get("overrides")).get(SEED_KEY) for r in rows}) > 1
-
-
 def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The aggregate of ``rows`` (``collect_results``); None when the sweep has no seed axis."""
     # An unreadable result.json has no overrides: grouping it would make every key look swept.
     unplaced = [r["job"] for r in rows if not r.get("overrides")]
     rows = [r for r in rows if r.get("overrides")]
-    if not has_seed_axis(rows):
+    maps = [override_map(r.get("overrides")) for r in rows]
+    if len({m.get(SEED_KEY) for m in maps}) <= 1:  # no seed axis
         return None
     bars = _bars(rows)
-    maps = [override_map(r.get("overrides")) for r in rows]
-    keys: list[str] = []
-    for m in maps:
-        keys += [k for k in m if k not in keys]
+    keys = list(dict.fromkeys(k for m in maps for k in m))  # in the order first seen
     group_by = [k for k in keys if k != SEED_KEY and len({m.get(k) for m in maps}) > 1]
     members: dict[tuple, list[int]] = {}
     for i, m in enumerate(maps):
@@ -95,10 +89,7 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     for values, idx in members.items():
         done = [i for i in idx if rows[i]["status"] == "completed"]
         per_job = [_job_stages(rows[i]) for i in done]
-        stages: dict[str, dict[str, Any]] = {}
-        for job in per_job:
-            for stage in job:
-                stages.setdefault(stage, {})
+        stages: dict[str, dict[str, Any]] = {stage: {} for job in per_job for stage in job}
         for stage, metrics in stages.items():
             for m in METRICS:
                 vals = [job[stage][m] for job in per_job if m in job.get(stage, {})]
@@ -123,7 +114,7 @@ def _label(group: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in group["overrides"].items()) or "all jobs"
 
 
-def _columns(head: list[str], body: list[list[str]]) -> list[str]:
+def columns(head: list[str], body: list[list[str]]) -> list[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     return ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
 
@@ -133,9 +124,7 @@ def format_aggregate(agg: dict[str, Any]) -> str:
     lines = [f"over seeds ({agg['seed_key']}={','.join(agg['seeds'])}): n, mean ± std "
              f"(std: {agg['std']}), min, max of the completed jobs per metric and stage"
              + (f"; grouped by {', '.join(group_by)}" if group_by else "")]
-    stage_order: list[str] = []
-    for g in groups:
-        stage_order += [s for s in g["stages"] if s not in stage_order]
+    stage_order = list(dict.fromkeys(s for g in groups for s in g["stages"]))
     # Metric-major: every stage's mAP (what the bars and most sweeps compare) comes first.
     head = ["metric", "stage", *group_by, "n", "mean ± std", "min", "max", "left out"]
     body = []
@@ -150,7 +139,7 @@ def format_aggregate(agg: dict[str, Any]) -> str:
                              f"{format(d['mean'], fmt)} ± {std}", format(d["min"], ext),
                              format(d["max"], ext), str(sum(g["left_out"].values()))])
     if body:
-        lines += _columns(head, body)
+        lines += columns(head, body)
     for g in groups:
         out = sum(g["left_out"].values())
         if out:
