@@ -6,7 +6,6 @@ Layout per cell (model output channels, target last dimension): box ``b`` occupi
 """
 from __future__ import annotations
 
-
 import torch
 from torchvision.ops import batched_nms
 
