@@ -12,9 +12,12 @@ predicted cost with the measured step4 mAP loss over random plans of about the s
 3. ``--plans`` random widths per major layer whose coefficient memory lies between ``--low`` and 1
    times that of today's widths, and today's widths, each trained from the same step1 through
    ``pipeline=[step2,cal,step3,step4] model.net.mask_bits=[...]`` (the stages' own lengths;
-   ``+stages.<s>.epochs=N`` overrides shorten them), ``--parallel`` at a time.
+   ``+stages.<s>.epochs=N`` overrides shorten them), once per ``--seeds`` seed (the fine-tuning
+   stages' seed; step1 is shared), ``--parallel`` at a time.
 4. Per cost model: the Spearman and Kendall correlation between a plan's predicted summed cost
-   and its step4 mAP loss against today's widths (higher: the cost ranks plans as the chain does).
+   and its step4 mAP loss against today's widths, both means over the seeds (higher: the cost
+   ranks plans as the chain does). With several seeds also the seed-to-seed Spearman of the
+   measured losses: how well the yardstick agrees with itself, the most a cost can show.
 """
 from __future__ import annotations
 
@@ -81,6 +84,8 @@ def main() -> None:
     ap.add_argument("--low", type=float, default=0.9,
                     help="a plan's memory is at least this fraction of today's widths' memory")
     ap.add_argument("--seed", type=int, default=0, help="the draw of the plans")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="seeds of each plan's chain; its loss is the mean over them")
     ap.add_argument("--parallel", type=int, default=1, help="chains trained at a time")
     ap.add_argument("--out", help="folder of the runs (default: a new one under outputs/)")
     common.add_smoke_flag(ap)
@@ -88,7 +93,7 @@ def main() -> None:
     # +stages.<s>.* shorten the fine-tuning stages: the chains' overrides, not step1's
     step1 = [o for o in overrides if not o.startswith("+stages.")]
     if args.smoke:
-        args.plans, args.images, args.parallel, args.low = 2, 8, 3, 0.5
+        args.plans, args.images, args.parallel, args.low, args.seeds = 2, 8, 3, 0.5, [0, 1]
         args.out = args.out or str(common.smoke_dir() / "rank")
         step1 = [*common.SMOKE, f"paths.data={common.smoke_dir()}/data", "trainer.epochs=1",
                  "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", *step1]
@@ -98,8 +103,8 @@ def main() -> None:
     ck = out / "ck"
     threads = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
     print(common.machine())
-    print(f"{args.plans} random plans, costs by {', '.join(args.by)} on {args.images} val images; "
-          f"runs in {out}", flush=True)
+    print(f"{args.plans} random plans x seeds {args.seeds}, costs by {', '.join(args.by)} on "
+          f"{args.images} val images; runs in {out}", flush=True)
     t0 = time.perf_counter()
     if not (ck / "step1" / "best.pth").is_file():
         common.sweep_job([*step1, "pipeline=[step1]", f"paths.checkpoints={ck}"], out / "step1",
@@ -117,30 +122,41 @@ def main() -> None:
     first = tables[args.by[0]]
     plans = random_plans(first, args.plans, args.low, args.seed)
 
-    def chain(name: str, mask_bits: list[int] | None) -> float:
-        plan_ck = out / name / "ck"
+    def chain(name: str, mask_bits: list[int] | None, seed: int) -> float:
+        plan_ck = out / name / f"seed{seed}" / "ck"
         (plan_ck / "step1").mkdir(parents=True, exist_ok=True)
         for f in (ck / "step1").iterdir():  # the same step1 for every plan
             target = plan_ck / "step1" / f.name
             if f.is_file() and not target.exists():
                 os.link(f, target)
         widths = [f"model.net.mask_bits=[{','.join(map(str, mask_bits))}]"] if mask_bits else []
-        args = [*overrides, CHAIN, *widths, f"paths.checkpoints={plan_ck}"]
-        return step4_map(common.sweep_job(args, out / name / "sweep", threads))
+        args = [*overrides, CHAIN, *widths, f"seed={seed}", f"paths.checkpoints={plan_ck}"]
+        return step4_map(common.sweep_job(args, plan_ck.parent / "sweep", threads))
 
-    jobs = [("today", None)] + [(f"plan{k}", per_layer(first, p)) for k, p in enumerate(plans)]
+    names = ["today", *(f"plan{k}" for k in range(len(plans)))]
+    widths = dict(zip(names, [None, *(per_layer(first, p) for p in plans)]))
+    jobs = [(n, s) for s in args.seeds for n in names]
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        maps = dict(zip([j[0] for j in jobs], pool.map(lambda j: chain(*j), jobs)))
-    loss = torch.tensor([maps["today"] - maps[f"plan{k}"] for k in range(len(plans))],
-                        dtype=torch.float64)
-    print(f"step4 mAP with today's widths: {maps['today']:.4f}")
+        done = pool.map(lambda j: chain(j[0], widths[j[0]], j[1]), jobs)
+        maps = torch.tensor(list(done), dtype=torch.float64).view(len(args.seeds), len(names))
+    per_seed = maps[:, :1] - maps[:, 1:]  # [seeds, plans]: each plan's loss against today's widths
+    loss, mean_map = per_seed.mean(0), maps.mean(0)
+    seeds = f" (seeds {', '.join(f'{float(v):.4f}' for v in maps[:, 0])})"
+    print(f"step4 mAP with today's widths: {float(mean_map[0]):.4f}"
+          + (seeds if len(args.seeds) > 1 else ""))
     print("plan  memory  widths per major layer  step4 mAP  loss    " +
           "  ".join(f"{by:>9}" for by in args.by))
     for k, p in enumerate(plans):
         memory = sum(m["weights"] * b for m, b in zip(first["major_layers"], p)) / first["budget_bits"]
-        print(f"{k:>4}  {memory:>6.3f}  {str(list(p)):<22}  {maps[f'plan{k}']:>9.4f}  "
+        print(f"{k:>4}  {memory:>6.3f}  {str(list(p)):<22}  {float(mean_map[k + 1]):>9.4f}  "
               f"{float(loss[k]):+.4f}  " + "  ".join(f"{predicted(tables[by], p):>+9.4f}"
                                                       for by in args.by))
+    if len(args.seeds) > 1:
+        pairs = [(a, b) for a in range(len(args.seeds)) for b in range(a + 1, len(args.seeds))]
+        rho = [correlation(spearman_corrcoef, per_seed[a], per_seed[b]) for a, b in pairs]
+        print("seed-to-seed Spearman of the measured losses (the most a cost can show): "
+              + ", ".join(f"seeds {args.seeds[a]}/{args.seeds[b]} {r}"
+                          for (a, b), r in zip(pairs, rho)))
     print("cost model  Spearman  Kendall   (rank correlation with the step4 mAP loss)")
     for by in args.by:
         pred = torch.tensor([predicted(tables[by], p) for p in plans], dtype=torch.float64)

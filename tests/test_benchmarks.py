@@ -43,7 +43,8 @@ RESULTS = {
     "bench_plan_rank.py": [rf"step4 mAP with today's widths: {NUM}",
                            *[rf"{by}\s+(?:[+-]{NUM}|n/a)\s+(?:[+-]{NUM}|n/a)\n"
                              for by in ("loss", "map", "fisher")],
-                           rf"total: {NUM} s wall"],
+                           rf"seed-to-seed Spearman of the measured losses .*: seeds 0/1 "
+                           rf"(?:[+-]{NUM}|n/a)", rf"total: {NUM} s wall"],
     "bench_recipe.py": [rf"step1\s+{NUM} ± {NUM}(\s+{NUM})+", rf"step4\s+{NUM} ± {NUM}",
                         rf"all seeds: {NUM} s wall"],
     "bench_startup.py": [rf"command -> first iteration: {NUM} s wall", rf"median {NUM} s",
