@@ -155,14 +155,15 @@ def _check_start(cfg: DictConfig) -> None:
     checkpoints = StageCheckpointer(cfg, spec)
     own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
     if cfg.trainer.resume and own:
-        # an unreadable file: the engine falls back from it with a warning
+        # an unreadable file: the engine falls back from it with a warning (from all of them:
+        # to the stage's input, checked below)
         ck, path = next(((c, p) for p in own if (c := _readable(p)) is not None), (None, None))
         if ck is not None:
             check_resume(ck, path, cfg, spec)
             _check_fits(build_model(cfg), ck, path,
                         f"it is {spec.name}'s own checkpoint from an earlier run: use another "
                         "paths.checkpoints, or trainer.resume=false to start this stage over")
-        return
+            return
     init = checkpoints.input_path()  # MissingStageInput names the stage to run first
     if init is None:
         return

@@ -201,3 +201,16 @@ def test_unwritable_checkpoint_folder_fails_before_any_compute(tmp_path, capsys)
                    "writable", "choose a folder you can write to")
     assert not (tmp_path / "data").exists()  # stopped before the dataset was generated
     assert "epoch" not in out
+
+
+def test_a_resume_with_no_readable_file_still_checks_the_input_before_anything_runs(run_dir,
+                                                                                   capsys):
+    """step2's own files unreadable: the engine would start from step1's best.pth, so the
+    preflight checks that input (here: another model width) before any file is moved."""
+    d = run_dir / "ck" / "step2"
+    d.mkdir()
+    (d / "last.pth").write_text("these are my notes, not a checkpoint\n")
+    status, _, err = cli(run_dir, "step=step2", "model.net.channels=[16,M,8,M,8,M,8,M,8,M,8]",
+                         capsys=capsys)
+    one_error_line(status, err, str(run_dir / "ck" / "step1" / "best.pth"), "input of step2")
+    assert (d / "last.pth").is_file() and not (d / "last.pth.corrupt").exists()
