@@ -3,35 +3,10 @@
     python -m launchers.align --worlds 2,4 --batch-size 8 --iters 20 [--dtype float64]
                               [--exact-chunk C | --allreduce] [k=v ...]
 
-Trailing ``key=value`` arguments are Hydra overrides of the real ``conf/`` (composed with the
-compose API). The tool builds one set of initial weights, then for each world size W trains
-``--iters`` iterations with the real engine (GlobalBatchSampler, per-image loss, DDP gradient
-averaging, optimizer, LR schedule) on W spawned gloo/NCCL processes, and compares every tensor of
-the final state with the world-1 result (mdk.tools.ckpt_diff). Exit status 1 when the largest
-relative difference is above ``--tol``.
-
-What is made equal, and why it holds:
-* global batches: the sampler draws one permutation per (seed, epoch) and rank r takes the r-th
-  contiguous slice, so every W sees the same images in the same global batches;
-* augmentation is seeded per (seed, epoch, image index): split-invariant, it stays on;
-* the loss is a mean over images and DDP averages over ranks: the gradient does not depend on W;
-* BatchNorm: per-rank batch statistics are not the global ones, and under dist.exact_chunk BN
-  would normalise per chunk, so a BN model is aligned as its BN-free variant
-  (model.net.batch_norm=false), and the tool says so. With ``--allreduce`` (or float64) and the
-  override dist.sync_bn=true it aligns the BN model itself, normalising over the global batch
-  (torch's SyncBatchNorm on CUDA, mdk.sync_bn on CPU/gloo);
-* AMP is switched off (its rounding depends on the batch split).
-
-Two ways of adding up the gradient, two kinds of result:
-* float32 (default): world-size-invariant gradients (``dist.exact_chunk``, mdk/engine/
-  exact_grad.py) with chunks of batch/max(W) images and one CPU thread per process. Every split
-  then does the same float operations in the same order, so the weights must be *bit-identical*
-  (difference exactly 0): any bug in sampling, seeding, augmentation, loss normalisation, the
-  optimizer or the schedule shows up as a non-zero difference.
-* ``--allreduce`` or ``--dtype float64``: DDP's own all-reduce, the fast path every normal run
-  uses. Its per-rank partial sums round differently from one process's sum (~1e-7 in float32,
-  amplified by training), so the maths is checked in float64 (<= 1e-12) and float32 gets a
-  noise-floor reference (``--noise-floor``).
+Trains world 1 and each W from the same initial weights with the real engine and compares every
+tensor of the final states (mdk.tools.ckpt_diff); exit status 1 above ``--tol``. What is made
+equal, the two modes (bit-identical exact chunks; DDP's all-reduce against a noise floor) and
+why: docs/distributed.md, "Alignment" and "World-size-invariant gradients".
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The command line around Hydra's main: composition errors as one line; stop signals.
-
-Hydra prints composition errors over several lines; with ``HYDRA_FULL_ERROR=1`` while it composes
-it re-raises them instead, and they become one ``config error`` line, exit status 1. A run dir
-Hydra cannot write is one ``disk error`` line. The user's own HYDRA_FULL_ERROR is put back before
-the task runs and after the command; with it set, tracebacks show as usual.
-
-SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop; the command then ends with one line
-and exit status 128 + the signal's number.
+"""The command line around Hydra's main: composition and run-dir errors as one line, stop
+signals as one line and 128 + the signal (docs/errors.md). Hydra re-raises composition errors
+only with ``HYDRA_FULL_ERROR=1``, so that is set while it composes; the user's own value is put
+back before the task runs and after the command.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Running one job of ``python run.py``: a single run, or one job of a sweep (``-m``).
-
-In a sweep a job that raises becomes a ``failed`` result; otherwise Hydra's basic sweeper
-re-raises the first failure after the batch and never calls ``on_multirun_end``.
+"""Running one job of ``python run.py``: a single run, or one job of a sweep (``-m``), where a
+job that raises becomes a ``failed`` result (docs/cluster.md, "Sweeps").
 """
 from __future__ import annotations
 

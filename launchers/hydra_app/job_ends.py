@@ -1,9 +1,6 @@
-"""How a submitit job that returned no result ended, as one line in the launching process.
-
-A job stopped by a signal exits without a result, and submitit would raise an error holding its
-whole stderr. Instead the job records its stop line in ``<sweep dir>/.submitit/stops/<job>.json``;
-the launching process prints it and exits with 128 + the signal. A job that ended without a word
-(killed, or a crash outside Python) gets one line with its state and log.
+"""How a submitit job that returned no result ended, as one line in the launching process
+(docs/cluster.md, "Preemption"), instead of submitit's error holding the job's whole stderr. A job
+a signal stopped records its line in ``<sweep dir>/.submitit/stops/<job>.json``.
 """
 from __future__ import annotations
 

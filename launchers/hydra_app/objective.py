@@ -1,9 +1,5 @@
-"""What a run returns to a hyperparameter search: its objective, read from the stage results.
-
-A run returns a ``StageResults``: the stage results the sweep table reads, whose
-``objectives()`` are ``objective.metric`` (one name, or a list) of stage ``objective.stage``
-(null: the last stage that reports it). The sweeper tells the study PRUNED for a run its pruner
-stopped, and FAIL for a failed run (``FailedRun``) or a missing or non-finite metric.
+"""What a run returns to a hyperparameter search: the stage results the sweep table reads, with
+its objective (docs/cluster.md, "Searches": the value of a trial).
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """A search's space: ``hydra.sweeper.params`` and the command line's sweeps in Hydra's override
-grammar, as Optuna distributions, and a trial's parameters back as overrides.
-
-* ``choice(a, b, ...)`` and ``a,b,...``: categorical (group options too: ``scheduler:
-  choice(cosine, step)``; a list or dict choice is carried as its override text);
-* ``range(a, b, step)``: integers (or floats) ``a, a+step, ...`` below ``b``;
-* ``interval(a, b)``: a float in [a, b]; ``tag(int, interval(a, b))``: an integer;
-* ``tag(log, ...)`` on an interval or an integer range: sampled on a log scale;
-* anything else (``trainer.epochs=3``): the same value in every trial.
-
-The command line wins over ``params`` for the same key. Optuna is imported only when a space is
-built: Hydra imports the sweeper plugin at every start.
+grammar, as Optuna distributions, and a trial's parameters back as overrides (the forms:
+docs/cluster.md, "Searches", ``params``). A list or dict choice is carried as its override text
+(Optuna's choices are scalars). Optuna is imported only when a space is built: Hydra imports the
+sweeper plugin at every start.
 """
 from __future__ import annotations
 

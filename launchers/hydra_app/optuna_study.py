@@ -1,13 +1,7 @@
 """A search's study, the same for the sweeping process and each trial's run: where it is stored,
-how it is opened, its pruner, and what a killed sweep left behind.
-
-Storage ``null`` is a journal file in the sweep dir (appends under a file lock: safe on a
-cluster's shared file system); a string with ``://`` is any Optuna storage URL, another a journal
-path. Every process talks to the study through that storage, never the sweeper's memory. A trial
-RUNNING when a sweep starts was left by a killed sweep: it is FAIL, and retried once as a new
-trial. One sweep at a time per study.
-
-Optuna is imported inside the functions: Hydra imports the sweeper plugin at every start.
+how it is opened, its pruner, and what a killed sweep left behind (docs/cluster.md, "Searches").
+Every process talks to the study through its storage, never the sweeper's memory. Optuna is
+imported inside the functions: Hydra imports the sweeper plugin at every start.
 """
 from __future__ import annotations
 

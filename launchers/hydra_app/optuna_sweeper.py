@@ -1,11 +1,6 @@
 """``hydra/sweeper=mdk_optuna``: an Optuna study on the ask-and-tell API, each trial one job of
-the configured launcher. Its keys are those of Hydra's Optuna sweeper plugin, plus ``pruner`` and
-``max_failure_rate``.
-
-The study lives in its storage, so the same command again continues it, up to ``n_trials``
-finished trials (earlier sweeps' included). Trial N is job N, so its job dir is never another
-trial's. Up to ``n_jobs`` trials run at once (a thread per running job waits on the launcher; the
-basic launcher runs one at a time in this process).
+the configured launcher (keys and behaviour: docs/cluster.md, "Searches"). Trial N is job N, so
+its job dir is never another trial's; a thread per running job waits on the launcher.
 """
 from __future__ import annotations
 

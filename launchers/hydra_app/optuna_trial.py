@@ -1,12 +1,7 @@
 """A trial's side of a search: its run reports the objective per epoch to the study and stops
-when the study's pruner says so.
-
-Job N of an mdk_optuna study is trial N; a ``TrialReporter`` joins the objective stage's
-``trainer.hooks``. At each epoch's end rank 0 reports the metric so far through the study's
-storage (reachable from every node, so it works under every launcher) and asks the pruner.
-Pruned (never at the last epoch), or no longer RUNNING in the study, every rank ends training
-after that epoch and the later stages do not run. An unreachable study is only a warning. A study
-of several objectives gets no reporter: Optuna cannot prune those.
+when the study's pruner says so (docs/cluster.md, "Searches", Pruning). Job N of an mdk_optuna
+study is trial N; its ``TrialReporter`` joins the objective stage's ``trainer.hooks``. A study of
+several objectives gets none: Optuna cannot prune those.
 """
 from __future__ import annotations
 

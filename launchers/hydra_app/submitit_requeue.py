@@ -1,15 +1,6 @@
-"""Hydra submitit launchers whose requeued jobs come back to the SAME job directory and resume.
-
-The plugin re-runs ``__call__`` after a preemption or time-out and lets Hydra compute the output
-dir anew (hydra#2042), so anything evaluated at run time in ``hydra.sweep.dir``/``subdir``
-(``${now:}``, a relative path, an env var) can give a new, empty dir and orphan the checkpoints.
-Here ``launch`` resolves the sweep dir once, absolute, and job N's first run records its sub dir
-for its reruns.
-
-SIGUSR2 (submitit's time-out signal), SIGTERM and SIGINT ask the training loop to save last.pth
-and stop; then USR2 goes on to submitit's handler, which requeues the job, while SIGTERM and
-SIGINT just exit. The stop is recorded for the launching process (job_ends.py). Without a running
-training loop the signal goes to submitit's handler at once.
+"""Hydra submitit launchers whose requeued jobs come back to the SAME job directory and resume,
+and whose signals save last.pth first (why and how: docs/cluster.md, "Preemption and time
+limits"; the plugin recomputes a rerun's output dir, hydra#2042).
 """
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Fail a sweep before anything is queued: each job's config gets the checks a single run makes,
-so a bad combination in job 17 does not wait in the queue and fail after the others took GPUs.
-
-A Hydra callback composes every job's config as the launcher will; the first bad job stops the
-command with one line naming it and the key. Only for sweeps whose jobs are known up front (the
-basic sweeper): a search picks its trials as it goes, and a bad trial fails on its own.
+"""Fail a sweep before anything is queued: each job's config gets the checks a single run makes
+(docs/cluster.md, "Every job is checked before any job starts").
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The Hydra callback behind a sweep's closing table, the same under every launcher.
-
-Each job writes its own ``result.json`` (``running``, then ``completed`` or ``failed``; a job
-killed hard stays ``running``). At the end the launching process reads them all, prints and saves
-the table (with the aggregate over seeds when a seed is swept), and fails the command when a job
-did not complete (a pruned trial did its part).
-
-A sweep dir that already holds a sweep's jobs is refused (two sweeps started in the same second
-share the default dir) unless ``hydra.callbacks.sweep.resume=true``; a search's study dir is
-continued by its sweeper.
+"""The Hydra callback behind a sweep's closing table, the same under every launcher: each job
+writes its own ``result.json``, the launching process reads them all (docs/cluster.md, "Sweeps").
 """
 from __future__ import annotations
 

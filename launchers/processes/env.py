@@ -51,14 +51,9 @@ def detect() -> ProcessEnv:
 
 
 def leave_torchrun_rank() -> None:
-    """End a finished torchrun rank without running interpreter teardown.
-
-    With gloo, a torchrun rank that finished cleanly (group destroyed, result returned) can still
-    abort in C++ static destructors at interpreter exit ("terminate called without an active
-    exception", SIGABRT), which torchrun reports as a failed job. Nothing is left to do at that
-    point, so flush and exit with status 0 directly. Other ways of starting are untouched
-    (submitit must still write its result after the task returns).
-    """
+    """End a finished torchrun rank without interpreter teardown: gloo's C++ statics can abort
+    there (SIGABRT), which torchrun would report as a failed job. Others are left alone (submitit
+    must still write its result after the task returns)."""
     if detect().source == "torchrun":
         leave_process()
 

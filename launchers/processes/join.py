@@ -1,11 +1,7 @@
-"""How a rank joins its run: every rank, whoever started it, meets the others through torch's
-``env://`` rendezvous (MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE).
-
-Ranks come from torch's elastic agent (local ranks: launchers/processes/spawn.py), torchrun, or
-SLURM/submitit. Rank 0's resolved config and run dir are broadcast and used by every rank (one
-process resolves the run), and every rank returns rank 0's result. The World comes from the
-environment read once by launchers/processes/env.py: its world size is the real one, whatever
-``dist.gpus * dist.nodes`` says, and the config checks that depend on it run against it.
+"""How a rank joins its run: every rank, whoever started it (elastic agent, torchrun, SLURM),
+meets the others through torch's ``env://`` rendezvous, takes rank 0's resolved config and run
+dir, and returns rank 0's result (docs/distributed.md, "Starting a run"). The world size is the
+environment's, whatever ``dist.gpus * dist.nodes`` says.
 """
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Log handlers that survive their destination: a stdout closed early, a log file's disk full.
-
-Python's handlers print ``--- Logging error ---`` and a traceback on stderr for every record
-they fail to write. Two failures are the user's or the machine's, not bugs, and must not bury
-the run's output (or stop it):
-
-* ``python run.py | head``: stdout is a pipe whose reader is gone (EPIPE). :class:`ConsoleHandler`
-  then points the stdout file descriptor at ``/dev/null``, the standard cure, so neither later
-  records nor the exit's final flush fail on it; the run goes on and ends as it would.
-* the disk of a log file (``run.log``, ``rank<r>.log``) fills up or turns read-only:
-  :class:`RunLogFileHandler` says so once on stderr and writes no more to that file; the
-  console keeps every line.
-
-The ranks' handlers are these classes (launchers/processes/rank_logs.py); Hydra's job logging,
-whichever ``hydra/job_logging`` made it, gets their behaviour from :func:`harden_log_handlers`
-at the start of the task (run.py). Anything else still reports as usual.
+"""Log handlers that survive their destination: a stdout closed early (``| head``), a log file's
+disk full (docs/errors.md, #77 and #78). Python's own print ``--- Logging error ---`` and a
+traceback for every record they fail to write. The ranks' handlers are these classes; Hydra's job
+logging gets their behaviour from :func:`harden_log_handlers` (run.py).
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Keep freed tensor memory in the process instead of handing it back to the kernel (glibc only).
 
-glibc serves allocations above a threshold (128 KB at first, adapting up to 32 MB) with a fresh
-mmap and unmaps them on free; the top of the heap is also trimmed on free. A CPU training step
-allocates and frees the same activation-sized buffers every iteration, so each step re-faults
-hundreds of MB of zeroed pages: on the default run that was a third of all CPU time spent in the
-kernel (sys 175 s of 531 s) and 30 % of wall time. Raising both thresholds makes glibc reuse the
-freed memory; the price is that the process keeps its peak heap until it exits (peak RSS itself
-does not grow). PyTorch's CPU performance guide suggests jemalloc/tcmalloc for the same reason;
-this gets most of the gain with nothing to install.
+glibc mmaps allocations above a threshold and unmaps them on free, and trims the heap's top: a
+CPU training step frees and re-faults the same activation-sized buffers every iteration
+(measured: benchmarks/README.md, "malloc"). Raising both thresholds makes glibc reuse them; the
+process keeps its peak heap until it exits (peak RSS itself does not grow).
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """``python -m launchers.processes.rank <payload>``: one local rank, as torch's elastic agent
-starts it (launchers/processes/spawn.py writes the payload: the stage function, the plain config,
-the run dir).
+starts it (spawn.py writes the payload: the stage function, the plain config, the run dir).
 
-A process of its own, not a forked function: it ends with ``os._exit`` once its work is done
-(tearing gloo's C++ statics down at exit can abort a rank that did all its work: "terminate called
-without an active exception", SIGABRT, ~1 in 12 two-rank runs here), and the agent then sees exit
-status 0. Rank 0 leaves its result in the run dir for the launcher; a rank that raises leaves its
-traceback in torch's error file (``record``); a stop leaves where last.pth stands (rank_ends.py).
+It ends with ``os._exit`` once its work is done: tearing gloo's C++ statics down at exit can abort
+a rank that did all its work (SIGABRT, ~1 in 12 two-rank runs here). Rank 0 leaves its result in
+the run dir; a rank that raises, its traceback in torch's error file (``record``); a stop, where
+last.pth stands (rank_ends.py).
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""How the spawned ranks of a stage ended, in one report: a failure, a stop, or nothing to say.
-
-A rank that raises leaves its traceback in torch's error file (the elastic agent's
-``ChildFailedError`` carries it); a rank that stops on request records where last.pth stands in
-``<run_dir>/.errors/``; a rank killed by a signal or ending with an exit code leaves neither, and
-its peers then fail only with "connection reset by peer". The report names the cause:
-
-* a rank that raised (not a lost connection): ``rank 1 failed (log: ...):`` and its traceback;
-* else, a rank that ended without a word: ``rank 1 (pid 4242) was killed by SIGKILL ...; its
-  log: <run_dir>/rank1.log`` (``was terminated by SIGTERM``, ``crashed with SIGSEGV``,
-  ``exited with code 3``), never its peers' "connection reset" traceback;
-* else, a stop signal reached the launcher or a rank: ``StopRequested`` with the stop point;
-* else only lost connections: a rank on another machine ended first.
+"""How the spawned ranks of a stage ended, in one report: a failure, a stop, or nothing to say
+(the forms: docs/distributed.md, "Failure behaviour"). A rank that raises leaves its traceback in
+torch's error file, a stop its point in ``<run_dir>/.errors/``; a killed rank leaves neither, and
+its peers fail only with "connection reset by peer", so the cause is looked for in that order:
+a real traceback, a rank that ended without a word, a stop, lost connections only.
 """
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Start the ranks of a run: in this process, through torch's elastic agent, or inside
-torchrun/SLURM tasks.
-
-Several ranks on this machine are started by ``torch.distributed.launcher.elastic_launch``: its
-rendezvous (c10d on a free local port, or the static one at ``dist.dist_url`` across machines),
-its worker processes, error files and shutdown. Every rank then joins like a torchrun rank
-(launchers/processes/join.py). What mdk adds on top, thinly: the parent resolves the config and
-run dir once and hands every rank the plain config; each rank logs to ``<run_dir>/rank<r>.log``
-and dies with the parent (launchers/processes/rank.py); the stop signals are forwarded by the
-agent (launchers/processes/stop_signals.py); how the ranks ended becomes one report
-(launchers/processes/rank_ends.py).
+"""Start the ranks of a run: in this process, through torch's elastic agent
+(``elastic_launch``), or inside torchrun/SLURM tasks (docs/distributed.md, "Starting the ranks").
+Every rank then joins like a torchrun rank (join.py); rank.py is a spawned rank's process.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
-"""Stop signals: SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop.
-
-SLURM and Kubernetes send SIGTERM before they kill a job, SLURM's ``--signal`` sends SIGUSR1
-ahead of a time limit, Ctrl-C sends SIGINT. Each becomes a request to stop (``mdk.stop``): the
-training loop writes last.pth at the next step boundary and raises ``StopRequested``, which the
-command turns into one line and exit status 128 + the signal's number
-(``launchers/hydra_app/cli.py``). Two kinds of process install the handlers:
+"""Stop signals: SIGTERM, SIGINT and SIGUSR1 ask the run to save and stop (docs/errors.md, "Stop
+signals"). Two kinds of process install the handlers:
 
 * ``launcher``: the process the user (or SLURM, Kubernetes) started. With spawned ranks running
-  (``forwarding``) the first signal goes to torch's elastic agent as its ``SignalException``: the
-  agent passes it on to the ranks and waits for them (they save and stop), and the launcher
-  reports how they ended. A second signal, more than ``DUPLICATE_S`` after the first, exits at
-  once without saving; the ranks die with it (PR_SET_PDEATHSIG).
-* ``rank``: a spawned rank, or a rank torchrun started. The first signal asks its loop to stop;
-  repeats are ignored (the same signal often comes twice: from the terminal or SLURM to every
-  process, and forwarded by the parent); whoever started the rank decides when to kill it.
+  (``forwarding``) the first signal goes to torch's elastic agent as its ``SignalException``; a
+  second one, more than ``DUPLICATE_S`` after the first, exits at once without saving.
+* ``rank``: a spawned or torchrun rank. Repeats are ignored (the same signal often comes twice);
+  whoever started the rank decides when to kill it.
 
-In both, a signal that arrives while no training loop listens (data building, calibration,
-between stages) raises ``StopRequested`` (``saved`` False) at once from the handler: there is no
-step to save at, and the stage's checkpoints so far are kept. The process (and a spawned rank's
-handlers) then ends; the run resumes from the last checkpoint on the next start.
+With no training loop listening, the handler raises ``StopRequested`` (``saved`` False) at once.
 """
 from __future__ import annotations
 
