@@ -147,11 +147,10 @@ class RequeueMixin:
         if env.num_nodes > 1:
             te = submitit.helpers.TorchDistributedEnvironment()
             slurm_dist_url(cfg, te.master_addr, te.master_port)
-        job_dir = pin_job_dir(cfg, str(self.config.hydra.sweep.dir), job_num, sweep_overrides,
-                              record=env.global_rank == 0)
+        sweep_dir = str(self.config.hydra.sweep.dir)
+        job_dir = pin_job_dir(cfg, sweep_dir, job_num, sweep_overrides, record=env.global_rank == 0)
         log.info("job %d (%s) runs in %s", job_num, env.job_id, job_dir)
         clear_stop()
-        sweep_dir = str(self.config.hydra.sweep.dir)
         if env.global_rank == 0:
             forget_stopped_job(sweep_dir, job_num)  # a requeued job runs again
         usr = env._usr_sig()

@@ -39,7 +39,7 @@ def lost_peer(text: str) -> bool:
                                    "is killed by signal: Terminated"))
 
 
-def how_it_ended(rank: int, pid: int, code: int) -> str:
+def how_it_ended(code: int) -> str:
     """``was killed by SIGKILL (...)`` / ``was terminated by SIGTERM`` / ``exited with code 3``."""
     if code >= 0:
         return f"exited with code {code}"
@@ -102,7 +102,7 @@ def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
     silent = sorted((r, f) for r, f in failures.items() if r not in tracebacks)
     if silent and signum is None:
         r, f = silent[0]
-        return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(r, f.pid, f.exitcode)}; "
+        return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(f.exitcode)}; "
                                f"its log: {log(r)}")
     if signum is not None or stops:
         return _stopped(stops, signum)

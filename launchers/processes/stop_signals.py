@@ -25,8 +25,7 @@ from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None))
-                     if s is not None)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 DUPLICATE_S = 1.0  # a repeat sooner than this is the same request delivered twice
 
 # kind: "launcher" | "rank"; first: the first stop signal's number; at: when it came;
@@ -34,12 +33,6 @@ DUPLICATE_S = 1.0  # a repeat sooner than this is the same request delivered twi
 # held: this process's work is over (hold_stop_signals).
 _state: dict[str, Any] = {"kind": None, "first": None, "at": 0.0, "forwarding": False,
                           "held": False}
-
-
-def _mask(how: int) -> None:
-    """Block or unblock the stop signals in this thread (POSIX)."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(how, STOP_SIGNALS)
 
 
 def received() -> Optional[int]:
@@ -91,7 +84,7 @@ def stop_signals(kind: str) -> Iterator[None]:
     for s in STOP_SIGNALS:
         signal.signal(s, _handle)
     arm(True)  # every rank listens: the loop's per-step agreement is needed
-    _mask(signal.SIG_UNBLOCK)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
@@ -105,7 +98,7 @@ def hold_stop_signals() -> None:
     """From now on the stop signals wait (blocked) in this process: its work is over, and no
     handler may raise into its last steps."""
     _state["held"] = True
-    _mask(signal.SIG_BLOCK)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 @contextlib.contextmanager

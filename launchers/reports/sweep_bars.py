@@ -3,12 +3,9 @@ seeds: one seed's number moves by more than the bars themselves, so the spread i
 """
 from __future__ import annotations
 
-import logging
 import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
-
-log = logging.getLogger(__name__)
 
 METRIC = "best_map50"
 # A bar met exactly (0.87 vs 0.89 - 0.02) must not fail in the 17th digit of a float mean.

@@ -7,15 +7,12 @@ quantization bars are judged on the group means.
 """
 from __future__ import annotations
 
-import logging
 import statistics
 from collections import Counter
 from typing import Any, Iterable, Optional
 
 from launchers.reports.sweep_bars import Bar, check_bars, format_bar
 from mdk.engine.result import StageResult
-
-log = logging.getLogger(__name__)
 
 SEED_KEY = "seed"
 STD = "sample, n-1"
