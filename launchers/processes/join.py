@@ -19,7 +19,7 @@ import torch.distributed as tdist
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.processes.env import ProcessEnv
-from launchers.processes.rank_logs import remove_rank_file_handler, setup_worker_logging
+from launchers.processes.log_handlers import remove_rank_file_handler, setup_worker_logging
 from mdk.dist_config import check_world
 from mdk.errors import UserError
 from mdk.world import World, make_world

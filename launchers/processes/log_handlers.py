@@ -1,7 +1,8 @@
 """Log handlers that survive their destination: a stdout closed early (``| head``), a log file's
 disk full (docs/errors.md, #77 and #78). Python's own print ``--- Logging error ---`` and a
-traceback for every record they fail to write. The ranks' handlers are these classes; Hydra's job
-logging gets their behaviour from :func:`harden_log_handlers` (run.py).
+traceback for every record they fail to write. The ranks log through these classes (every rank
+to ``<run_dir>/rank<r>.log``, rank 0 also to stdout); Hydra's job logging gets their behaviour
+from :func:`harden_log_handlers` (run.py).
 """
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import errno
 import logging
 import os
 import sys
+from pathlib import Path
 
 from mdk.errors import disk_reason
+
+# Hydra's default job-logging format, so worker lines look like the parent's.
+FMT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 class ConsoleHandler(logging.StreamHandler):
@@ -60,3 +65,31 @@ def harden_log_handlers(logger: logging.Logger | None = None) -> None:
             h.__class__ = ConsoleHandler
         elif type(h) is logging.FileHandler:
             h.__class__ = RunLogFileHandler
+
+
+def setup_worker_logging(run_dir: Path, rank: int, keep_existing: bool = False) -> None:
+    """Send this process's logs to ``<run_dir>/rank<rank>.log`` (and stdout on rank 0).
+
+    ``keep_existing``: rank 0 under torchrun/SLURM keeps Hydra's console and run.log handlers
+    (it is the process the user watches) and only gains the rank file."""
+    root = logging.getLogger()
+    if not keep_existing:
+        root.handlers.clear()
+    root.setLevel(logging.INFO)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    fh = RunLogFileHandler(Path(run_dir) / f"rank{rank}.log")  # a full disk: one line
+    fh.setFormatter(logging.Formatter(FMT))
+    root.addHandler(fh)
+    if rank == 0 and not keep_existing:
+        sh = ConsoleHandler(sys.stdout)  # `| head`: no logging tracebacks
+        sh.setFormatter(logging.Formatter(FMT))
+        root.addHandler(sh)
+
+
+def remove_rank_file_handler(rank: int) -> None:
+    """Undo the rank file handler (a process that runs several stages adds it once per stage)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).name == f"rank{rank}.log":
+            root.removeHandler(h)
+            h.close()

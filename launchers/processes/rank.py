@@ -23,8 +23,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from launchers.processes.env import detect, leave_process
 from launchers.processes.join import join
+from launchers.processes.log_handlers import setup_worker_logging
 from launchers.processes.rank_ends import lost_peer, record_stop
-from launchers.processes.rank_logs import setup_worker_logging
 from launchers.processes.stop_signals import hold_stop_signals, stop_signals
 from mdk.engine.build import die_with_parent
 from mdk.stop import StopRequested

@@ -1,10 +1,8 @@
-"""Hydra takes sweeper classes only from the ``hydra_plugins`` namespace package, so mdk's Optuna
-sweeper is declared here; its code is launchers/hydra_app/optuna_sweeper.py. Hydra imports this
-file at every start: Optuna itself loads only when a search runs.
+"""mdk's Optuna sweeper, declared in the ``hydra_plugins`` namespace where Hydra looks for it
+(code: launchers/hydra_app/optuna_sweeper.py). Hydra imports this at every start.
 """
 from launchers.hydra_app.optuna_sweeper import SearchSweeper
 
 
 class OptunaSweeper(SearchSweeper):
-    """``hydra/sweeper=mdk_optuna``: an Optuna study, trials asked and told as jobs end, pruning,
-    a study that survives its sweeping process."""
+    """``hydra/sweeper=mdk_optuna`` (docs/cluster.md, "Searches")."""

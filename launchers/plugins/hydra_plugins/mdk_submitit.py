@@ -1,7 +1,6 @@
-"""Hydra takes launcher classes only from the ``hydra_plugins`` namespace package, so the
-project's submitit launchers are declared here; their code is
-launchers/hydra_app/submitit_requeue.py. No ``__init__.py`` here: the namespace is shared with the
-installed hydra-submitit-launcher plugin.
+"""The project's submitit launchers, declared where Hydra looks for them (code:
+launchers/hydra_app/submitit_requeue.py). No ``__init__.py`` here: the ``hydra_plugins``
+namespace is shared with the installed hydra-submitit-launcher plugin.
 """
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
