@@ -1,8 +1,6 @@
-"""First-use installer: make ./.venv with everything mdk needs and re-run the command inside it.
-
-Standard library only (it runs before anything is installed). Skipped when the current
-interpreter already has mdk's dependencies (you manage your own environment) or when
-MDK_NO_BOOTSTRAP=1. The venv is refreshed when pyproject.toml changes.
+"""First-use installer: make ./.venv with everything mdk needs and re-run the command inside it
+(skipped with your own environment or MDK_NO_BOOTSTRAP=1: README). Standard library only: it runs
+before anything is installed. The venv is refreshed when pyproject.toml changes.
 
 ``add_plugin_path`` puts ``launchers/plugins`` (the project's ``hydra_plugins`` portion) and the
 repository root on ``sys.path`` and on ``PYTHONPATH`` (submitit jobs unpickle the launcher);

@@ -6,6 +6,7 @@ sweeper plugin at every start.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -62,16 +63,10 @@ def value_text(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{value_text(v)}" for k, v in value.items()) + "}"
     for text in (value, "'" + value.replace("'", "\\'") + "'"):
-        if _reads_as(text, value):
-            return text
+        with contextlib.suppress(HydraException):  # text that does not parse: try the next
+            if _PARSER.parse_override(f"k={text}").value() == value:
+                return text
     raise ConfigError(f"the value {value!r} cannot be written as a Hydra override")
-
-
-def _reads_as(text: str, value: Any) -> bool:
-    try:
-        return _PARSER.parse_override(f"k={text}").value() == value
-    except HydraException:
-        return False
 
 
 def _distribution(o: Override, where: str) -> tuple[Any, dict[Any, str]]:
