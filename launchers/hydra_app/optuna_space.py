@@ -1,8 +1,8 @@
 """A search's space: ``hydra.sweeper.params`` and the command line's sweeps in Hydra's override
 grammar, as Optuna distributions, and a trial's parameters back as overrides (the forms:
-docs/cluster.md, "Searches", ``params``). A list or dict choice is carried as its override text
-(Optuna's choices are scalars). Optuna is imported only when a space is built: Hydra imports the
-sweeper plugin at every start.
+docs/cluster.md, "Searches", ``params``; ``range`` takes floats too). A list or dict choice is
+carried as its override text (Optuna's choices are scalars). Optuna is imported only when a
+space is built: Hydra imports the sweeper plugin at every start.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A search's study, the same for the sweeping process and each trial's run: where it is stored,
 how it is opened, its pruner, and what a killed sweep left behind (docs/cluster.md, "Searches").
-Every process talks to the study through its storage, never the sweeper's memory. Optuna is
-imported inside the functions: Hydra imports the sweeper plugin at every start.
+Every process talks to the study through its storage, never the sweeper's memory; one sweep at a
+time per study. Optuna is imported inside the functions: Hydra imports the sweeper plugin at
+every start.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A trial's side of a search: its run reports the objective per epoch to the study and stops
 when the study's pruner says so (docs/cluster.md, "Searches", Pruning). Job N of an mdk_optuna
-study is trial N; its ``TrialReporter`` joins the objective stage's ``trainer.hooks``. A study of
-several objectives gets none: Optuna cannot prune those.
+study is trial N; its ``TrialReporter`` joins the objective stage's ``trainer.hooks``. Never pruned
+at the last epoch; a study it cannot reach is only a warning. A study of several objectives gets
+no reporter: Optuna cannot prune those.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hydra submitit launchers whose requeued jobs come back to the SAME job directory and resume,
-and whose signals save last.pth first (why and how: docs/cluster.md, "Preemption and time
-limits"; the plugin recomputes a rerun's output dir, hydra#2042).
+and whose signals (USR2, SIGTERM, SIGINT) save last.pth first (why and how: docs/cluster.md,
+"Preemption and time limits"; the plugin recomputes a rerun's output dir, hydra#2042).
 """
 from __future__ import annotations
 
