@@ -17,35 +17,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _cell_boxes_to_xyxy(b: torch.Tensor, grid: int) -> torch.Tensor:
-    """[..., S, S, 4] (x, y in cell, w, h of image) -> [..., S, S, 4] normalised xyxy."""
-    S = grid
-    ys, xs = torch.meshgrid(torch.arange(S, device=b.device), torch.arange(S, device=b.device),
-                            indexing="ij")
-    cx = (b[..., 0] + xs) / S
-    cy = (b[..., 1] + ys) / S
-    w, h = b[..., 2], b[..., 3]
-    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
-
-
-def _paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IoU of matching rows of two [N, 4] xyxy tensors (box_iou's diagonal without N^2 memory)."""
-    lt = torch.maximum(a[:, :2], b[:, :2])
-    rb = torch.minimum(a[:, 2:], b[:, 2:])
-    inter = (rb - lt).clamp(min=0).prod(-1)
-    area = lambda x: (x[:, 2:] - x[:, :2]).clamp(min=0).prod(-1)  # noqa: E731
-    return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
+from mdk.models.yolo_codec import cell_xyxy
 
 
 def slot_iou(pb: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """IoU of each box slot ``pb`` [N, S, S, B, >=4] with its cell's target box ``t[..., :4]``
-    -> [N, S, S, B]."""
-    N, S, _, B = pb.shape[:4]
-    pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
-    txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
-    iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
-    return iou.permute(0, 2, 3, 1)
+    -> [N, S, S, B] (box_iou's diagonal without N^2 memory)."""
+    a, b = cell_xyxy(pb), cell_xyxy(t[..., None, :4])
+    lt = torch.maximum(a[..., :2], b[..., :2])
+    rb = torch.minimum(a[..., 2:], b[..., 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area = lambda x: (x[..., 2:] - x[..., :2]).clamp(min=0).prod(-1)  # noqa: E731
+    return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
 
 
 def is_number(v: object) -> bool:
