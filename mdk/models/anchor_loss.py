@@ -24,7 +24,7 @@ from torch import nn
 from torchvision.ops import box_iou
 
 from mdk.models.heads import AnchorHead
-from mdk.models.loss import check_beta, check_weights, is_number
+from mdk.models.config import check_beta, check_weights, is_number
 
 
 class AnchorLoss(nn.Module):

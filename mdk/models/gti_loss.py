@@ -33,13 +33,13 @@ batches, not with ``dist.exact_chunk`` (``nu`` advances once per chunk; use ``fi
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mdk import dist
-from mdk.models.loss import check_beta, check_shape, check_weights, is_number, slot_iou
+from mdk.models.config import check_beta, check_int, check_weights, is_number
+from mdk.models.loss import slot_iou
 
 NORMALIZERS = ("running", "fixed")
 PRED_EPS = 1e-8  # added to every prediction, as the GTI MDK does
@@ -64,7 +64,8 @@ class GtiLoss(nn.Module):
                  iou_target_grad: bool = True, normalizer: str = "running",
                  normalizer_init: float = 6.25, normalizer_momentum: float = 0.9) -> None:
         super().__init__()
-        check_shape(num_classes, boxes_per_cell)
+        check_int("loss.num_classes", num_classes)
+        check_int("loss.boxes_per_cell", boxes_per_cell)
         check_weights(lambda_coord=lambda_coord, lambda_contain=lambda_contain,
                       lambda_not_contain=lambda_not_contain, lambda_noobj=lambda_noobj,
                       lambda_cls=lambda_cls)

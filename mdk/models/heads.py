@@ -24,12 +24,7 @@ import numpy as np
 import torch
 
 from mdk.models import yolo_codec
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"head.{name} must be an integer >= {low}, got {value!r}")
-    return value
+from mdk.models.config import check_int, is_number
 
 
 class YoloV1Head:
@@ -38,8 +33,8 @@ class YoloV1Head:
     kind = "yolov1"
 
     def __init__(self, num_classes: int, boxes_per_cell: int = 1) -> None:
-        self.num_classes = _check_int("num_classes", num_classes, 1)
-        self.boxes_per_cell = _check_int("boxes_per_cell", boxes_per_cell, 1)
+        self.num_classes = check_int("head.num_classes", num_classes)
+        self.boxes_per_cell = check_int("head.boxes_per_cell", boxes_per_cell)
 
     @property
     def channels(self) -> int:
@@ -69,7 +64,7 @@ class AnchorHead:
     def __init__(self, num_classes: int, anchors: Sequence[Sequence[float]],
                  size_range: float = 6.0, match_ratio: float = 4.0,
                  neighbours: bool = False) -> None:
-        self.num_classes = _check_int("num_classes", num_classes, 1)
+        self.num_classes = check_int("head.num_classes", num_classes)
         try:
             a = np.asarray(anchors, dtype=np.float64)
         except (TypeError, ValueError):
@@ -79,7 +74,7 @@ class AnchorHead:
             raise ValueError(f"head.anchors must be a list of [width, height] pairs, fractions of "
                              f"the image in (0, 1], e.g. [[0.1,0.1],[0.3,0.3]]; got {anchors!r}")
         for key, v in (("size_range", size_range), ("match_ratio", match_ratio)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1:
+            if not is_number(v) or not v > 1:
                 raise ValueError(f"head.{key} must be a number > 1, got {v!r}")
         self.anchors = a
         self.size_range, self.match_ratio = float(size_range), float(match_ratio)

@@ -11,12 +11,11 @@ confidences can settle at ~0.5.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mdk.models.config import check_beta, check_int, check_weights, is_number
 from mdk.models.yolo_codec import cell_xyxy
 
 
@@ -31,29 +30,6 @@ def slot_iou(pb: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
 
 
-def is_number(v: object) -> bool:
-    """An int or float from the config (YAML's true/false are bools, not numbers here)."""
-    return not isinstance(v, bool) and isinstance(v, (int, float))
-
-
-def check_weights(**weights: float) -> None:
-    for key, v in weights.items():
-        if not is_number(v) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
-
-
-def check_beta(beta: float) -> None:
-    if not is_number(beta) or not beta > 0:
-        raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
-
-
-def check_shape(num_classes: int, boxes_per_cell: int) -> None:
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"loss.num_classes must be an integer >= 1, got {num_classes!r}")
-    if isinstance(boxes_per_cell, bool) or not isinstance(boxes_per_cell, int) or boxes_per_cell < 1:
-        raise ValueError(f"loss.boxes_per_cell must be an integer >= 1, got {boxes_per_cell!r}")
-
-
 class YoloLoss(nn.Module):
     """Terms ``coord`` (x, y, w, h of the responsible box), ``conf_obj`` (its confidence -> 1),
     ``conf_noobj`` (every other box slot -> 0), ``cls`` (class scores of object cells), ``total``."""
@@ -64,7 +40,8 @@ class YoloLoss(nn.Module):
                  lambda_noobj: float = 0.5, beta: float = 1.0, lambda_obj: float = 1.0,
                  lambda_cls: float = 1.0, ignore_iou: float | None = 0.5) -> None:
         super().__init__()
-        check_shape(num_classes, boxes_per_cell)
+        check_int("loss.num_classes", num_classes)
+        check_int("loss.boxes_per_cell", boxes_per_cell)
         check_weights(lambda_coord=lambda_coord, lambda_noobj=lambda_noobj, lambda_obj=lambda_obj,
                       lambda_cls=lambda_cls)
         check_beta(beta)
