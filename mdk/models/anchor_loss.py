@@ -1,16 +1,9 @@
-"""The loss of ``head=anchors`` (mdk.models.heads.AnchorHead): ``loss=anchors``.
+"""The loss of ``head=anchors`` (mdk.models.heads.AnchorHead): ``loss=anchors``; its terms:
+docs/pipeline.md (Heads). Each is summed within an image and averaged over the images of the
+batch (split-invariant under DDP, like mdk.models.loss).
 
-Terms, each summed within an image and averaged over the images of the batch (split-invariant
-under DDP, like mdk.models.loss):
-
-- ``box``: smooth-L1 between each assigned prior's encoded box (offsets and log-sizes in [0, 1])
-  and its object's: scale-free, so a small box counts as much as a large one (``1 - GIoU``
-  learnt far slower, docs/experiments.md);
-- ``conf_obj``: assigned priors' confidence -> 1; ``conf_noobj``: every other prior's -> 0, but for
-  those whose box already overlaps an object of the image by more than ``ignore_iou`` (YOLOv3's
-  ignore rule: a good duplicate is not punished);
-- ``cls``: assigned priors' class scores -> one-hot.
-
+The box term is smooth-L1 on the encoded box (offsets and log-sizes in [0, 1]): scale-free, so a
+small box counts as much as a large one (``1 - GIoU`` learnt far slower, docs/experiments.md).
 Confidences and class scores are regressed with smooth-L1 towards 0/1: the chip's output is
 linear, then 5-bit, so no sigmoid can follow it.
 """

@@ -1,13 +1,10 @@
 """YOLOv1-style GNetDet loss with smooth-L1 terms (``loss=default``; ``loss=gti`` is
-:mod:`mdk.models.gti_loss`).
+:mod:`mdk.models.gti_loss`); terms and weights: docs/gti-compat.md (10. Loss).
 
 Every term is summed within an image and averaged over the local batch; DDP averages over ranks,
-so with equal per-rank batches the gradient does not depend on the split.
-
-``ignore_iou`` (YOLOv3's ignore threshold): a non-responsible slot of an object cell gets no
-confidence target when its box already overlaps the object by more than this IoU. Without it
-(``null``, YOLOv1) two slots predicting the same box are told "1" and "0" by turns and their
-confidences can settle at ~0.5.
+so with equal per-rank batches the gradient does not depend on the split. ``ignore_iou`` (YOLOv3's
+ignore rule): without it two slots predicting the same box are told "1" and "0" by turns and
+their confidences can settle at ~0.5.
 """
 from __future__ import annotations
 
