@@ -1,21 +1,8 @@
 """One entry to every detection metric: VOC devkit AP (voc07 11-point, voc12 area) and COCO-rule
-AP, with the same result layout.
-
-    from mdk.eval.metrics import evaluate_dataset, evaluate_detections
-    result = evaluate_dataset(detections, dataset, metric="voc07", box_rule="devkit")
-    result = evaluate_detections(detections, dataset.gt, num_classes, metric="voc07")
-    result["map"], result["name"]          # headline number and what it is
-
-The box rule (``eval.box_rule``) of ``voc07``/``voc12`` on a dataset's model-input detections:
-
-* ``devkit`` (default): what the VOC devkit scores (published VOC numbers). Detections are mapped
-  back to each image's original pixels (float64, as detectron2 does) and scored against the
-  annotation's boxes as written with the devkit's +1 on widths and heights. The metric decides,
-  not the format: a COCO-format dataset's boxes get the +1 too; use ``continuous`` or ``coco``.
-* ``continuous``: detections and ``dataset.gt`` in the model-input frame, no +1 (continuous IoU
-  does not change with scaling, so the two rules differ by the +1 only).
-
-``coco`` is pycocotools' rule whatever ``box_rule`` says (its AP does not depend on the frame).
+AP, with the same result layout. Which boxes a VOC metric scores (``eval.box_rule``: ``devkit``
+maps the detections back to each image's original pixels, float64 as detectron2 does, and adds
+the devkit's +1; ``continuous`` keeps the model-input frame) and why ``coco`` ignores the rule:
+docs/pipeline.md (Evaluation).
 """
 from __future__ import annotations
 
