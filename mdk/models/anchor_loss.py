@@ -45,19 +45,16 @@ class AnchorLoss(nn.Module):
     def _ignored(self, pbox: torch.Tensor, tbox: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """[N, S, S, B] True where a prior's box overlaps one of its image's objects by more
         than ignore_iou."""
-        n = pbox.shape[0]
-        out = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
-        flat_p, flat_t, flat_pos = pbox.reshape(n, -1, 4), tbox.reshape(n, -1, 4), pos.reshape(n, -1)
-        for i in range(n):
-            objects = flat_t[i][flat_pos[i]]
+        out = torch.zeros_like(pos)
+        for i in range(pos.shape[0]):
+            objects = tbox[i][pos[i]]
             if objects.numel():
-                best = box_iou(flat_p[i], objects).max(1).values
-                out.view(n, -1)[i] = best > self.ignore_iou
+                best = box_iou(pbox[i].reshape(-1, 4), objects).max(1).values
+                out[i] = (best > self.ignore_iou).view(pos.shape[1:])
         return out
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """pred ``[N, B*(5+C), S, S]``; target ``[N, S, S, B*(5+C)]`` -> loss terms and 'total'."""
-        n = pred.shape[0]
         dt = torch.float64 if pred.dtype == torch.float64 else torch.float32
         p = self.head.per_prior(pred.to(dt))
         t = target.to(dt).reshape(p.shape)
