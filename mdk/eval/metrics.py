@@ -28,18 +28,6 @@ def evaluate_detections(detections: Mapping[int, Mapping[str, Any]], ground_trut
     return voc_ap(detections, ground_truth, num_classes, metric=metric, pixel_offset=pixel_offset)
 
 
-def to_original(detections: Mapping[int, Mapping[str, Any]], dataset: Any
-                ) -> dict[int, dict[str, Any]]:
-    """Detections of ``dataset``'s model input mapped to each image's original pixels."""
-    size = float(dataset.image_size)
-    out: dict[int, dict[str, Any]] = {}
-    for i, d in detections.items():
-        width, height = dataset.original_size(i)
-        scale = np.array([width / size, height / size] * 2, dtype=np.float64)
-        out[i] = {**d, "boxes": as_numpy(d["boxes"], np.float64).reshape(-1, 4) * scale}
-    return out
-
-
 def evaluate_dataset(detections: Mapping[int, Mapping[str, Any]], dataset: Any,
                      metric: str = "voc07", box_rule: str = "devkit") -> dict[str, Any]:
     """``metric`` of ``detections`` in ``dataset``'s model-input frame under ``box_rule``.
@@ -48,9 +36,15 @@ def evaluate_dataset(detections: Mapping[int, Mapping[str, Any]], dataset: Any,
     if box_rule not in BOX_RULES:
         raise ValueError(f"eval.box_rule={box_rule!r}: choose one of {list(BOX_RULES)}")
     num_classes = len(dataset.class_names)
-    if metric != "coco" and box_rule == "devkit":
-        return evaluate_detections(to_original(detections, dataset), dataset.gt_original,
-                                   num_classes, metric, pixel_offset=1.0)
+    if metric != "coco" and box_rule == "devkit":  # the detections in each image's own pixels
+        size = float(dataset.image_size)
+        original = {}
+        for i, d in detections.items():
+            width, height = dataset.original_size(i)
+            scale = np.array([width / size, height / size] * 2, dtype=np.float64)
+            original[i] = {**d, "boxes": as_numpy(d["boxes"], np.float64).reshape(-1, 4) * scale}
+        return evaluate_detections(original, dataset.gt_original, num_classes, metric,
+                                   pixel_offset=1.0)
     result = evaluate_detections(detections, dataset.gt, num_classes, metric)
     if metric != "coco":
         result["name"] += " (continuous boxes)"
