@@ -97,19 +97,18 @@ class GtiLoss(nn.Module):
         sl1 = lambda a, b: F.smooth_l1_loss(a, b, reduction="none", beta=self.beta)  # noqa: E731
         conf = pb[..., 4]
         to_zero = sl1(conf, torch.zeros_like(conf))
-        per_image = {
-            "loc": ((sl1(pb[..., :2], tb[..., None, :2].expand_as(pb[..., :2])).sum(-1)
+        per_image = {  # weight, per-slot values
+            "loc": (self.lambda_coord,
+                    (sl1(pb[..., :2], tb[..., None, :2].expand_as(pb[..., :2])).sum(-1)
                      + sl1(signed_sqrt(pb[..., 2:4]),
                            tb[..., None, 2:4].sqrt().expand_as(pb[..., 2:4])).sum(-1)) * resp),
-            "contain": sl1(conf, iou) * resp,
-            "not_contain": to_zero * other,
-            "noobj": to_zero * empty,
-            "cls": sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1, keepdim=True) * obj.unsqueeze(-1),
+            "contain": (self.lambda_contain, sl1(conf, iou) * resp),
+            "not_contain": (self.lambda_not_contain, to_zero * other),
+            "noobj": (self.lambda_noobj, to_zero * empty),
+            "cls": (self.lambda_cls,
+                    sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1, keepdim=True) * obj.unsqueeze(-1)),
         }
-        weights = {"loc": self.lambda_coord, "contain": self.lambda_contain,
-                   "not_contain": self.lambda_not_contain, "noobj": self.lambda_noobj,
-                   "cls": self.lambda_cls}
         nu = self._update_nu(obj).to(dt)
-        terms = {k: weights[k] * v.sum((1, 2, 3)).mean() / nu for k, v in per_image.items()}
+        terms = {k: w * v.sum((1, 2, 3)).mean() / nu for k, (w, v) in per_image.items()}
         terms["total"] = sum(terms.values())
         return terms
