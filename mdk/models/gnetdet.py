@@ -38,8 +38,7 @@ class GNetDet(nn.Module):
         super().__init__()
         # A plain attribute, not state (set by build_model): it changes memory, never the numbers.
         self.activation_checkpointing = False
-        # Batch slices recomputed one at a time (1 = whole batches: trainer.deterministic, where
-        # a conv on a slice could pick another kernel and change the losses' last bits).
+        # Batch slices recomputed one at a time (1, whole batches: build_model, deterministic mode).
         self.checkpoint_slices = CHECKPOINT_SLICES
         self.head = head if head is not None else YoloV1Head(num_classes, boxes_per_cell)
         if self.head.num_classes != num_classes:
