@@ -1,9 +1,7 @@
-"""COCO-rule AP (torchmetrics ``MeanAveragePrecision``): a different metric from VOC's, labelled so.
-
-COCO rules: 101-point interpolated precision, at most 100 detections per image, AP over IoU
-0.50:0.05:0.95 (``map``) and at 0.5 (``map50``). VOC ``difficult`` objects become ``iscrowd``,
-matched by intersection over the *detection's* area: a small detection inside a difficult box is
-ignored here but a false positive under VOC rules.
+"""COCO-rule AP (torchmetrics ``MeanAveragePrecision``: 101 recall points, at most 100 detections
+per image, AP over IoU 0.50:0.05:0.95 as ``map``, at 0.5 as ``map50``), labelled apart from VOC's.
+VOC ``difficult`` objects become ``iscrowd``, matched by intersection over the *detection's* area:
+a small detection inside a difficult box is ignored here but a false positive under VOC rules.
 """
 from __future__ import annotations
 
@@ -63,12 +61,9 @@ def coco_map(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTr
         valid = p[0] >= 0  # COCOeval fills 0 past the highest recall; -1 is never expected here
         precision[c], recall[c] = p[0][valid], _RECALL_POINTS[valid]
     npos = np.bincount(flat.gt_labels[~flat.gt_difficult], minlength=num_classes)
-
-    def nan_if_none(v: torch.Tensor) -> float:
-        return float(v) if float(v) >= 0 else float("nan")  # -1: no ground truth at all
-
-    return {"metric": "coco", "name": COCO_NAME, "map": nan_if_none(r["map"]),
-            "map50": nan_if_none(r["map_50"]), "ap": ap, "ap50": ap50, "precision": precision,
-            "recall": recall, "num_gt": npos,
+    means = [float(r[k]) if float(r[k]) >= 0 else float("nan")  # -1: no ground truth at all
+             for k in ("map", "map_50")]
+    return {"metric": "coco", "name": COCO_NAME, "map": means[0], "map50": means[1], "ap": ap,
+            "ap50": ap50, "precision": precision, "recall": recall, "num_gt": npos,
             "num_det": np.bincount(flat.det_labels, minlength=num_classes),
             "images": len(flat.images)}

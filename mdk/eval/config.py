@@ -6,9 +6,7 @@ from omegaconf import DictConfig
 from mdk.checks import check_min, check_one_of
 
 METRICS = ("voc07", "voc12", "coco")  # eval.metric: VOC2007 11-point, VOC2012 area, COCO rules
-# eval.box_rule, for voc07/voc12: devkit = each image's original pixels with the devkit's +1 on
-# widths and heights (the published VOC numbers); continuous = the model-input frame, no +1.
-BOX_RULES = ("devkit", "continuous")
+BOX_RULES = ("devkit", "continuous")  # eval.box_rule of voc07/voc12 (docs/pipeline.md, Evaluation)
 
 
 def check_eval(cfg: DictConfig) -> None:

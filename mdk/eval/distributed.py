@@ -1,9 +1,5 @@
-"""Evaluate a model on a dataset split, exact under DDP.
-
-Each rank predicts its no-padding shard; detections are gathered to every rank and the metric is
-computed once over the union, so W processes report exactly the single-process number. A model
-with BatchNorm uses rank 0's running statistics on every rank (each rank's own drift apart).
-"""
+"""Evaluate a model on a dataset split, exact under DDP: each rank predicts its no-padding shard and
+the metric is computed once over the gathered union (docs/pipeline.md, Evaluation)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -21,14 +17,14 @@ from mdk.world import World
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
             conf_thresh: float, nms_iou: float, limit_batches: int | None = None,
-            num_workers: int = 0, loss_fn: Any = None, progress: Any = False,
-            world: Optional[World] = None) -> tuple[dict[int, dict], float, int]:
+            loss_fn: Any = None, progress: Any = False, world: Optional[World] = None
+            ) -> tuple[dict[int, dict], float, int]:
     """Detections of this rank's shard: ({index: det}, summed loss, number of images).
     ``progress``: trainer.progress; ``world``: this process's place in the run (None: alone)."""
     world = world or World()
     limit = limit_batches * batch_size * world.size if limit_batches else None
     sampler = ShardSampler(len(dataset), world.rank, world.size, limit)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     was_training = model.training
     model.eval()
     out: dict[int, dict] = {}
@@ -46,47 +42,27 @@ def predict(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch
     return out, float(loss_sum), count
 
 
-def _sync_bn_buffers(model: torch.nn.Module, world: World) -> None:
-    if not world.distributed:
-        return
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
-            for buf in (m.running_mean, m.running_var):
-                if buf is not None:
-                    dist.broadcast(buf, src=0)
-
-
 def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
              conf_thresh: float = 0.01, nms_iou: float = 0.5, limit_batches: int | None = None,
-             num_workers: int = 0, loss_fn: Any = None, progress: Any = False,
-             metric: str = "voc07", keep: Optional[list] = None,
-             world: Optional[World] = None, box_rule: str = "devkit") -> dict[str, Any]:
+             loss_fn: Any = None, progress: Any = False, metric: str = "voc07",
+             keep: Optional[list] = None, world: Optional[World] = None,
+             box_rule: str = "devkit") -> dict[str, Any]:
     """``map50`` (mAP@0.5 of ``metric``), ``metric`` (its name), per-class ``ap``, ``images`` and,
     with ``loss_fn``, the mean ``loss``; identical on every rank. ``keep``: a list that receives
     the full evaluator result and the merged detections (model-input frame), so reports need not
-    recompute them. ``world``: this process's place in the run (None: alone)."""
+    recompute them. ``world``: this process's place in the run (None: alone, with no collective,
+    so one rank can score one model while its peers score others)."""
     world = world or World()
-    _sync_bn_buffers(model, world)
+    if world.distributed:
+        for m in model.modules():  # rank 0's BN statistics on every rank (each rank's drift apart)
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                dist.broadcast(m.running_mean, src=0)
+                dist.broadcast(m.running_var, src=0)
     local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
-                                     limit_batches, num_workers, loss_fn, progress, world)
-    parts = dist.all_gather_object((local, loss_sum, count))
-    return _score(parts, dataset, metric, box_rule, loss_fn is not None, keep)
-
-
-def evaluate_alone(model: torch.nn.Module, dataset: Any, batch_size: int, device: torch.device,
-                   conf_thresh: float = 0.01, nms_iou: float = 0.5, loss_fn: Any = None,
-                   metric: str = "voc07", box_rule: str = "devkit") -> dict[str, Any]:
-    """``evaluate``'s numbers for the whole ``dataset`` by this process alone, with no collective,
-    so one rank can score one model while its peers score others."""
-    local, loss_sum, count = predict(model, dataset, batch_size, device, conf_thresh, nms_iou,
-                                     loss_fn=loss_fn)
-    return _score([(local, loss_sum, count)], dataset, metric, box_rule, loss_fn is not None)
-
-
-def _score(parts: list, dataset: Any, metric: str, box_rule: str, with_loss: bool,
-           keep: Optional[list] = None) -> dict[str, Any]:
-    merged = {i: det for part in parts for i, det in part[0].items()}
-    total_loss = sum(p[1] for p in parts)
+                                     limit_batches, loss_fn, progress, world)
+    part = (local, loss_sum, count)
+    parts = dist.all_gather_object(part) if world.distributed else [part]
+    merged = {i: det for p in parts for i, det in p[0].items()}
     total_count = sum(p[2] for p in parts)
     result = evaluate_dataset(merged, dataset, metric, box_rule)
     coco = metric == "coco"
@@ -96,8 +72,8 @@ def _score(parts: list, dataset: Any, metric: str, box_rule: str, with_loss: boo
                            "images": len(merged)}
     if coco:
         res["map_coco"] = float(result["map"])  # AP@[.5:.95], COCO's headline
-    if with_loss and total_count:
-        res["loss"] = total_loss / total_count
+    if loss_fn is not None and total_count:
+        res["loss"] = sum(p[1] for p in parts) / total_count
     if keep is not None:
         keep[:] = [result, merged]
     return res

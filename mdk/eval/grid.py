@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from PIL import Image
@@ -73,11 +73,10 @@ def detection_grid(images: torch.Tensor | Sequence[torch.Tensor],
 
 
 def dataset_grid(dataset: Any, detections: Mapping[int, Mapping[str, Any]],
-                 class_names: Sequence[str], count: int = 8,
-                 indices: Optional[Sequence[int]] = None, **kwargs: Any) -> torch.Tensor:
-    """:func:`detection_grid` of the ``count`` lowest-indexed evaluated images (or ``indices``):
-    the same images at every evaluation, so the grids compare over training."""
-    chosen = list(indices) if indices is not None else sorted(detections)[:count]
+                 class_names: Sequence[str], count: int = 8, **kwargs: Any) -> torch.Tensor:
+    """:func:`detection_grid` of the ``count`` lowest-indexed evaluated images: the same images at
+    every evaluation, so the grids compare over training."""
+    chosen = sorted(detections)[:count]
     return detection_grid([dataset.image(i) for i in chosen], [detections[i] for i in chosen],
                           [dataset.gt(i) for i in chosen], class_names, **kwargs)
 

@@ -1,21 +1,8 @@
 """One entry to every detection metric: VOC devkit AP (voc07 11-point, voc12 area) and COCO-rule
-AP, with the same result layout.
-
-    from mdk.eval.metrics import evaluate_dataset, evaluate_detections
-    result = evaluate_dataset(detections, dataset, metric="voc07", box_rule="devkit")
-    result = evaluate_detections(detections, dataset.gt, num_classes, metric="voc07")
-    result["map"], result["name"]          # headline number and what it is
-
-The box rule (``eval.box_rule``) of ``voc07``/``voc12`` on a dataset's model-input detections:
-
-* ``devkit`` (default): what the VOC devkit scores (published VOC numbers). Detections are mapped
-  back to each image's original pixels (float64, as detectron2 does) and scored against the
-  annotation's boxes as written with the devkit's +1 on widths and heights. The metric decides,
-  not the format: a COCO-format dataset's boxes get the +1 too; use ``continuous`` or ``coco``.
-* ``continuous``: detections and ``dataset.gt`` in the model-input frame, no +1 (continuous IoU
-  does not change with scaling, so the two rules differ by the +1 only).
-
-``coco`` is pycocotools' rule whatever ``box_rule`` says (its AP does not depend on the frame).
+AP, with the same result layout. Which boxes a VOC metric scores (``eval.box_rule``: ``devkit``
+maps the detections back to each image's original pixels, float64 as detectron2 does, and adds
+the devkit's +1; ``continuous`` keeps the model-input frame) and why ``coco`` ignores the rule:
+docs/pipeline.md (Evaluation).
 """
 from __future__ import annotations
 
@@ -41,18 +28,6 @@ def evaluate_detections(detections: Mapping[int, Mapping[str, Any]], ground_trut
     return voc_ap(detections, ground_truth, num_classes, metric=metric, pixel_offset=pixel_offset)
 
 
-def to_original(detections: Mapping[int, Mapping[str, Any]], dataset: Any
-                ) -> dict[int, dict[str, Any]]:
-    """Detections of ``dataset``'s model input mapped to each image's original pixels."""
-    size = float(dataset.image_size)
-    out: dict[int, dict[str, Any]] = {}
-    for i, d in detections.items():
-        width, height = dataset.original_size(i)
-        scale = np.array([width / size, height / size] * 2, dtype=np.float64)
-        out[i] = {**d, "boxes": as_numpy(d["boxes"], np.float64).reshape(-1, 4) * scale}
-    return out
-
-
 def evaluate_dataset(detections: Mapping[int, Mapping[str, Any]], dataset: Any,
                      metric: str = "voc07", box_rule: str = "devkit") -> dict[str, Any]:
     """``metric`` of ``detections`` in ``dataset``'s model-input frame under ``box_rule``.
@@ -61,9 +36,15 @@ def evaluate_dataset(detections: Mapping[int, Mapping[str, Any]], dataset: Any,
     if box_rule not in BOX_RULES:
         raise ValueError(f"eval.box_rule={box_rule!r}: choose one of {list(BOX_RULES)}")
     num_classes = len(dataset.class_names)
-    if metric != "coco" and box_rule == "devkit":
-        return evaluate_detections(to_original(detections, dataset), dataset.gt_original,
-                                   num_classes, metric, pixel_offset=1.0)
+    if metric != "coco" and box_rule == "devkit":  # the detections in each image's own pixels
+        size = float(dataset.image_size)
+        original = {}
+        for i, d in detections.items():
+            width, height = dataset.original_size(i)
+            scale = np.array([width / size, height / size] * 2, dtype=np.float64)
+            original[i] = {**d, "boxes": as_numpy(d["boxes"], np.float64).reshape(-1, 4) * scale}
+        return evaluate_detections(original, dataset.gt_original, num_classes, metric,
+                                   pixel_offset=1.0)
     result = evaluate_detections(detections, dataset.gt, num_classes, metric)
     if metric != "coco":
         result["name"] += " (continuous boxes)"

@@ -4,15 +4,6 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from mdk.eval.config import METRICS
-
-
-def headline_key(metric: str) -> str:
-    """The scalar key of a metric's headline number (``map50_voc07``, ..., ``map_coco``)."""
-    if metric not in METRICS:
-        raise ValueError(f"eval.metric={metric!r}: choose one of {list(METRICS)}")
-    return "map_coco" if metric == "coco" else f"map50_{metric}"
-
 
 def _class_name(names: Optional[Sequence[str]], c: int) -> str:
     return str(names[c]) if names is not None and c < len(names) else str(c)
@@ -20,12 +11,13 @@ def _class_name(names: Optional[Sequence[str]], c: int) -> str:
 
 def scalars(result: dict[str, Any], class_names: Optional[Sequence[str]] = None,
             per_class: bool = True) -> dict[str, float]:
-    """Flat ``{key: value}``: the headline, ``map50_coco`` for COCO, and with ``per_class`` one AP
-    per class with ground truth."""
+    """Flat ``{key: value}``: the headline (``map50_voc07``, ``map50_voc12``, ``map_coco``),
+    ``map50_coco`` for COCO, and with ``per_class`` one AP per class with ground truth."""
     metric = result["metric"]
-    out = {headline_key(metric): result["map"]}
     if metric == "coco":
-        out["map50_coco"] = result["map50"]
+        out = {"map_coco": result["map"], "map50_coco": result["map50"]}
+    else:
+        out = {f"map50_{metric}": result["map"]}
     if per_class:
         prefix = "ap_coco" if metric == "coco" else f"ap50_{metric}"
         for c, v in enumerate(result["ap"]):

@@ -1,26 +1,15 @@
-"""Pascal VOC detection AP, following the devkit's ``VOCevaldet.m`` / ``VOCap.m``.
+"""Pascal VOC detection AP, following the devkit's ``VOCevaldet.m`` / ``VOCap.m``. Its conventions
+and where mdk chooses (the 11 recall points, IoU >= 0.5, the stable order of equal scores,
+``difficult`` objects, classes without ground truth): docs/pipeline.md (Evaluation).
 
-Per class, over all evaluated images:
-
-1. Detections are sorted by decreasing score with a *stable* sort (equal scores keep the input
-   order, as MATLAB's ``sort`` does; py-faster-rcnn's argsort is unstable).
-2. Each detection is assigned the object of its class in its image with the highest IoU (the
-   first on a tie), *even when that object is already taken*, as the devkit does. IoU >=
-   ``iou_threshold`` on a ``difficult`` object: ignored; else the first detection to take an
-   object is a TP, later ones FP; IoU below the threshold: FP. So only "first to take" depends on
-   the order and the assignment is vectorised.
-3. ``recall = TP / npos`` (non-difficult objects), ``precision = TP / (TP + FP)``; ignored
-   detections are left out of the curve (they would only repeat a point).
-4. ``voc07``: mean over 11 thresholds t of the max precision at recall >= t. The thresholds are
-   the ports' ``np.arange(0.0, 1.1, 0.1)`` (the published numbers), so 0.3, 0.6 and 0.7 are a
-   hair above 3/10, 6/10, 7/10 (MATLAB's ``0:0.1:1`` differs at 0.6 and 0.7). ``voc12``: area
-   under the monotone precision envelope.
+Each detection is assigned the object of its class in its image with the highest IoU (the first
+on a tie), *even when that object is already taken*, as the devkit does: on a ``difficult``
+object it is ignored, else the first detection to take an object is a TP and later ones FP. So
+only "first to take" depends on the order and the assignment is vectorised. Ignored detections
+are left out of the precision-recall curve (they would only repeat a point).
 
 ``pixel_offset`` is added to widths and heights: 1 is the devkit's 1-based inclusive pixels, 0 the
 continuous convention (torchvision, COCO).
-
-A class without non-difficult ground truth has AP ``nan`` (no recall denominator) and is left out
-of the mean; one with ground truth but no detections has AP 0 (the devkit ports divide 0 by 0).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from mdk.engine.build import build_loss
-from mdk.eval.distributed import evaluate_alone
+from mdk.eval.distributed import evaluate
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,6 @@ class EvalSet:
 @torch.no_grad()
 def score(model: nn.Module, data: EvalSet) -> Score:
     """``model`` (in whatever mode its layers are) on ``data``, in this process alone."""
-    res = evaluate_alone(model, data.dataset, data.batch_size, data.device, data.conf_thresh,
-                         data.nms_iou, loss_fn=data.loss_fn, metric=data.metric,
-                         box_rule=data.box_rule)
+    res = evaluate(model, data.dataset, data.batch_size, data.device, data.conf_thresh,
+                   data.nms_iou, loss_fn=data.loss_fn, metric=data.metric, box_rule=data.box_rule)
     return Score(float(res["map50"]), float(res.get("loss", float("nan"))), str(res["metric"]))

@@ -1,16 +1,9 @@
-"""The loss of ``head=anchors`` (mdk.models.heads.AnchorHead): ``loss=anchors``.
+"""The loss of ``head=anchors`` (mdk.models.heads.AnchorHead): ``loss=anchors``; its terms:
+docs/pipeline.md (Heads). Each is summed within an image and averaged over the images of the
+batch (split-invariant under DDP, like mdk.models.loss).
 
-Terms, each summed within an image and averaged over the images of the batch (split-invariant
-under DDP, like mdk.models.loss):
-
-- ``box``: smooth-L1 between each assigned prior's encoded box (offsets and log-sizes in [0, 1])
-  and its object's: scale-free, so a small box counts as much as a large one (``1 - GIoU``
-  learnt far slower, docs/experiments.md);
-- ``conf_obj``: assigned priors' confidence -> 1; ``conf_noobj``: every other prior's -> 0, but for
-  those whose box already overlaps an object of the image by more than ``ignore_iou`` (YOLOv3's
-  ignore rule: a good duplicate is not punished);
-- ``cls``: assigned priors' class scores -> one-hot.
-
+The box term is smooth-L1 on the encoded box (offsets and log-sizes in [0, 1]): scale-free, so a
+small box counts as much as a large one (``1 - GIoU`` learnt far slower, docs/experiments.md).
 Confidences and class scores are regressed with smooth-L1 towards 0/1: the chip's output is
 linear, then 5-bit, so no sigmoid can follow it.
 """
@@ -24,7 +17,7 @@ from torch import nn
 from torchvision.ops import box_iou
 
 from mdk.models.heads import AnchorHead
-from mdk.models.loss import check_beta, check_weights, is_number
+from mdk.models.config import check_beta, check_weights, is_number
 
 
 class AnchorLoss(nn.Module):
@@ -52,19 +45,16 @@ class AnchorLoss(nn.Module):
     def _ignored(self, pbox: torch.Tensor, tbox: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """[N, S, S, B] True where a prior's box overlaps one of its image's objects by more
         than ignore_iou."""
-        n = pbox.shape[0]
-        out = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
-        flat_p, flat_t, flat_pos = pbox.reshape(n, -1, 4), tbox.reshape(n, -1, 4), pos.reshape(n, -1)
-        for i in range(n):
-            objects = flat_t[i][flat_pos[i]]
+        out = torch.zeros_like(pos)
+        for i in range(pos.shape[0]):
+            objects = tbox[i][pos[i]]
             if objects.numel():
-                best = box_iou(flat_p[i], objects).max(1).values
-                out.view(n, -1)[i] = best > self.ignore_iou
+                best = box_iou(pbox[i].reshape(-1, 4), objects).max(1).values
+                out[i] = (best > self.ignore_iou).view(pos.shape[1:])
         return out
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """pred ``[N, B*(5+C), S, S]``; target ``[N, S, S, B*(5+C)]`` -> loss terms and 'total'."""
-        n = pred.shape[0]
         dt = torch.float64 if pred.dtype == torch.float64 else torch.float32
         p = self.head.per_prior(pred.to(dt))
         t = target.to(dt).reshape(p.shape)

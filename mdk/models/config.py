@@ -6,6 +6,7 @@ these schemas (``defaults: [/_schema_model_gnetdet@_here_, _self_]``) or none.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -92,6 +93,28 @@ class AnchorHeadConf:
     size_range: float = 6.0
     match_ratio: float = 4.0
     neighbours: bool = False
+
+
+def is_number(v: object) -> bool:
+    """An int or float from the config (YAML's true/false are bools, not numbers here)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
+def check_int(key: str, value: Any, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_weights(**weights: float) -> None:
+    for key, v in weights.items():
+        if not is_number(v) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
+
+
+def check_beta(beta: float) -> None:
+    if not is_number(beta) or not beta > 0:
+        raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
 
 
 MODEL_SCHEMAS: dict[str, type] = {"gnetdet": ModelConf}

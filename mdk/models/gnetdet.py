@@ -1,7 +1,6 @@
-"""GNetDet: a plain stack of chip layers (docs/pipeline.md) with a YOLOv1-style output grid.
-
-The published GNetDet-448 is 16 3x3 convs (`64,M,64,M,128,128,M,256x3,M,256x3,M,256x3,256,256,10+C`)
-giving a 14x14 grid; the head (mdk.models.heads) says what the output channels mean.
+"""GNetDet: a plain stack of chip layers (docs/pipeline.md) with a YOLOv1-style output grid
+(GNetDet-448 as published: conf/model/gnetdet.yaml); the head (mdk.models.heads) says what the
+output channels mean.
 """
 from __future__ import annotations
 
@@ -35,12 +34,11 @@ def quantize_input(images: torch.Tensor) -> torch.Tensor:
 class GNetDet(nn.Module):
     def __init__(self, num_classes: int, channels: LayerSpec, mask_bits: Sequence[int],
                  image_size: int = 448, boxes_per_cell: int = 2, batch_norm: bool = False,
-                 activation_checkpointing: bool = False, head: Optional[Any] = None) -> None:
+                 head: Optional[Any] = None) -> None:
         super().__init__()
-        # A plain attribute, not state: it changes memory, never the numbers.
-        self.activation_checkpointing = bool(activation_checkpointing)
-        # Batch slices recomputed one at a time (1 = whole batches: trainer.deterministic, where
-        # a conv on a slice could pick another kernel and change the losses' last bits).
+        # A plain attribute, not state (set by build_model): it changes memory, never the numbers.
+        self.activation_checkpointing = False
+        # Batch slices recomputed one at a time (1, whole batches: build_model, deterministic mode).
         self.checkpoint_slices = CHECKPOINT_SLICES
         self.head = head if head is not None else YoloV1Head(num_classes, boxes_per_cell)
         if self.head.num_classes != num_classes:
@@ -74,9 +72,6 @@ class GNetDet(nn.Module):
         self.grid = image_size // (2 ** n_pool)
         # Step4 sets this to c_last / 31 after gain fusion so outputs keep their float scale.
         self.register_buffer("out_scale", torch.tensor(1.0))
-        self._init_weights()
-
-    def _init_weights(self) -> None:
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")

@@ -1,45 +1,21 @@
 """The GTI GNetDet MDK's detection loss (``loss=gti``), with mdk's split-invariant normalisation.
 
-Terms, as the GTI MDK's ``GNetDetLoss`` computes them (smooth-L1, threshold ``beta`` = 1, summed):
-
-- ``noobj``: both box confidences of every cell without an object -> 0, weight ``lambda_noobj``
-  (0.005; mdk's default loss uses 0.5 on every non-responsible slot).
-- ``contain``: the responsible box (highest IoU with the target) regresses its confidence to that
-  IoU (mdk's default: to 1), weight 2. The IoU keeps its gradient, as in the GTI MDK
-  (``iou_target_grad``).
-- ``loc``: x, y of the responsible box, plus ``sqrt(w), sqrt(h)`` against the target's, weight 5.
-- ``not_contain``: the other box slots of object cells -> 0, weight 1.
-- ``cls``: class scores of object cells, weight 1.
-
-Predictions get ``+1e-8`` first (as there; it keeps ``sqrt`` finite at 0). The GTI model ends in a
-ReLU, so its w, h are >= 0; mdk's output layer is linear until step3 and w, h can be negative, so
-``sqrt`` is taken as ``sign(v) * sqrt(|v| + 1e-8)``: the same for v >= 0, and a negative width
-is pulled up instead of giving NaN.
-
-Normalisation. The GTI MDK divides every summed term by a running count of objects per batch,
-``c <- 0.9 c + 0.1 max(objects, 1)`` from ``c = 100``, per process (so its gradient depends on the
-split). mdk keeps it per image, ``nu = c / images``; with ``normalizer: running``:
-
-    nu <- momentum * nu + (1 - momentum) * max(objects in the global batch, 1) / images in it
-
-with both counts summed over all ranks, so every rank holds the same ``nu``; for one process with
-a constant batch of N images this is the GTI loss with ``c = N * nu`` (``normalizer_init`` 6.25 is
-GTI's 100 for its batch of 16). It updates only with gradients enabled (not in validation).
-``normalizer: fixed`` keeps ``nu = normalizer_init``.
-
-Split invariance: with ``fixed`` always; with ``running`` for plain DDP with equal per-rank
-batches, not with ``dist.exact_chunk`` (``nu`` advances once per chunk; use ``fixed`` there).
-``nu`` is a buffer, so a resumed run continues the same average.
+Terms and weights as the GTI MDK's ``GNetDetLoss`` computes them (smooth-L1, summed): ``loc`` (x,
+y, ``sqrt(w), sqrt(h)`` of the responsible box), ``contain`` (its confidence -> its IoU, with
+gradient), ``not_contain`` (the other slots of object cells -> 0), ``noobj`` (cells without an
+object -> 0), ``cls``. Every term is divided by ``nu``, a running count of objects per image over
+the global batch. How ``nu`` maps GTI's running count of objects per batch, where it is
+split-invariant, and the signed ``sqrt``: docs/gti-compat.md (10. Loss).
 """
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mdk import dist
-from mdk.models.loss import check_beta, check_shape, check_weights, is_number, slot_iou
+from mdk.models.config import check_beta, check_int, check_weights, is_number
+from mdk.models.loss import slot_iou
 
 NORMALIZERS = ("running", "fixed")
 PRED_EPS = 1e-8  # added to every prediction, as the GTI MDK does
@@ -64,7 +40,8 @@ class GtiLoss(nn.Module):
                  iou_target_grad: bool = True, normalizer: str = "running",
                  normalizer_init: float = 6.25, normalizer_momentum: float = 0.9) -> None:
         super().__init__()
-        check_shape(num_classes, boxes_per_cell)
+        check_int("loss.num_classes", num_classes)
+        check_int("loss.boxes_per_cell", boxes_per_cell)
         check_weights(lambda_coord=lambda_coord, lambda_contain=lambda_contain,
                       lambda_not_contain=lambda_not_contain, lambda_noobj=lambda_noobj,
                       lambda_cls=lambda_cls)
@@ -120,19 +97,18 @@ class GtiLoss(nn.Module):
         sl1 = lambda a, b: F.smooth_l1_loss(a, b, reduction="none", beta=self.beta)  # noqa: E731
         conf = pb[..., 4]
         to_zero = sl1(conf, torch.zeros_like(conf))
-        per_image = {
-            "loc": ((sl1(pb[..., :2], tb[..., None, :2].expand_as(pb[..., :2])).sum(-1)
+        per_image = {  # weight, per-slot values
+            "loc": (self.lambda_coord,
+                    (sl1(pb[..., :2], tb[..., None, :2].expand_as(pb[..., :2])).sum(-1)
                      + sl1(signed_sqrt(pb[..., 2:4]),
                            tb[..., None, 2:4].sqrt().expand_as(pb[..., 2:4])).sum(-1)) * resp),
-            "contain": sl1(conf, iou) * resp,
-            "not_contain": to_zero * other,
-            "noobj": to_zero * empty,
-            "cls": sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1, keepdim=True) * obj.unsqueeze(-1),
+            "contain": (self.lambda_contain, sl1(conf, iou) * resp),
+            "not_contain": (self.lambda_not_contain, to_zero * other),
+            "noobj": (self.lambda_noobj, to_zero * empty),
+            "cls": (self.lambda_cls,
+                    sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1, keepdim=True) * obj.unsqueeze(-1)),
         }
-        weights = {"loc": self.lambda_coord, "contain": self.lambda_contain,
-                   "not_contain": self.lambda_not_contain, "noobj": self.lambda_noobj,
-                   "cls": self.lambda_cls}
         nu = self._update_nu(obj).to(dt)
-        terms = {k: weights[k] * v.sum((1, 2, 3)).mean() / nu for k, v in per_image.items()}
+        terms = {k: w * v.sum((1, 2, 3)).mean() / nu for k, (w, v) in per_image.items()}
         terms["total"] = sum(terms.values())
         return terms

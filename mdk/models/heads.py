@@ -2,18 +2,8 @@
 
 The chip runs the conv layers only, so a head is a plain host object (no weights): ``channels``
 (the output conv's width), ``encode`` (one image's boxes -> its target ``[S, S, D]``) and
-``decode`` (outputs -> detections). Model, loss, dataset and evaluation read the same head.
-
-- :class:`YoloV1Head` (``head=yolov1``): GNetDet's YOLOv1 grid (mdk.models.yolo_codec), one object
-  per cell, class scores per cell; the GTI MDK's loss (``loss=gti``) reads this layout.
-- :class:`AnchorHead` (``head=anchors``): YOLOv2-style box priors with classes per prior; an object
-  is assigned to every prior whose shape is within ``match_ratio`` of its own, in its centre cell
-  and the two nearest neighbour cells (YOLOv5's assignment), so a cell holds several objects.
-
-Every :class:`AnchorHead` output is trained towards [0, 1]: from step3 on the last layer is a
-5-bit activation with one cap for all channels, so a channel of another range would get few of
-the 32 levels. Sizes are log-encoded relative to the prior (``w = prior * size_range ** (2 t -
-1)``), so one level is the same relative size step for small and large boxes.
+``decode`` (outputs -> detections). Model, loss, dataset and evaluation read the same head. The
+layouts, the anchor assignment and why anchor sizes are log-coded: docs/pipeline.md (Heads).
 """
 from __future__ import annotations
 
@@ -24,12 +14,7 @@ import numpy as np
 import torch
 
 from mdk.models import yolo_codec
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"head.{name} must be an integer >= {low}, got {value!r}")
-    return value
+from mdk.models.config import check_int, is_number
 
 
 class YoloV1Head:
@@ -38,8 +23,8 @@ class YoloV1Head:
     kind = "yolov1"
 
     def __init__(self, num_classes: int, boxes_per_cell: int = 1) -> None:
-        self.num_classes = _check_int("num_classes", num_classes, 1)
-        self.boxes_per_cell = _check_int("boxes_per_cell", boxes_per_cell, 1)
+        self.num_classes = check_int("head.num_classes", num_classes)
+        self.boxes_per_cell = check_int("head.boxes_per_cell", boxes_per_cell)
 
     @property
     def channels(self) -> int:
@@ -62,14 +47,15 @@ class YoloV1Head:
 
 
 class AnchorHead:
-    """Box priors per cell; per prior ``[x, y, w, h, conf, class scores...]`` (see the module)."""
+    """Box priors per cell; per prior ``[x, y, w, h, conf, class scores...]``, every value trained
+    towards [0, 1] (one 5-bit cap for all channels from step3 on)."""
 
     kind = "anchors"
 
     def __init__(self, num_classes: int, anchors: Sequence[Sequence[float]],
                  size_range: float = 6.0, match_ratio: float = 4.0,
                  neighbours: bool = False) -> None:
-        self.num_classes = _check_int("num_classes", num_classes, 1)
+        self.num_classes = check_int("head.num_classes", num_classes)
         try:
             a = np.asarray(anchors, dtype=np.float64)
         except (TypeError, ValueError):
@@ -79,7 +65,7 @@ class AnchorHead:
             raise ValueError(f"head.anchors must be a list of [width, height] pairs, fractions of "
                              f"the image in (0, 1], e.g. [[0.1,0.1],[0.3,0.3]]; got {anchors!r}")
         for key, v in (("size_range", size_range), ("match_ratio", match_ratio)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 1:
+            if not is_number(v) or not v > 1:
                 raise ValueError(f"head.{key} must be a number > 1, got {v!r}")
         self.anchors = a
         self.size_range, self.match_ratio = float(size_range), float(match_ratio)
@@ -128,10 +114,8 @@ class AnchorHead:
     def encode(self, boxes: torch.Tensor, labels: torch.Tensor, grid: int,
                image_size: float) -> torch.Tensor:
         """One image's boxes ``[K, 4]`` xyxy (pixels of an ``image_size`` square; 1 for
-        normalised) and labels -> target ``[S, S, B*(5+C)]``. Each object goes to every prior of
-        ratio < ``match_ratio`` (else its best), in its centre cell and, with ``neighbours``, the
-        nearer neighbours. On a shared (cell, prior) the centre-cell claim wins, then the better
-        shape, so annotation order does not matter."""
+        normalised) and labels -> target ``[S, S, B*(5+C)]``, assigned as docs/pipeline.md (Heads)
+        says; claims are sorted, so annotation order does not matter."""
         s, nb, c = int(grid), self.boxes_per_cell, self.num_classes
         target = np.zeros((s, s, nb, 5 + c), dtype=np.float32)
         b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) / float(image_size)

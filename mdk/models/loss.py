@@ -1,74 +1,30 @@
 """YOLOv1-style GNetDet loss with smooth-L1 terms (``loss=default``; ``loss=gti`` is
-:mod:`mdk.models.gti_loss`).
+:mod:`mdk.models.gti_loss`); terms and weights: docs/gti-compat.md (10. Loss).
 
 Every term is summed within an image and averaged over the local batch; DDP averages over ranks,
-so with equal per-rank batches the gradient does not depend on the split.
-
-``ignore_iou`` (YOLOv3's ignore threshold): a non-responsible slot of an object cell gets no
-confidence target when its box already overlaps the object by more than this IoU. Without it
-(``null``, YOLOv1) two slots predicting the same box are told "1" and "0" by turns and their
-confidences can settle at ~0.5.
+so with equal per-rank batches the gradient does not depend on the split. ``ignore_iou`` (YOLOv3's
+ignore rule): without it two slots predicting the same box are told "1" and "0" by turns and
+their confidences can settle at ~0.5.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _cell_boxes_to_xyxy(b: torch.Tensor, grid: int) -> torch.Tensor:
-    """[..., S, S, 4] (x, y in cell, w, h of image) -> [..., S, S, 4] normalised xyxy."""
-    S = grid
-    ys, xs = torch.meshgrid(torch.arange(S, device=b.device), torch.arange(S, device=b.device),
-                            indexing="ij")
-    cx = (b[..., 0] + xs) / S
-    cy = (b[..., 1] + ys) / S
-    w, h = b[..., 2], b[..., 3]
-    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
-
-
-def _paired_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IoU of matching rows of two [N, 4] xyxy tensors (box_iou's diagonal without N^2 memory)."""
-    lt = torch.maximum(a[:, :2], b[:, :2])
-    rb = torch.minimum(a[:, 2:], b[:, 2:])
-    inter = (rb - lt).clamp(min=0).prod(-1)
-    area = lambda x: (x[:, 2:] - x[:, :2]).clamp(min=0).prod(-1)  # noqa: E731
-    return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
+from mdk.models.config import check_beta, check_int, check_weights, is_number
+from mdk.models.yolo_codec import cell_xyxy
 
 
 def slot_iou(pb: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """IoU of each box slot ``pb`` [N, S, S, B, >=4] with its cell's target box ``t[..., :4]``
-    -> [N, S, S, B]."""
-    N, S, _, B = pb.shape[:4]
-    pxy = _cell_boxes_to_xyxy(pb[..., :4].permute(0, 3, 1, 2, 4), S)  # [N, B, S, S, 4]
-    txy = _cell_boxes_to_xyxy(t[..., :4], S).unsqueeze(1).expand_as(pxy)
-    iou = _paired_iou(pxy.reshape(-1, 4), txy.reshape(-1, 4)).reshape(N, B, S, S)
-    return iou.permute(0, 2, 3, 1)
-
-
-def is_number(v: object) -> bool:
-    """An int or float from the config (YAML's true/false are bools, not numbers here)."""
-    return not isinstance(v, bool) and isinstance(v, (int, float))
-
-
-def check_weights(**weights: float) -> None:
-    for key, v in weights.items():
-        if not is_number(v) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
-
-
-def check_beta(beta: float) -> None:
-    if not is_number(beta) or not beta > 0:
-        raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
-
-
-def check_shape(num_classes: int, boxes_per_cell: int) -> None:
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"loss.num_classes must be an integer >= 1, got {num_classes!r}")
-    if isinstance(boxes_per_cell, bool) or not isinstance(boxes_per_cell, int) or boxes_per_cell < 1:
-        raise ValueError(f"loss.boxes_per_cell must be an integer >= 1, got {boxes_per_cell!r}")
+    -> [N, S, S, B] (box_iou's diagonal without N^2 memory)."""
+    a, b = cell_xyxy(pb), cell_xyxy(t[..., None, :4])
+    lt = torch.maximum(a[..., :2], b[..., :2])
+    rb = torch.minimum(a[..., 2:], b[..., 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area = lambda x: (x[..., 2:] - x[..., :2]).clamp(min=0).prod(-1)  # noqa: E731
+    return inter / (area(a) + area(b) - inter).clamp(min=1e-9)
 
 
 class YoloLoss(nn.Module):
@@ -81,7 +37,8 @@ class YoloLoss(nn.Module):
                  lambda_noobj: float = 0.5, beta: float = 1.0, lambda_obj: float = 1.0,
                  lambda_cls: float = 1.0, ignore_iou: float | None = 0.5) -> None:
         super().__init__()
-        check_shape(num_classes, boxes_per_cell)
+        check_int("loss.num_classes", num_classes)
+        check_int("loss.boxes_per_cell", boxes_per_cell)
         check_weights(lambda_coord=lambda_coord, lambda_noobj=lambda_noobj, lambda_obj=lambda_obj,
                       lambda_cls=lambda_cls)
         check_beta(beta)

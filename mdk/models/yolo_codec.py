@@ -53,40 +53,34 @@ def encode_target(boxes: torch.Tensor, labels: torch.Tensor, grid: int, boxes_pe
     return target
 
 
-def cell_boxes(pred: torch.Tensor, boxes_per_cell: int, image_size: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pred`` ``[N, 5B + C, S, S]`` -> boxes ``[N, S*S*B, 4]`` xyxy in pixels and conf ``[N, S*S*B]``."""
-    n, _, s, _ = pred.shape
-    b = boxes_per_cell
-    p = pred[:, :5 * b].reshape(n, b, 5, s, s).permute(0, 3, 4, 1, 2)   # [N, S(row), S(col), B, 5]
-    rows = torch.arange(s, dtype=pred.dtype, device=pred.device).view(1, s, 1, 1)
-    cols = torch.arange(s, dtype=pred.dtype, device=pred.device).view(1, 1, s, 1)
-    cx = (cols + p[..., 0]) / s
-    cy = (rows + p[..., 1]) / s
-    w, h = p[..., 2], p[..., 3]
-    xyxy = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1) * image_size
-    return xyxy.clamp(0, image_size).reshape(n, -1, 4), p[..., 4].reshape(n, -1)
+def cell_xyxy(b: torch.Tensor) -> torch.Tensor:
+    """``b`` ``[N, S, S, B, >=4]`` (x, y in the cell, w, h of the image) -> normalised xyxy
+    ``[N, S, S, B, 4]``."""
+    s = b.shape[1]
+    idx = torch.arange(s, dtype=b.dtype, device=b.device)
+    cx = (idx.view(1, 1, s, 1) + b[..., 0]) / s
+    cy = (idx.view(1, s, 1, 1) + b[..., 1]) / s
+    w, h = b[..., 2], b[..., 3]
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
 
 
 @torch.no_grad()
 def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
            nms_iou: float = 0.5, max_det: int = 100, *, boxes_per_cell: int) -> list[dict]:
     """Raw outputs ``[N, 5B + C, S, S]`` -> ``[{"boxes": [K, 4] xyxy pixels, "scores": [K],
-    "labels": [K] int64}]`` after per-class NMS.
-
-    ``score = box conf x best class score``, each clamped to [0, 1]: a linear output overshoots its
-    0/1 targets, which a user cannot threshold. ``boxes_per_cell`` has no default: a wrong B reads
-    class channels as boxes without error whenever 5B + C still fits.
+    "labels": [K] int64}]`` after per-class NMS (docs/pipeline.md, Heads). ``boxes_per_cell`` has
+    no default: a wrong B reads class channels as boxes without error whenever 5B + C still fits.
     """
     n, ch, s, s2 = pred.shape
     b = boxes_per_cell
     if s != s2 or ch <= 5 * b:
         raise ValueError(f"decode: expected [N, 5*{b}+C, S, S], got {list(pred.shape)}")
     pred = pred.float()
-    boxes, conf = cell_boxes(pred, b, image_size)
+    p = pred[:, :5 * b].reshape(n, b, 5, s, s).permute(0, 3, 4, 1, 2)   # [N, S(row), S(col), B, 5]
+    boxes = (cell_xyxy(p) * image_size).clamp(0, image_size).reshape(n, -1, 4)
     cls_score, cls = pred[:, 5 * b:].max(1)                               # [N, S, S]
-    cls_score = cls_score.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
-    cls = cls.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
     # The output layer is linear in float stages: negative conf/class values mean 'no' (two
     # negatives must not multiply into a confident detection), values over 1 mean 'yes'.
-    scores = conf.clamp(0, 1) * cls_score.clamp(0, 1)
+    scores = (p[..., 4].clamp(0, 1) * cls_score.unsqueeze(-1).clamp(0, 1)).reshape(n, -1)
+    cls = cls.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
     return nms(boxes, scores, cls, conf_thresh, nms_iou, max_det)
