@@ -152,19 +152,11 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
 
 
 class BatchAugment:
-    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``."""
+    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``,
+    each sample with the parameters the loader drew for its boxes (``batch[3]``)."""
 
     def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+        dataset.defer_images = True  # the loader returns the parameters, not augmented images
 
     def __call__(self, images: torch.Tensor, batch: Any) -> torch.Tensor:
-        """``batch``: (images, targets, index[, params]); without the params the loader drew for
-        the boxes, they are drawn again from the index."""
-        if len(batch) > 3:
-            return augment_batch(images, batch[3])
-        ds = self.dataset
-        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size, ds.strengths)
-                            for i in batch[2].tolist()])
-        if images.is_cuda:  # pinned, so the copy is queued, not waited for
-            pt = pt.pin_memory()
-        return augment_batch(images, pt)
+        return augment_batch(images, batch[3])

@@ -119,11 +119,6 @@ class DetectionDataset(Dataset):
         return (torch.from_numpy(e.boxes.copy()), torch.from_numpy(e.labels.copy()),
                 torch.from_numpy(e.difficult.copy()))
 
-    def rng(self, index: int, epoch: int | None = None) -> np.random.Generator:
-        """The augmentation generator of one sample (``epoch`` None: the one ``set_epoch`` gave)."""
-        e = self.epoch if epoch is None else epoch
-        return np.random.default_rng([self.seed & 0xFFFFFFFF, int(e), int(index)])
-
     def __getitem__(self, key: int | tuple[int, int]) -> tuple:
         """``(image uint8 [3, H, W], target, index)``, plus the augmentation parameters [9] with
         ``defer_images``. ``key``: an index, or ``(epoch, index)`` (persistent workers never see
@@ -134,14 +129,14 @@ class DetectionDataset(Dataset):
         boxes, labels, difficult = self.gt(index)
         train = ~difficult & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         boxes, labels = boxes[train], labels[train]
-        p = None
         if self.augment:
-            p = draw(self.rng(index, epoch), self.image_size, self.strengths)
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, int(epoch), int(index)])
+            p = draw(rng, self.image_size, self.strengths)
             boxes, labels = augment_boxes(boxes, labels, p, self.image_size,
                                           self.strengths.min_visible)
             if not self.defer_images:  # else mdk.data.augment.BatchAugment on the device
                 img = augment_image(img, p)
         target = self.head.encode(boxes, labels, self.grid, self.image_size)
-        if p is not None and self.defer_images:  # the device applies them to the image
+        if self.augment and self.defer_images:  # the device applies them to the image
             return img, target, index, params_tensor([p])[0]
         return img, target, index
