@@ -13,14 +13,11 @@ Anything else wrong raises a one-line :class:`~mdk.errors.DataError` naming the 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
-from mdk.data.records import SplitRecords, clip_to_image, make_record, zero_area
+from mdk.data.records import SplitRecords, fix_box, make_record
 from mdk.errors import DataError
-
-log = logging.getLogger(__name__)
 
 ANNOTATIONS = "annotations/instances_{split}.json"
 IMAGES = "{split}"
@@ -156,19 +153,9 @@ class COCOReader:
                 raise DataError(f"{path}: {where} has iscrowd={crowd!r}, not 0 or 1; fix the "
                                 "annotation")
             x, y, w, h = (float(v) for v in bbox)
-            box = [x, y, x + w, y + h]
             _, width, height = images[iid]
-            fixed, changed = clip_to_image(box, width, height)
-            if zero_area(fixed):
-                out.zero_area += 1
-                log.debug("%s: %s box %s has zero area inside %dx%d: kept for evaluation only",
-                          path, where, box, width, height)
-            elif changed:
-                out.clipped += 1
-                log.debug("%s: %s box %s outside %dx%d: clipped to %s", path, where, box, width,
-                          height, fixed)
             boxes, labels, difficult = objects[iid]
-            boxes.append(fixed)
+            boxes.append(fix_box([x, y, x + w, y + h], width, height, out, path, where))
             labels.append(index[cats[cid]])
             difficult.append(bool(crowd))
         for iid, (rel, width, height) in images.items():

@@ -14,11 +14,14 @@ the VOC devkit counts it (an object no detection can match); anything else wrong
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +82,22 @@ def clip_to_image(box: list[float], width: int, height: int) -> tuple[list[float
 def zero_area(box: Sequence[float]) -> bool:
     """``xmax <= xmin`` or ``ymax <= ymin``: nothing to learn, and no detection can match it."""
     return box[2] <= box[0] or box[3] <= box[1]
+
+
+def fix_box(box: list[float], width: int, height: int, got: SplitRecords, path: Path, where: str
+            ) -> list[float]:
+    """:func:`clip_to_image` in a shipped reader: a clip or a zero area counted in ``got`` and
+    logged at DEBUG (``path``, ``where``: the file and the object)."""
+    fixed, changed = clip_to_image(box, width, height)
+    if zero_area(fixed):
+        got.zero_area += 1
+        log.debug("%s: %s box %s has zero area inside %dx%d: kept for evaluation only", path,
+                  where, box, width, height)
+    elif changed:
+        got.clipped += 1
+        log.debug("%s: %s box %s outside %dx%d: clipped to %s", path, where, box, width, height,
+                  fixed)
+    return fixed
 
 
 def make_record(image: str, width: int, height: int, boxes: Sequence[Sequence[float]],
