@@ -26,19 +26,7 @@ from torchvision.transforms.v2 import functional as F
 from mdk.data.config import AugmentConf
 
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
-
-
-class Strengths(AugmentConf):
-    """``dataset.augmentation``: its keys and defaults are the schema's (mdk/data/config.py
-    ``AugmentConf``)."""
-
-    @classmethod
-    def of(cls, node: Any) -> "Strengths":
-        """From a config mapping (None: the defaults)."""
-        return cls() if node is None else cls(**node)
-
-
-DEFAULT = Strengths()
+DEFAULT = AugmentConf()  # dataset.augmentation's defaults
 
 
 @dataclass(frozen=True)
@@ -53,7 +41,7 @@ class AugParams:
     vflip: bool = False
 
 
-def draw(rng: np.random.Generator, size: int, st: Strengths = DEFAULT) -> AugParams:
+def draw(rng: np.random.Generator, size: int, st: AugmentConf = DEFAULT) -> AugParams:
     """Every number of one sample, in a fixed order that never depends on a drawn value (the
     vertical flip's is drawn last, and only when on, keeping the older default stream)."""
     flip, use_affine = rng.random() < st.flip, rng.random() < st.affine

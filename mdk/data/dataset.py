@@ -24,7 +24,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from mdk import faults
-from mdk.data.augment import Strengths, augment_boxes, augment_image, draw, params_tensor
+from mdk.data.augment import augment_boxes, augment_image, draw, params_tensor
+from mdk.data.config import AugmentConf
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
 from mdk.data.records import Record
 from mdk.errors import DataError
@@ -48,7 +49,7 @@ class DetectionDataset(Dataset):
         self.head = head  # encodes the training targets (mdk.models.heads), decodes evaluations
         self.boxes_per_cell = head.boxes_per_cell
         self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
-        self.strengths = Strengths.of(augmentation)  # dataset.augmentation
+        self.strengths = AugmentConf(**(augmentation or {}))  # dataset.augmentation
         # True: the training device augments the images in batches (dataset.augment_on); boxes
         # and targets are still augmented here.
         self.defer_images = False
