@@ -1,17 +1,12 @@
 """Training augmentation: flips, scale/shift (affine) and colour jitter, with boxes.
 
-A sample's random numbers are drawn up front, in a fixed order (``draw``), from its
-(seed, epoch, index) generator, so it is augmented the same way whatever the batch split, world
-size, worker count or device (the alignment check and bit-identical resume rely on it).
-
-The image part runs in one of two places, from the same parameters:
-
-* ``augment_image``: one sample in the loader worker, with torchvision's ops (the CPU default);
-* ``BatchAugment``: a uint8 batch on the training device (``dataset.augment_on: device``, the
-  default with CUDA), torchvision's formulas batched, so slow per-sample CPU ops never make the
-  GPU wait. Boxes and targets are transformed in the loader either way.
-
-The two agree to rounding: a pixel may be off by one.
+A sample's numbers are drawn up front in a fixed order (``draw``) from its (seed, epoch, index)
+generator, so the batch split, world size, workers and device never change them (the alignment
+check and bit-identical resume rely on it; docs/distributed.md, Semantics). The image part runs
+in the loader worker (``augment_image``, torchvision's ops) or, with ``dataset.augment_on``
+device, batched on the device (``BatchAugment``, torchvision's formulas: slow per-sample CPU ops
+never make the GPU wait); the two agree to rounding (a pixel may be off by one). Boxes and
+targets are transformed in the loader either way.
 """
 from __future__ import annotations
 

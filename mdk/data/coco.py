@@ -1,14 +1,7 @@
-"""COCO instances JSON: :class:`COCOReader`, the reader of ``dataset=coco`` (conf/dataset/coco.yaml).
-
-Layout (both paths are reader keys, relative to ``dataset.root``; ``{split}`` is the split name)::
-
-    <root>/annotations/instances_<split>.json    # reader.annotations
-    <root>/<split>/<file_name>                   # reader.images: the folder file_name is under
-
-Images and annotations keep the file's order. A category is matched to ``dataset.class_names``
-by its **name** (not its id). ``bbox [x, y, w, h]`` follows the bad-box policy of
-:mod:`mdk.data.records`; ``iscrowd=1`` regions become **difficult** objects, as VOC's are.
-Anything else wrong raises a one-line :class:`~mdk.errors.DataError` naming the file.
+"""COCO instances JSON: :class:`COCOReader`, the reader of ``dataset=coco`` (its layout, keys and
+rules: conf/dataset/coco.yaml). Images and annotations keep the file's order; boxes follow the
+bad-box policy of :mod:`mdk.data.records`; anything else wrong is a one-line
+:class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 

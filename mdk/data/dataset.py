@@ -3,9 +3,7 @@
 Items are ``(image uint8 [3, H, W], target [S, S, D], index)``, ``H = W = image_size``, the target
 laid out by the model's head (``head.encode``).
 
-Augmentation is split-invariant: every random number comes from a generator seeded by
-``(seed, epoch, index)``, so a sample is augmented the same way whatever the batch split, world
-size or worker count (single- vs multi-process alignment relies on it). Call
+Augmentation is seeded by ``(seed, epoch, index)`` (:mod:`mdk.data.augment`); call
 :meth:`DetectionDataset.set_epoch` each epoch.
 
 ``difficult`` objects (VOC difficult, COCO crowd) and zero-area boxes are left out of the training

@@ -1,16 +1,9 @@
-"""The standard record every dataset format is read into, and the reader interface.
-
-A dataset format is one reader class: it turns its own files into :class:`Record` lists per
-split, and nothing after it knows the format. A reader is named in the dataset's YAML::
-
-    reader:
-      _target_: mdk.data.coco.COCOReader   # the class; it is called with root= and class_names=
-      annotations: annotations/instances_{split}.json   # its own keys, passed as they are
+"""The standard record every dataset format is read into, and the reader interface (a format is
+one reader class named by ``dataset.reader._target_``: README.md, "Extending mdk").
 
 The bad-box policy is the same for every format (:func:`clip_to_image`): a box partly outside
 the image is clipped and counted; a box of zero area is counted and kept for evaluation only, as
-the VOC devkit counts it (an object no detection can match); anything else wrong is a
-:class:`~mdk.errors.DataError` naming the file.
+the VOC devkit counts it; anything else wrong is a :class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 
