@@ -1,8 +1,5 @@
 """Detection dataset over the records of one split (:mod:`mdk.data.records`), whatever the format.
 
-Items are ``(image uint8 [3, H, W], target [S, S, D], index)``, ``H = W = image_size``, the target
-laid out by the model's head (``head.encode``).
-
 Augmentation is seeded by ``(seed, epoch, index)`` (:mod:`mdk.data.augment`); call
 :meth:`DetectionDataset.set_epoch` each epoch.
 
