@@ -1,8 +1,5 @@
-"""The harder built-in dataset: 15 classes of small, overlapping shapes on textured clutter.
-
-Five kinds in three fill styles (solid, outline, striped) make the 15 classes ``<kind>_<style>``,
-told apart by outline and fill. Object sizes are log-uniform (small ones are common); boxes may
-overlap; distractors that are no class lie under and across the objects. Generated like
+"""The harder built-in dataset: 15 classes (``<kind>_<style>``) of small, overlapping shapes on
+textured clutter (docs/pipeline.md, "The harder built-in dataset"). Generated like
 :mod:`mdk.data.shapes`: byte-identical for the same parameters.
 """
 from __future__ import annotations
