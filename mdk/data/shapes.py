@@ -12,9 +12,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-# voc_xml is imported by name from here too (benchmarks/bench_data.py)
-from mdk.data.generated import (bytes_for, check_request, ensure_generated, manifest,
-                                 voc_xml, write_voc)  # noqa: F401
+from mdk.data.generated import bytes_for, check_request, ensure_generated, manifest, write_voc
 from mdk.data.shape_drawing import background, contrasting_colour, iou, place_shape
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
