@@ -76,8 +76,9 @@ def index_check(n: int) -> None:
 
     import numpy as np
 
+    from mdk.data.generated import voc_xml
     from mdk.data.index import ensure_meta, is_stale
-    from mdk.data.shapes import SHAPE_CLASSES, voc_xml
+    from mdk.data.shapes import SHAPE_CLASSES
     from mdk.data.voc import VOCReader
 
     source = (b"\t<source>\n\t\t<database>The VOC2007 Database</database>\n\t\t<annotation>PASCAL "

@@ -75,14 +75,14 @@ def test_strengths_shape_the_draws_and_the_default_stream_is_unchanged():
     """dataset.augmentation: the default strengths draw the same numbers as before the knobs
     existed (four uniforms after the two coin flips, no vertical flip drawn); stronger ones
     widen the zoom and add vertical flips, on the loader and the device paths alike."""
-    from mdk.data.augment import Strengths
+    from mdk.data.config import AugmentConf
 
     rng = np.random.default_rng([3, 0, 5])
     raw = rng.random(2), rng.uniform(0.8, 1.2), rng.uniform(-0.1, 0.1, 2), rng.uniform(0.8, 1.2, 3)
     p = draw(np.random.default_rng([3, 0, 5]), 48)
     assert (p.flip, p.affine, p.scale) == (raw[0][0] < 0.5, raw[0][1] < 0.5, raw[1]) and not p.vflip
     assert p.shift == tuple((raw[2] * 48).tolist()) and p.sat == raw[3][2]
-    strong = Strengths.of({"vflip": 0.5, "affine": 1.0, "scale": [0.5, 1.5], "shift": 0.2})
+    strong = AugmentConf(vflip=0.5, affine=1.0, scale=[0.5, 1.5], shift=0.2)
     ps = [draw(np.random.default_rng([1, 0, i]), 48, strong) for i in range(64)]
     assert all(q.affine for q in ps) and 10 < sum(q.vflip for q in ps) < 54
     assert min(q.scale for q in ps) < 0.7 and max(q.scale for q in ps) > 1.3

@@ -1,17 +1,12 @@
 """Training augmentation: flips, scale/shift (affine) and colour jitter, with boxes.
 
-A sample's random numbers are drawn up front, in a fixed order (``draw``), from its
-(seed, epoch, index) generator, so it is augmented the same way whatever the batch split, world
-size, worker count or device (the alignment check and bit-identical resume rely on it).
-
-The image part runs in one of two places, from the same parameters:
-
-* ``augment_image``: one sample in the loader worker, with torchvision's ops (the CPU default);
-* ``BatchAugment``: a uint8 batch on the training device (``dataset.augment_on: device``, the
-  default with CUDA), torchvision's formulas batched, so slow per-sample CPU ops never make the
-  GPU wait. Boxes and targets are transformed in the loader either way.
-
-The two agree to rounding: a pixel may be off by one.
+A sample's numbers are drawn up front in a fixed order (``draw``) from its (seed, epoch, index)
+generator, so the batch split, world size, workers and device never change them (the alignment
+check and bit-identical resume rely on it; docs/distributed.md, Semantics). The image part runs
+in the loader worker (``augment_image``, torchvision's ops) or, with ``dataset.augment_on``
+device, batched on the device (``BatchAugment``, torchvision's formulas: slow per-sample CPU ops
+never make the GPU wait); the two agree to rounding (a pixel may be off by one). Boxes and
+targets are transformed in the loader either way.
 """
 from __future__ import annotations
 
@@ -26,19 +21,7 @@ from torchvision.transforms.v2 import functional as F
 from mdk.data.config import AugmentConf
 
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
-
-
-class Strengths(AugmentConf):
-    """``dataset.augmentation``: its keys and defaults are the schema's (mdk/data/config.py
-    ``AugmentConf``)."""
-
-    @classmethod
-    def of(cls, node: Any) -> "Strengths":
-        """From a config mapping (None: the defaults)."""
-        return cls() if node is None else cls(**node)
-
-
-DEFAULT = Strengths()
+DEFAULT = AugmentConf()  # dataset.augmentation's defaults
 
 
 @dataclass(frozen=True)
@@ -53,7 +36,7 @@ class AugParams:
     vflip: bool = False
 
 
-def draw(rng: np.random.Generator, size: int, st: Strengths = DEFAULT) -> AugParams:
+def draw(rng: np.random.Generator, size: int, st: AugmentConf = DEFAULT) -> AugParams:
     """Every number of one sample, in a fixed order that never depends on a drawn value (the
     vertical flip's is drawn last, and only when on, keeping the older default stream)."""
     flip, use_affine = rng.random() < st.flip, rng.random() < st.affine
@@ -152,19 +135,11 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
 
 
 class BatchAugment:
-    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``."""
+    """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``,
+    each sample with the parameters the loader drew for its boxes (``batch[3]``)."""
 
     def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+        dataset.defer_images = True  # the loader returns the parameters, not augmented images
 
     def __call__(self, images: torch.Tensor, batch: Any) -> torch.Tensor:
-        """``batch``: (images, targets, index[, params]); without the params the loader drew for
-        the boxes, they are drawn again from the index."""
-        if len(batch) > 3:
-            return augment_batch(images, batch[3])
-        ds = self.dataset
-        pt = params_tensor([draw(ds.rng(int(i)), ds.image_size, ds.strengths)
-                            for i in batch[2].tolist()])
-        if images.is_cuda:  # pinned, so the copy is queued, not waited for
-            pt = pt.pin_memory()
-        return augment_batch(images, pt)
+        return augment_batch(images, batch[3])

@@ -1,26 +1,16 @@
-"""COCO instances JSON: :class:`COCOReader`, the reader of ``dataset=coco`` (conf/dataset/coco.yaml).
-
-Layout (both paths are reader keys, relative to ``dataset.root``; ``{split}`` is the split name)::
-
-    <root>/annotations/instances_<split>.json    # reader.annotations
-    <root>/<split>/<file_name>                   # reader.images: the folder file_name is under
-
-Images and annotations keep the file's order. A category is matched to ``dataset.class_names``
-by its **name** (not its id). ``bbox [x, y, w, h]`` follows the bad-box policy of
-:mod:`mdk.data.records`; ``iscrowd=1`` regions become **difficult** objects, as VOC's are.
-Anything else wrong raises a one-line :class:`~mdk.errors.DataError` naming the file.
+"""COCO instances JSON: :class:`COCOReader`, the reader of ``dataset=coco`` (its layout, keys and
+rules: conf/dataset/coco.yaml). Images and annotations keep the file's order; boxes follow the
+bad-box policy of :mod:`mdk.data.records`; anything else wrong is a one-line
+:class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
-from mdk.data.records import SplitRecords, clip_to_image, make_record, zero_area
+from mdk.data.records import SplitRecords, fix_box, make_record
 from mdk.errors import DataError
-
-log = logging.getLogger(__name__)
 
 ANNOTATIONS = "annotations/instances_{split}.json"
 IMAGES = "{split}"
@@ -156,19 +146,9 @@ class COCOReader:
                 raise DataError(f"{path}: {where} has iscrowd={crowd!r}, not 0 or 1; fix the "
                                 "annotation")
             x, y, w, h = (float(v) for v in bbox)
-            box = [x, y, x + w, y + h]
             _, width, height = images[iid]
-            fixed, changed = clip_to_image(box, width, height)
-            if zero_area(fixed):
-                out.zero_area += 1
-                log.debug("%s: %s box %s has zero area inside %dx%d: kept for evaluation only",
-                          path, where, box, width, height)
-            elif changed:
-                out.clipped += 1
-                log.debug("%s: %s box %s outside %dx%d: clipped to %s", path, where, box, width,
-                          height, fixed)
             boxes, labels, difficult = objects[iid]
-            boxes.append(fixed)
+            boxes.append(fix_box([x, y, x + w, y + h], width, height, out, path, where))
             labels.append(index[cats[cid]])
             difficult.append(bool(crowd))
         for iid, (rel, width, height) in images.items():

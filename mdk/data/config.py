@@ -20,8 +20,8 @@ REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_sp
 
 @dataclass
 class AugmentConf:
-    """``dataset.augmentation``, read by mdk/data/augment.py ``Strengths``. Mild defaults: the
-    chip's 5-bit input already removes detail."""
+    """``dataset.augmentation`` (mdk/data/augment.py). Mild defaults: the chip's 5-bit input
+    already removes detail."""
 
     flip: float = 0.5              # probability of a horizontal flip
     vflip: float = 0.0             # of a vertical flip (microscopy, aerial: no up or down)

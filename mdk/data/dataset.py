@@ -1,11 +1,6 @@
 """Detection dataset over the records of one split (:mod:`mdk.data.records`), whatever the format.
 
-Items are ``(image uint8 [3, H, W], target [S, S, D], index)``, ``H = W = image_size``, the target
-laid out by the model's head (``head.encode``).
-
-Augmentation is split-invariant: every random number comes from a generator seeded by
-``(seed, epoch, index)``, so a sample is augmented the same way whatever the batch split, world
-size or worker count (single- vs multi-process alignment relies on it). Call
+Augmentation is seeded by ``(seed, epoch, index)`` (:mod:`mdk.data.augment`); call
 :meth:`DetectionDataset.set_epoch` each epoch.
 
 ``difficult`` objects (VOC difficult, COCO crowd) and zero-area boxes are left out of the training
@@ -24,7 +19,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from mdk import faults
-from mdk.data.augment import Strengths, augment_boxes, augment_image, draw, params_tensor
+from mdk.data.augment import augment_boxes, augment_image, draw, params_tensor
+from mdk.data.config import AugmentConf
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
 from mdk.data.records import Record
 from mdk.errors import DataError
@@ -48,7 +44,7 @@ class DetectionDataset(Dataset):
         self.head = head  # encodes the training targets (mdk.models.heads), decodes evaluations
         self.boxes_per_cell = head.boxes_per_cell
         self.augment, self.seed, self.epoch = bool(augment), int(seed), 0
-        self.strengths = Strengths.of(augmentation)  # dataset.augmentation
+        self.strengths = AugmentConf(**(augmentation or {}))  # dataset.augmentation
         # True: the training device augments the images in batches (dataset.augment_on); boxes
         # and targets are still augmented here.
         self.defer_images = False
@@ -119,11 +115,6 @@ class DetectionDataset(Dataset):
         return (torch.from_numpy(e.boxes.copy()), torch.from_numpy(e.labels.copy()),
                 torch.from_numpy(e.difficult.copy()))
 
-    def rng(self, index: int, epoch: int | None = None) -> np.random.Generator:
-        """The augmentation generator of one sample (``epoch`` None: the one ``set_epoch`` gave)."""
-        e = self.epoch if epoch is None else epoch
-        return np.random.default_rng([self.seed & 0xFFFFFFFF, int(e), int(index)])
-
     def __getitem__(self, key: int | tuple[int, int]) -> tuple:
         """``(image uint8 [3, H, W], target, index)``, plus the augmentation parameters [9] with
         ``defer_images``. ``key``: an index, or ``(epoch, index)`` (persistent workers never see
@@ -134,14 +125,14 @@ class DetectionDataset(Dataset):
         boxes, labels, difficult = self.gt(index)
         train = ~difficult & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         boxes, labels = boxes[train], labels[train]
-        p = None
         if self.augment:
-            p = draw(self.rng(index, epoch), self.image_size, self.strengths)
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, int(epoch), int(index)])
+            p = draw(rng, self.image_size, self.strengths)
             boxes, labels = augment_boxes(boxes, labels, p, self.image_size,
                                           self.strengths.min_visible)
             if not self.defer_images:  # else mdk.data.augment.BatchAugment on the device
                 img = augment_image(img, p)
         target = self.head.encode(boxes, labels, self.grid, self.image_size)
-        if p is not None and self.defer_images:  # the device applies them to the image
+        if self.augment and self.defer_images:  # the device applies them to the image
             return img, target, index, params_tensor([p])[0]
         return img, target, index

@@ -1,16 +1,10 @@
-"""Bad images: every image of a split is decoded once, before any training, and the verdict cached.
+"""Bad images: every image of a split is decoded once, before any training, and the verdict cached
+(docs/errors.md, "Bad images": why decoding, what keys the cache).
 
 Up front, not on the fly: with ``dataset.on_bad_image=skip`` a bad image must leave the index
 before the sampler draws the epoch, so the same seed gives the same, full global batches; with
-``error`` it is one line from the main process instead of an error in a worker.
-
-Decoding, not ``Image.open().verify()``, which passes truncated or corrupted JPEGs. JPEGs are
-decoded in draft mode (1/8 DCT scaling): the whole stream is still read, at half the cost.
-
-The cache (``<meta_dir>/<split>.images.json``) keeps each image's size, mtime, ctime and verdict;
-only new or changed files are decoded again. The ctime (no user can set it) catches a file replaced
-with its old mtime put back (``cp -p``, a backup restore); hashing the bytes would read every image
-at each start.
+``error`` it is one line from the main process instead of an error in a worker. JPEGs are decoded
+in draft mode (1/8 DCT scaling): the whole stream is still read, at half the cost.
 """
 from __future__ import annotations
 

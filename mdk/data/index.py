@@ -1,17 +1,15 @@
 """The dataset index: one split's records, for any reader, cached in one meta txt file (the seed
 MDK's ``tools/xml_2_txt.py`` step; ``python -m mdk.tools.xml2txt``), and reading it back.
 
-Meta file format (v2): a header line ``# mdk-meta {json}`` (root, split, class list, reader
-class, the sources' ``content`` key, the bad-box counts), then one line per image::
+Meta file format (v2; an older file is rebuilt): a header line ``# mdk-meta {json}`` (root,
+split, class list, reader class, the sources' ``content`` key, the bad-box counts), then one line
+per image (its size rescales boxes without opening the image)::
 
     relative/image/path width height x1 y1 x2 y2 cls difficult x1 y1 x2 y2 cls difficult ...
 
-The seed's lines lack the image size (to rescale boxes without opening the image) and the
-``difficult`` flag. A version-1 file (which dropped zero-area boxes) is rebuilt.
-
-The cache is keyed by a hash of the names, sizes and bytes of the split's source files, not their
-time stamps, so an edit or a restored backup is always seen; reading the bytes is cheap next to
-parsing them. The images are not part of the key (:mod:`mdk.data.image_check` has its own).
+The key hashes the sources' names, sizes and bytes, not their time stamps (README.md, "Extending
+mdk"): reading the bytes is cheap next to parsing them. The images are not part of it
+(:mod:`mdk.data.image_check` has its own).
 """
 from __future__ import annotations
 

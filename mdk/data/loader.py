@@ -1,15 +1,12 @@
-"""A DataLoader whose worker errors end the run at once, as the same one-line error.
+"""A DataLoader whose worker errors end the run at once, as the same one-line error (docs/errors.md,
+"Bad images").
 
-With a plain DataLoader, a worker's exception re-raised in the main process forms a reference
-cycle with the iterator, so the iterator's ``__del__`` never stops the workers; at exit
-``multiprocessing`` SIGTERMs and joins them, and mdk's workers ignore SIGTERM (SLURM preemption:
-``mdk.engine.build.init_loader_worker``), so the process hangs. A forced ``gc.collect()`` is too
-late: the queues' finalizers have stopped their feeder threads. And the message is
-``"Caught DataError in DataLoader worker process 3.\\nOriginal Traceback ..."``, not one line.
-
-:class:`SafeLoader` shuts the workers down when an exception leaves the iterator (queues still
-alive, so they exit at once) and raises a wrapped user error again with its own message (the
-worker's traceback kept as a note, shown with ``HYDRA_FULL_ERROR=1``).
+Why a plain one hangs: the worker's exception re-raised in the main process forms a reference
+cycle with the iterator, whose ``__del__`` then never stops the workers; at exit
+``multiprocessing`` joins them, SIGTERM-deaf (SLURM preemption:
+``mdk.engine.build.init_loader_worker``), and a forced ``gc.collect()`` is too late (the queues'
+feeder threads have stopped). :class:`SafeLoader` shuts them down while the queues are alive; the
+worker's traceback is kept as a note (``HYDRA_FULL_ERROR=1``).
 """
 from __future__ import annotations
 

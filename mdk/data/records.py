@@ -1,24 +1,20 @@
-"""The standard record every dataset format is read into, and the reader interface.
-
-A dataset format is one reader class: it turns its own files into :class:`Record` lists per
-split, and nothing after it knows the format. A reader is named in the dataset's YAML::
-
-    reader:
-      _target_: mdk.data.coco.COCOReader   # the class; it is called with root= and class_names=
-      annotations: annotations/instances_{split}.json   # its own keys, passed as they are
+"""The standard record every dataset format is read into, and the reader interface (a format is
+one reader class named by ``dataset.reader._target_``: README.md, "Extending mdk").
 
 The bad-box policy is the same for every format (:func:`clip_to_image`): a box partly outside
 the image is clipped and counted; a box of zero area is counted and kept for evaluation only, as
-the VOC devkit counts it (an object no detection can match); anything else wrong is a
-:class:`~mdk.errors.DataError` naming the file.
+the VOC devkit counts it; anything else wrong is a :class:`~mdk.errors.DataError` naming the file.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +75,22 @@ def clip_to_image(box: list[float], width: int, height: int) -> tuple[list[float
 def zero_area(box: Sequence[float]) -> bool:
     """``xmax <= xmin`` or ``ymax <= ymin``: nothing to learn, and no detection can match it."""
     return box[2] <= box[0] or box[3] <= box[1]
+
+
+def fix_box(box: list[float], width: int, height: int, got: SplitRecords, path: Path, where: str
+            ) -> list[float]:
+    """:func:`clip_to_image` in a shipped reader: a clip or a zero area counted in ``got`` and
+    logged at DEBUG (``path``, ``where``: the file and the object)."""
+    fixed, changed = clip_to_image(box, width, height)
+    if zero_area(fixed):
+        got.zero_area += 1
+        log.debug("%s: %s box %s has zero area inside %dx%d: kept for evaluation only", path,
+                  where, box, width, height)
+    elif changed:
+        got.clipped += 1
+        log.debug("%s: %s box %s outside %dx%d: clipped to %s", path, where, box, width, height,
+                  fixed)
+    return fixed
 
 
 def make_record(image: str, width: int, height: int, boxes: Sequence[Sequence[float]],

@@ -1,9 +1,5 @@
-"""Samplers that make a global batch independent of how it is split over ranks.
-
-Training: one permutation per epoch seeded by (seed, epoch); rank r takes the r-th contiguous
-slice of each global batch. So world 1 x batch 16 and world 2 x batch 8 see the same global
-batches (the alignment check relies on it), and a mid-epoch resume skips the first k of them.
-Evaluation: no padding, so no image is counted twice.
+"""Samplers that make a global batch independent of how it is split over ranks (docs/distributed.md,
+Semantics); a mid-epoch resume skips the global batches already done.
 """
 from __future__ import annotations
 

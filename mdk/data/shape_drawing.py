@@ -36,6 +36,26 @@ def polygon(name: str, rng: np.random.Generator) -> np.ndarray:
     raise ValueError(name)
 
 
+def place_shape(kind: str, half: float, size: int, rng: np.random.Generator
+                ) -> tuple[np.ndarray | None, list | None, np.ndarray]:
+    """A ``kind`` of extent ``half`` at a random place: ``(polygon, ellipse, box)``, the polygon's
+    points or, for a circle, None and the ellipse's bounds; the box rounded out to whole pixels,
+    inside the image."""
+    cx, cy = rng.uniform(half, size - half, 2)
+    if kind == "circle":
+        aspect = rng.uniform(0.8, 1.25)
+        rx, ry = half, half * aspect if aspect <= 1 else half / aspect
+        pts, ellipse = None, [cx - rx, cy - ry, cx + rx, cy + ry]
+        box = np.array(ellipse)
+    else:
+        pts = polygon(kind, rng)
+        pts = pts / np.abs(pts).max() * half + (cx, cy)
+        ellipse, box = None, np.concatenate([pts.min(0), pts.max(0)])
+    box = np.clip(np.array([math.floor(box[0]), math.floor(box[1]),
+                            math.ceil(box[2]), math.ceil(box[3])]), 0, size)
+    return pts, ellipse, box
+
+
 def background(size: int, rng: np.random.Generator) -> np.ndarray:
     """Two-colour gradient in a random direction; noise is added after the objects are drawn."""
     c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)

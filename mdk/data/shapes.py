@@ -6,17 +6,14 @@ seeded by ``(seed, i)``: the output is byte-identical for the same parameters, a
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-# voc_xml is imported by name from here too (benchmarks/bench_data.py)
-from mdk.data.generated import (bytes_for, check_request, ensure_generated, manifest,
-                                 voc_xml, write_voc)  # noqa: F401
-from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
+from mdk.data.generated import bytes_for, check_request, ensure_generated, manifest, write_voc
+from mdk.data.shape_drawing import background, contrasting_colour, iou, place_shape
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 FORMAT_VERSION = 1
@@ -41,18 +38,7 @@ def render_image(index: int, image_size: int, seed: int, class_names: Sequence[s
         for _attempt in range(30):
             name = class_names[int(rng.integers(len(class_names)))]
             half = rng.uniform(MIN_SIZE_FRAC, MAX_SIZE_FRAC) * image_size / 2
-            cx, cy = rng.uniform(half, image_size - half, 2)
-            if name == "circle":
-                aspect = rng.uniform(0.8, 1.25)
-                rx, ry = half, half * aspect if aspect <= 1 else half / aspect
-                pts = None
-                box = np.array([cx - rx, cy - ry, cx + rx, cy + ry])
-            else:
-                pts = polygon(name, rng)
-                pts = pts / np.abs(pts).max() * half + (cx, cy)
-                box = np.concatenate([pts.min(0), pts.max(0)])
-            box = np.clip(np.array([math.floor(box[0]), math.floor(box[1]),
-                                    math.ceil(box[2]), math.ceil(box[3])]), 0, image_size)
+            pts, ellipse, box = place_shape(name, half, image_size, rng)
             if all(iou(box, other) < MAX_IOU for other in boxes):
                 break
         else:
@@ -61,7 +47,7 @@ def render_image(index: int, image_size: int, seed: int, class_names: Sequence[s
         local = bg[min(y0, image_size - 1), min(x0, image_size - 1)]
         colour = contrasting_colour(local, rng)
         if pts is None:
-            draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=colour)
+            draw.ellipse(ellipse, fill=colour)
         else:
             draw.polygon([(float(x), float(y)) for x, y in pts], fill=colour)
         boxes.append(box)

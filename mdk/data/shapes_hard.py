@@ -1,8 +1,5 @@
-"""The harder built-in dataset: 15 classes of small, overlapping shapes on textured clutter.
-
-Five kinds in three fill styles (solid, outline, striped) make the 15 classes ``<kind>_<style>``,
-told apart by outline and fill. Object sizes are log-uniform (small ones are common); boxes may
-overlap; distractors that are no class lie under and across the objects. Generated like
+"""The harder built-in dataset: 15 classes (``<kind>_<style>``) of small, overlapping shapes on
+textured clutter (docs/pipeline.md, "The harder built-in dataset"). Generated like
 :mod:`mdk.data.shapes`: byte-identical for the same parameters.
 """
 from __future__ import annotations
@@ -15,7 +12,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mdk.data.generated import bytes_for, check_request, ensure_generated, manifest, write_voc
-from mdk.data.shape_drawing import background, contrasting_colour, iou, polygon
+from mdk.data.shape_drawing import background, contrasting_colour, iou, place_shape
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 STYLES: tuple[str, ...] = ("solid", "outline", "striped")
@@ -87,23 +84,13 @@ def _distractor(draw: ImageDraw.ImageDraw, size: int, colour: tuple, rng: np.ran
 
 
 def _place(name: str, size: int, boxes: list[np.ndarray], rng: np.random.Generator):
-    """A free place for a new object: (kind, style, polygon or None, ellipse radii, box) or None."""
+    """A free place for a new object: (kind, style, polygon, ellipse, box) or None."""
     kind, style = name.rsplit("_", 1)
     for _attempt in range(30):
         half = math.exp(rng.uniform(math.log(MIN_SIZE_FRAC), math.log(MAX_SIZE_FRAC))) * size / 2
-        cx, cy = rng.uniform(half, size - half, 2)
-        pts = None if kind == "circle" else polygon(kind, rng)  # a circle: drawn as an ellipse
-        if pts is None:
-            aspect = rng.uniform(0.8, 1.25)
-            radii = (half, half * aspect if aspect <= 1 else half / aspect)
-            box = np.array([cx - radii[0], cy - radii[1], cx + radii[0], cy + radii[1]])
-        else:
-            pts = pts / np.abs(pts).max() * half + (cx, cy)
-            radii, box = None, np.concatenate([pts.min(0), pts.max(0)])
-        box = np.clip(np.array([math.floor(box[0]), math.floor(box[1]),
-                                math.ceil(box[2]), math.ceil(box[3])]), 0, size)
+        pts, ellipse, box = place_shape(kind, half, size, rng)
         if all(iou(box, o) < MAX_IOU and _covered(o, box) < MAX_COVER for o in boxes):
-            return kind, style, pts, (cx, cy, radii), box
+            return kind, style, pts, ellipse, box
     return None
 
 
@@ -116,7 +103,7 @@ def _covered(earlier: np.ndarray, later: np.ndarray) -> float:
 
 def _draw_object(canvas: np.ndarray, placed: tuple, rng: np.random.Generator) -> None:
     """Paint one placed object onto ``canvas`` (H x W x 3 float) in its style."""
-    kind, style, pts, (cx, cy, radii), box = placed
+    kind, style, pts, ellipse, box = placed
     size = canvas.shape[0]
     x0, y0, x1, y1 = (int(v) for v in box)
     colour = np.array(contrasting_colour(canvas[y0:y1, x0:x1].mean((0, 1)), rng), np.float32)
@@ -125,8 +112,7 @@ def _draw_object(canvas: np.ndarray, placed: tuple, rng: np.random.Generator) ->
     width = max(1, round((x1 - x0) * rng.uniform(0.07, 0.14)))
     fill, outline = (None, 255) if style == "outline" else (255, None)
     if pts is None:
-        draw.ellipse([cx - radii[0], cy - radii[1], cx + radii[0], cy + radii[1]], fill=fill,
-                     outline=outline, width=width)
+        draw.ellipse(ellipse, fill=fill, outline=outline, width=width)
     else:
         draw.polygon([(float(x), float(y)) for x, y in pts], fill=fill, outline=outline,
                      width=width)

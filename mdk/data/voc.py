@@ -6,15 +6,12 @@ kept as written in the XML (no 1-based shift).
 """
 from __future__ import annotations
 
-import logging
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
 
-from mdk.data.records import Record, SplitRecords, clip_to_image, make_record, zero_area
+from mdk.data.records import Record, SplitRecords, fix_box, make_record
 from mdk.errors import DataError
-
-log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -60,7 +57,7 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str], image: str = ""
         raise DataError(f"{path}: image size {width}x{height} is not positive; fix <size>")
     index = {name: i for i, name in enumerate(class_names)}
     boxes, labels, difficult = [], [], []
-    clipped = flat = 0
+    got = SplitRecords([])  # its counts only
     for k, obj in enumerate(root.findall("object")):
         where = f"<object> #{k}"
         name = _text(obj, "name", path, where)
@@ -72,19 +69,10 @@ def parse_voc_xml(path: str | Path, class_names: Sequence[str], image: str = ""
             raise DataError(f"{path}: {where} ({name}) has no <bndbox>; add one or remove the object")
         box = [_number(bb, t, path, f"{where} <bndbox>") for t in ("xmin", "ymin", "xmax", "ymax")]
         is_difficult = (obj.findtext("difficult") or "0").strip() not in ("0", "")
-        fixed, changed = clip_to_image(box, width, height)
-        if zero_area(fixed):
-            flat += 1
-            log.debug("%s: %s (%s) box %s has zero area inside %dx%d: kept for evaluation only",
-                      path, where, name, box, width, height)
-        elif changed:
-            clipped += 1
-            log.debug("%s: %s (%s) box %s outside %dx%d: clipped to %s", path, where, name, box,
-                      width, height, fixed)
-        boxes.append(fixed)
+        boxes.append(fix_box(box, width, height, got, path, f"{where} ({name})"))
         labels.append(index[name])
         difficult.append(is_difficult)
-    return make_record(image, width, height, boxes, labels, difficult), clipped, flat
+    return make_record(image, width, height, boxes, labels, difficult), got.clipped, got.zero_area
 
 
 def check_root(root: str | Path) -> Path:
