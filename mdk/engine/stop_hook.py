@@ -1,12 +1,10 @@
-"""Graceful stop on request: write last.pth at the next step boundary, then leave the loop.
+"""Graceful stop on request: write last.pth at the next step boundary, then leave the loop
+(docs/errors.md, "Stop signals"; docs/cluster.md, "Preemption and time limits").
 
-The launcher turns a stop signal into ``request_stop(reason)``; a signal handler must not save
-itself, as it can run mid optimizer step. The hook checks the flag after every step, so last.pth
-is a consistent "N steps done" state and a resumed run continues bit-identically.
-
-Under DDP the ranks may see the signal at different steps (or only one may): the flag is
-MAX-all-reduced so all stop after the same step. Step N's all-reduce is read after step N+1 (no
-host sync per step); at an epoch's end, after evaluation and checkpoint, the ranks agree at once.
+A signal handler must not save itself, as it can run mid optimizer step: it only sets the flag,
+which the hook checks after every step, so last.pth is a consistent "N steps done" state. Under
+DDP the flag is MAX-all-reduced, step N's read after step N+1 (no host sync per step); at an
+epoch's end, after evaluation and checkpoint, the ranks agree at once.
 """
 from __future__ import annotations
 
