@@ -38,18 +38,15 @@ class StopOnRequestHook(HookBase):
         stop_listening()
         self._pending = None  # (left by an error: every rank started it, it completes unread)
 
-    def _asked(self) -> bool:
-        return stop_requested() is not None
-
     def _agreed(self, now: bool) -> bool:
         """Whether any rank was asked: by now, or (``now`` False) by the previous step, whose
         agreement is read without a host sync. This process alone: by now."""
         if not self.distributed:
-            return self._asked()
+            return stop_requested() is not None
         if not is_armed():
             return False
         if now:
-            t = torch.tensor([float(self._asked())], device=self.trainer.device)
+            t = torch.tensor([float(stop_requested() is not None)], device=self.trainer.device)
             return bool(dist.all_reduce_max(t).item())
         before = self._pending is not None and self._pending() > 0
         self._pending = None
@@ -75,7 +72,7 @@ class StopOnRequestHook(HookBase):
             self._at_epoch_end = True
         elif mid_epoch and self.distributed and is_armed():
             # this step's agreement, read after the next step (no host sync now)
-            self._pending = dist.max_flag_started(float(self._asked()))
+            self._pending = dist.max_flag_started(float(stop_requested() is not None))
 
     def after_epoch(self) -> None:
         t = self.trainer

@@ -179,8 +179,11 @@ class WarmupScheduler(LRScheduler):
             "iters_per_epoch": self.iters_per_epoch,
             "interval": self.interval,
             "warmup": warmup,
-            **{k: getattr(self, k) for k in self.main_keys},
+            **self._main_params(),
         }
+
+    def _main_params(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.main_keys}
 
 
 def check_config(node: DictConfig) -> None:
