@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-import torch
-
 from mdk import dist
 from mdk.engine.loop import HookBase
 from mdk.stop import (StopRequested, is_armed, start_listening, stop_listening,
@@ -46,8 +44,7 @@ class StopOnRequestHook(HookBase):
         if not is_armed():
             return False
         if now:
-            t = torch.tensor([float(stop_requested() is not None)], device=self.trainer.device)
-            return bool(dist.all_reduce_max(t).item())
+            self._pending = dist.max_flag_started(float(stop_requested() is not None))
         before = self._pending is not None and self._pending() > 0
         self._pending = None
         return before
