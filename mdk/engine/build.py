@@ -57,12 +57,10 @@ def build_data(cfg: DictConfig, grid: int, world: Optional[World] = None, train:
 
 
 def init_loader_worker(worker_id: int) -> None:
-    """DataLoader worker init: leave stop signals to the trainer, and die with it.
-
-    SLURM and Ctrl-C signal every process (SIGTERM, SIGINT, SIGUSR1/2); a worker ended that way
-    fails the next batch fetch before the trainer can write last.pth, so they are ignored here.
-    A forked worker also holds the rank's gloo sockets: one outliving a killed rank would make the
-    peers wait for the collective timeout instead of failing at once. Hence PR_SET_PDEATHSIG."""
+    """DataLoader worker init: leave stop signals to the trainer, and die with it (docs/errors.md,
+    "Stop signals"). A worker a signal ended would fail the next batch fetch before last.pth is
+    written; one outliving a killed rank would hold its gloo sockets, so the peers would wait for
+    the collective timeout instead of failing at once."""
     for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None),
               getattr(signal, "SIGUSR2", None)):
         if s is not None:

@@ -1,9 +1,4 @@
-"""Moving data between host and GPU without making either wait.
-
-``CudaPrefetcher``: the next batch is copied to the GPU on a side stream while the current step
-computes. ``DeferredRead``: a small device tensor (loss terms, the NaN flag) copied back to pinned
-host memory without waiting and read one log interval later; on the CPU it is read at once.
-"""
+"""Moving data between host and GPU without making either wait."""
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -12,8 +7,9 @@ import torch
 
 
 class CudaPrefetcher:
-    """Iterate ``batches`` with each one's tensors already on ``device``; the third item (the
-    sample indices, read on the host) stays where it is."""
+    """Iterate ``batches`` with each one's tensors already on ``device``: the next batch is copied
+    on a side stream while the current step computes. The third item (the sample indices, read on
+    the host) stays where it is."""
 
     def __init__(self, batches: Iterator[Any], device: torch.device) -> None:
         self.batches, self.device = batches, device
@@ -46,8 +42,9 @@ class CudaPrefetcher:
 
 
 class DeferredRead:
-    """One pending device-to-host read at a time: ``push`` starts it, ``pop`` returns it (the
-    copy and whatever ``push`` was given alongside), waiting only if it has not finished."""
+    """One pending device-to-host read of a small tensor (loss terms, the NaN flag) into pinned
+    memory: ``push`` starts it, ``pop`` (one log interval later) returns it and whatever ``push``
+    was given alongside, waiting only if it has not finished. On the CPU: a copy at once."""
 
     def __init__(self) -> None:
         self.pending: Optional[tuple[torch.Tensor, Optional[torch.cuda.Event], Any]] = None

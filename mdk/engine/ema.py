@@ -137,11 +137,11 @@ class ModelEMA:
         self.updates = int(state["updates"])
 
     @torch.no_grad()
-    def sync_buffers(self, src: int = 0) -> None:
-        """Broadcast the EMA buffers (BN statistics) from rank ``src`` (a collective)."""
+    def sync_buffers(self) -> None:
+        """Broadcast the EMA buffers (BN statistics) from rank 0 (a collective)."""
         for k in sorted(self.buffer_names & self.shadow.keys()):  # same order on every rank
             if self.shadow[k].is_floating_point():  # integer counters agree already
-                tdist.broadcast(self.shadow[k], src)
+                tdist.broadcast(self.shadow[k], 0)
 
 
 def ema_from_config(node: Any, model: nn.Module) -> Optional[ModelEMA]:

@@ -1,11 +1,7 @@
-"""World-size-invariant gradients (``dist.exact_chunk``): the same bits for every split of a batch.
-
-DDP's all-reduce adds per-rank sums, so world 1 x 8 and world 2 x 4 round differently and float32
-training amplifies that (docs/distributed.md). With ``dist.exact_chunk=c`` each chunk of c images
-gets its own gradient (the same kernels on the same images whatever the world size), and the chunk
-gradients are added one at a time in global order (``mdk.dist.ordered_sum``). Needs no
-training-mode BatchNorm and, on CPU, the same ``dist.cpu_threads`` in every run compared (a
-kernel's summation order follows its thread count). For checking and reproducing runs, not speed.
+"""World-size-invariant gradients (``dist.exact_chunk``; how and under which conditions:
+docs/distributed.md, "World-size-invariant gradients"): each chunk of c images gets its own
+gradient, and the chunk gradients are added one at a time in global order
+(``mdk.dist.ordered_sum``), so every split of a batch gives the same bits.
 """
 from __future__ import annotations
 

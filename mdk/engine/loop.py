@@ -6,7 +6,6 @@ stage changes (quantization flags, calibration, export) is decided before the lo
 """
 from __future__ import annotations
 
-import logging
 import time
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Optional
@@ -15,8 +14,6 @@ import torch
 
 from mdk.engine.device_io import CudaPrefetcher
 from mdk.engine.exact_grad import chunked_forward_backward, prepare
-
-log = logging.getLogger(__name__)
 
 
 class HookBase:

@@ -61,8 +61,7 @@ class NanGuardHook(HookBase):
         """Raise if any step so far had a non-finite loss (every rank calls it: a collective)."""
         if self.limit or self.first_bad is None:
             return
-        first = dist.all_reduce_min(self.first_bad.clone())
-        it = int(first)
+        it = int(dist.all_reduce_min(self.first_bad.clone()))
         if it == self.NONE:
             return
         mine = self.bad_values.tolist() if int(self.first_bad) == it else []

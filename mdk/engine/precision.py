@@ -1,21 +1,11 @@
-"""Numerics of a run on its device: determinism, TF32 and mixed precision, as switches.
+"""Numerics of a run on its device: determinism, TF32, mixed precision and memory layout, as
+switches (``trainer.deterministic``, ``tf32``, ``amp``, ``amp_dtype``, ``channels_last``: their
+table in docs/distributed.md, "On GPUs").
 
-``trainer.deterministic`` (default false: it costs speed) makes a CUDA run repeat itself bit for
-bit: deterministic cuDNN kernels without benchmarking, torch's deterministic algorithms (warning
-only for ops without one), a fixed cuBLAS workspace, no TF32. CPU runs are already deterministic
-for a fixed thread count (``dist.cpu_threads``).
-
-``trainer.tf32`` (default true): float32 convolutions and matmuls on TF32 tensor cores (Ampere+).
-
-``trainer.amp`` (true | false | auto), ``trainer.amp_dtype``: ``auto`` is float16 on CUDA (with a
-GradScaler, saved and resumed) and bfloat16 on the CPU. ``trainer.amp=auto`` is on only for a
-float stage (no quantizer) trained on a CPU with native bfloat16 (oneDNN emulates it elsewhere,
-far slower than float32); off in quantized stages, whose fake-quant grids (cap/31 steps) bf16
-cannot hold, and off on CUDA until fp16 accuracy is measured there. Evaluation, calibration and
-export never run under autocast.
-
-``trainer.channels_last`` (NHWC training step): ``auto`` is on on the CPU (oneDNN is native in
-NHWC) and on CUDA with AMP (tensor cores); off in float32 CUDA, where it was not faster.
+``trainer.amp=auto`` is on only for a float stage (no quantizer) trained on a CPU with native
+bfloat16: oneDNN emulates it elsewhere, far slower than float32; bf16 cannot hold the fake-quant
+grids (cap/31 steps) of quantized stages; on CUDA it stays off until fp16 accuracy is measured
+there. Evaluation, calibration and export never run under autocast.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""What an evaluation leaves for people to look at (rank 0, ``eval.reports``).
-
-* After every evaluation: per-class AP and its table in the sinks.
-* Once, at the end of the stage (not at every improvement, as drawing costs time): the pictures
-  of the best evaluation, a grid of val detections (``detections_<stage>.png``, and
-  ``val/best_detections`` in the sinks) and the PR curves (``pr_<stage>_<k>.png``).
-
-The best evaluation's result and detections are kept in memory (``keep``), so nothing is
-evaluated again. A stage resumed after its best epoch says so; ``python -m mdk.tools.evaluate
-<best.pth> --reports DIR`` draws them from the checkpoint.
+"""What an evaluation leaves for people to look at (rank 0, ``eval.reports``; which files and
+sinks: docs/pipeline.md, "Running it"): per-class AP after every evaluation; the pictures of the
+best one once, at the stage's end, from its result and detections kept in memory (``keep``), so
+nothing is evaluated again.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Run one stage of the pipeline in this process: build, start, do the stage's work, export.
-
-What a stage does is its record (mdk/stage.py); where its weights come from, the stage
-checkpointer's. The work is a function of a ``StageContext``: ``train``, ``calibrate``, or any
-``pkg.module.fn`` the record's ``kind`` names, so a new kind of stage needs no change here.
+"""Run one stage of the pipeline in this process (docs/architecture.md, "The path of a run"): its
+work is a function of a ``StageContext`` (``WORK``, or the ``pkg.module.fn`` its record's ``kind``
+names), so a new kind of stage needs no change here.
 """
 from __future__ import annotations
 

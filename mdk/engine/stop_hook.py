@@ -1,19 +1,15 @@
-"""Graceful stop on request: write last.pth at the next step boundary, then leave the loop.
+"""Graceful stop on request: write last.pth at the next step boundary, then leave the loop
+(docs/errors.md, "Stop signals"; docs/cluster.md, "Preemption and time limits").
 
-The launcher turns a stop signal into ``request_stop(reason)``; a signal handler must not save
-itself, as it can run mid optimizer step. The hook checks the flag after every step, so last.pth
-is a consistent "N steps done" state and a resumed run continues bit-identically.
-
-Under DDP the ranks may see the signal at different steps (or only one may): the flag is
-MAX-all-reduced so all stop after the same step. Step N's all-reduce is read after step N+1 (no
-host sync per step); at an epoch's end, after evaluation and checkpoint, the ranks agree at once.
+A signal handler must not save itself, as it can run mid optimizer step: it only sets the flag,
+which the hook checks after every step, so last.pth is a consistent "N steps done" state. Under
+DDP the flag is MAX-all-reduced, step N's read after step N+1 (no host sync per step); at an
+epoch's end, after evaluation and checkpoint, the ranks agree at once.
 """
 from __future__ import annotations
 
 import logging
 from typing import Callable, Optional
-
-import torch
 
 from mdk import dist
 from mdk.engine.loop import HookBase
@@ -40,19 +36,15 @@ class StopOnRequestHook(HookBase):
         stop_listening()
         self._pending = None  # (left by an error: every rank started it, it completes unread)
 
-    def _asked(self) -> bool:
-        return stop_requested() is not None
-
     def _agreed(self, now: bool) -> bool:
         """Whether any rank was asked: by now, or (``now`` False) by the previous step, whose
         agreement is read without a host sync. This process alone: by now."""
         if not self.distributed:
-            return self._asked()
+            return stop_requested() is not None
         if not is_armed():
             return False
         if now:
-            t = torch.tensor([float(self._asked())], device=self.trainer.device)
-            return bool(dist.all_reduce_max(t).item())
+            self._pending = dist.max_flag_started(float(stop_requested() is not None))
         before = self._pending is not None and self._pending() > 0
         self._pending = None
         return before
@@ -77,7 +69,7 @@ class StopOnRequestHook(HookBase):
             self._at_epoch_end = True
         elif mid_epoch and self.distributed and is_armed():
             # this step's agreement, read after the next step (no host sync now)
-            self._pending = dist.max_flag_started(float(self._asked()))
+            self._pending = dist.max_flag_started(float(stop_requested() is not None))
 
     def after_epoch(self) -> None:
         t = self.trainer

@@ -58,14 +58,13 @@ def _training_net(ctx: StageContext, channels_last: bool) -> torch.nn.Module:
 def _standard_layout(model: torch.nn.Module, channels_last: bool) -> Iterator[None]:
     """Evaluate in the standard (NCHW) layout: a float sum in NHWC can differ in its last bit, and
     best.pth's numbers must be what ``mdk.tools.evaluate`` gives for that file."""
-    if not channels_last:
-        yield
-        return
-    model.to(memory_format=torch.contiguous_format)
+    if channels_last:
+        model.to(memory_format=torch.contiguous_format)
     try:
         yield
     finally:
-        model.to(memory_format=torch.channels_last)
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
 
 
 def _batch_transform(ctx: StageContext) -> Any:

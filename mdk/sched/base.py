@@ -1,18 +1,8 @@
-"""Warmup + closed-form main schedule: the base class of :mod:`mdk.sched` (docs/schedulers.md).
+"""Warmup + closed-form main schedule: the base class of :mod:`mdk.sched` (the rule and both
+warmup modes: docs/schedulers.md).
 
 The scheduler counts optimizer steps ``it`` (``last_epoch``, stepped after each
-``optimizer.step()``); the lr is a pure function of it, so a resume needs only ``it``, exactly:
-
-    mode mdk (default): lr(it) = warmup_factor(it) * main_lr(t(it))
-    mode gti (GTI MDK): lr(it) = warmup_factor(it) * base_lr for it < W, else main_lr(t(it - W))
-
-* ``t(it) = it // iters_per_epoch`` (``interval: epoch``) or ``it`` (``interval: iter``). In ``mdk``
-  mode warmup iterations count toward ``step_size`` / ``milestones`` / ``T_max`` / ``T_0`` (as
-  detectron2's ``WarmupParamScheduler``), so runs with and without warmup decay at the same points.
-* ``warmup_factor`` is 1 from ``W`` (``warmup.iters``) on; before, ``start_factor`` (``constant``)
-  or a linear ramp reaching 1.0 at ``W``. ``warmup.epochs`` gives ``W`` in epochs; the factor then
-  moves once per epoch. The GTI MDK's warmup: ``mode: gti``, ``epochs: E``, ``method: linear``,
-  ``start_factor = 1e-10 / base_lr``.
+``optimizer.step()``); the lr is a pure function of it, so a resume needs only ``it``, exactly.
 """
 from __future__ import annotations
 
@@ -65,16 +55,9 @@ def _float(key: str, value: Any, lo: float, lo_open: bool, hi: float | None = No
 
 
 class WarmupScheduler(LRScheduler):
-    """Warmup and a closed-form main schedule (module docstring); subclasses give :meth:`_main_lr`.
-
-    Args:
-        optimizer: each param group's lr at construction is its base lr.
-        iters_per_epoch: optimizer steps per epoch.
-        warmup: keys ``iters`` (0 = no warmup), ``start_factor`` (in (0, 1]), ``method``
-            (``linear`` | ``constant``), ``mode`` (``mdk`` | ``gti``) and ``epochs`` (the length
-            in epochs instead of ``iters``); ``None`` = no warmup.
-        interval: the main-schedule parameters count ``epoch``s or ``iter``ations.
-    """
+    """Warmup and a closed-form main schedule; subclasses give :meth:`_main_lr`. ``warmup`` and
+    ``interval``: the ``scheduler.*`` keys of docs/schedulers.md (``warmup=None``: no warmup); each
+    param group's lr at construction is its base lr."""
 
     main_keys: tuple[str, ...] = ()  # a subclass's main-schedule parameters (in the state)
 
@@ -157,11 +140,9 @@ class WarmupScheduler(LRScheduler):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the iteration counter and re-apply the closed-form lr to the optimizer.
-
-        The current config's schedule and base lrs win from the saved iteration on; a mismatch is
-        logged at info only (the engine warns once, naming the keys: mdk/checkpoint_meaning.py).
-        """
+        """Restore the iteration counter and re-apply the closed-form lr to the optimizer. This
+        config's schedule and base lrs win (docs/pipeline.md, changed hyper-parameters on resume):
+        a mismatch is only logged at info here, as mdk/checkpoint_meaning.py warns once."""
         saved = state_dict.get("schedule")
         if saved is not None and saved != self._schedule_params():
             log.info(

@@ -62,11 +62,8 @@ class WarmupMultiStepLR(WarmupScheduler):
 
 
 class WarmupCosineAnnealingLR(WarmupScheduler):
-    """CosineAnnealingLR with warmup:
-    ``main_lr(t) = eta_min + (base_lr - eta_min) * (1 + cos(pi * min(t, T_max) / T_max)) / 2``.
-
-    Unlike torch's (periodic) one, the lr stays at ``eta_min`` (an absolute lr) after ``T_max``.
-    """
+    """CosineAnnealingLR with warmup; unlike torch's (periodic) one, it stays at ``eta_min`` (an
+    absolute lr) after ``T_max``."""
 
     main_keys = ("T_max", "eta_min")
 
