@@ -11,7 +11,7 @@ import errno
 import io
 import logging
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,23 +32,17 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[n:]
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_save(obj: Any, path: Path) -> None:
     """Write ``obj`` to ``path`` atomically; CheckpointError on any OS error."""
     path = Path(path)
     buf = io.BytesIO()
     torch.save(obj, buf)  # serialise first: an OS error below is then always an OSError
-    tmp: Optional[str] = None
+    tmp: Optional[Path] = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's usual mode
         try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
             _write_all(fd, buf.getbuffer())
             os.fsync(fd)
         finally:
@@ -70,7 +64,7 @@ def atomic_save(obj: Any, path: Path) -> None:
             "again to resume") from e
     finally:
         if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
 
 
 def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:

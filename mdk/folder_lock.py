@@ -40,14 +40,6 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
-def _read(fd: int) -> str:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace").strip()
-
-
 def _holder(text: str) -> tuple[str, str]:
     """The run a lock file's text names, in words, and where it logs ("" if unknown)."""
     try:
@@ -86,7 +78,7 @@ def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
         if not _lock(fd, path, folder):
             yield path
             return
-        left = _read(fd)
+        left = path.read_text(errors="replace").strip()
         if left:
             log.warning("taking over %s: %s ended without releasing it (killed or crashed)", path,
                         _holder(left)[0])

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from mdk.compose import app_searchpath, compose, group_options
+from mdk.compose import compose, group_options, running_app
 from mdk.errors import ConfigError
 from mdk.quant.calibrate import check_calibration
 from mdk.quant.chips import check_export_size
@@ -85,7 +85,7 @@ def _record(name: str, searchpath: tuple[str, ...]) -> DictConfig:
 
 def stage_record(name: str) -> DictConfig:
     """The unresolved record of stage ``name`` (a copy: callers may merge into it)."""
-    return _record(str(name), tuple(app_searchpath())).copy()
+    return _record(str(name), tuple(running_app()[0])).copy()
 
 
 def stage_spec(name: str) -> StageSpec:

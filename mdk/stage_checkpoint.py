@@ -103,10 +103,6 @@ def checkpoint_root(cfg: DictConfig) -> Path:
     return resolve_path(cfg.paths.checkpoints, os.getcwd())
 
 
-def stage_dir(cfg: DictConfig, stage: str) -> Path:
-    return checkpoint_root(cfg) / stage
-
-
 def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
     """The record of the stage that wrote ``ck``; None for weights from elsewhere."""
     saved = ck.get("stage_spec")
