@@ -2,17 +2,8 @@
 
 Every stage checkpoint stores two flat ``{config key: value}`` records: ``meaning``, the facts
 its weights are only valid under (``MEANING_KEYS``, and the chip once quantized), and
-``hparams``, what it was trained with (``HPARAM_KEYS``).
-
-The rules (docs/pipeline.md, "Where a stage's weights come from"):
-
-* resuming a stage, or starting from its input's best.pth, under another meaning is refused,
-  naming the first key that differs;
-* a resumed stage with changed hyper-parameters goes on with the new values; an optimizer or loss
-  of another class starts with fresh state (``unfit_parts``);
-* a stage with nothing left to do is refused when a hyper-parameter changed, instead of reporting
-  the old result as this run's;
-* a checkpoint from before these records is not compared.
+``hparams``, what it was trained with (``HPARAM_KEYS``). The rules of the comparison:
+docs/pipeline.md, "What a checkpoint knows, and what a resume compares".
 """
 from __future__ import annotations
 

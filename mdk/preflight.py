@@ -1,11 +1,7 @@
 """Checks in the launching process before any worker is spawned or any data is built: the
 machine, dataset files, the folders the run writes, and the first stage's starting checkpoint.
-Each raises the error the engine would raise later, seconds after the command instead.
-
-The free-space check adds up, per disk, an estimate of what the run writes: each stage's
-checkpoints (a stage with none yet needs three: best, last and a save's temp file), the run dir's
-logs and pictures, and a dataset to generate with its index. paths.data may be read-only when
-nothing has to be written there.
+Each raises the error the engine would raise later, seconds after the command instead. The
+free-space estimate: docs/errors.md, #74; paths.data may be read-only when nothing is written there.
 """
 from __future__ import annotations
 

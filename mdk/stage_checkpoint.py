@@ -1,11 +1,7 @@
-"""The one owner of stage checkpoints: folder layout, what a checkpoint holds, where a stage
-starts, and loading any checkpoint into a model in a chosen mode.
-
-Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth``; pretrained weights in the folder a record
-names as ``pretrained``. A stage starts from its own ``last.pth`` (or a newer ``best.pth``) when
-``trainer.resume`` is on, else its input stage's ``best.pth`` or its pretrained weights, else
-random weights where the record allows. A finished checkpoint of a stage that does not train
-means "done": a rerun reports it and does not redo the work.
+"""The one owner of stage checkpoints: the layout ``<paths.checkpoints>/<stage>/{best,last}.pth``,
+what a checkpoint holds, where a stage starts (docs/pipeline.md, "Where a stage's weights come
+from"), and loading any checkpoint into a model in a chosen mode. A finished checkpoint of a
+stage that does not train means "done": a rerun reports it and does not redo the work.
 
 A checkpoint holds the weights, the stage's name and record (so a loader needs no lookup), the
 resolved config, ``meaning`` and ``hparams`` (mdk/checkpoint_meaning.py), and for training
