@@ -82,15 +82,9 @@ def disk_error(exc: OSError, path: Any, what: str = "", keys: str = KEYS) -> Dis
     return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure.format(keys=keys)}")
 
 
-def user_errors() -> list[type[UserError]]:
-    """Every user-error class imported so far, most derived first."""
-    out: list[type[UserError]] = []
-    todo = [UserError]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            out.append(sub)
-            todo.append(sub)
-    return sorted(out, key=lambda c: -len(c.__mro__))
+def user_errors(base: type[UserError] = UserError) -> list[type[UserError]]:
+    """Every subclass of ``base`` imported so far."""
+    return [c for sub in base.__subclasses__() for c in (sub, *user_errors(sub))]
 
 
 def error_line(exc: BaseException) -> str | None:
