@@ -1,8 +1,6 @@
 """Every config check, once per run, before any rank or worker starts: one error naming the bad
-key. This module only dispatches; each config group's owner checks its own keys.
-
-Hydra already rejects unknown keys and wrong types at compose time; these add ranges and checks
-across keys. The config is never mutated. Checks of the machine and files are mdk/preflight.py's.
+key. Only a dispatcher: each config group's owner checks its own keys (ranges, checks across keys;
+Hydra's schemas already refuse unknown keys and wrong types). The config is never mutated.
 """
 from __future__ import annotations
 

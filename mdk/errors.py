@@ -1,8 +1,6 @@
-"""The user-error classes: a bad config, dataset, checkpoint, disk, or a run that cannot go on.
-
-A user error is one line on stderr, ``<label>: <message>``, not a traceback, from whichever
-process raised it. They live in the lowest module so any layer can raise them. A new kind is a
-subclass of ``UserError`` with a label; ``user_errors()`` lists them all.
+"""The user-error classes, each printed as one line ``<label>: <message>`` (docs/errors.md). They
+live in the lowest module so any layer can raise them; a new kind is a subclass of ``UserError``
+with a label.
 """
 from __future__ import annotations
 

@@ -149,8 +149,7 @@ def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None
 
 def min_epochs(cfg: DictConfig, stage_cfg: DictConfig, train_images: Optional[int]) -> Optional[int]:
     """The epochs a stage needs for its ``min_iters`` optimizer steps on ``train_images`` images
-    (None: no minimum, count unknown, or ``limit_train_batches`` set: a quick run keeps its
-    length). Fine-tuning is counted in steps: on a small dataset a few epochs are too few."""
+    (None: no minimum, count unknown, or a quick run: ``limit_train_batches`` set)."""
     least = stage_cfg.get("min_iters")
     if not least or not train_images or cfg.trainer.get("limit_train_batches"):
         return None

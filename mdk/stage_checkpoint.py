@@ -2,10 +2,6 @@
 what a checkpoint holds, where a stage starts (docs/pipeline.md, "Where a stage's weights come
 from"), and loading any checkpoint into a model in a chosen mode. A finished checkpoint of a
 stage that does not train means "done": a rerun reports it and does not redo the work.
-
-A checkpoint holds the weights, the stage's name and record (so a loader needs no lookup), the
-resolved config, ``meaning`` and ``hparams`` (mdk/checkpoint_meaning.py), and for training
-stages one entry per stateful part of the run state (mdk/engine/run_state.py).
 """
 from __future__ import annotations
 
@@ -199,7 +195,9 @@ class StageCheckpointer:
 
     # --- what a checkpoint holds ----------------------------------------------------------
     def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
-        """A checkpoint of this stage, with ``extra`` (the run state's parts, metrics...)."""
+        """A checkpoint of this stage: its record (so a loader needs no lookup), ``meaning`` and
+        ``hparams`` (mdk/checkpoint_meaning.py), and ``extra`` (the parts of
+        mdk/engine/run_state.py, metrics...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
                 # the record is what loaders need, not the work's parameters (calibration)
                 "stage_spec": {k: v for k, v in _plain(self.cfg.step).items()
@@ -234,20 +232,17 @@ def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bo
     load_model_weights(model, weights, path, strict=strict)
 
 
-def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
-                   advice: str = "move it away (or restore it) and run again"
-                   ) -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_model_for(cfg: DictConfig, path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval(), checkpoint): ``cfg``'s model with ``path`` loaded, in its stage's
-    evaluation mode (``eval``) or training mode (``stage``)."""
-    if mode not in ("eval", "stage"):
-        raise ValueError(f"mode={mode!r} must be 'eval' or 'stage'")
-    ck = load_checkpoint(path, advice=advice)
+    evaluation mode."""
+    ck = load_checkpoint(path)
     model = build_model(cfg)
     load_into(model, ck, path)
     spec = spec_of(ck)
     if spec is None:
         raise CheckpointError(f"checkpoint {path} was not written by a stage declared here (its "
-                              f"stage: {ck.get('stage')!r}); {advice}")
-    apply_stage(model, spec, str(cfg.chip), evaluate=mode == "eval")
+                              f"stage: {ck.get('stage')!r}); move it away (or restore it) and run "
+                              "again")
+    apply_stage(model, spec, str(cfg.chip), evaluate=True)
     return model.eval(), ck
 
