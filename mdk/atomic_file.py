@@ -16,13 +16,13 @@ from typing import IO, Any, Iterator
 
 
 @contextmanager
-def replacing(path: str | Path, encoding: str = "utf-8") -> Iterator[IO[str]]:
+def replacing(path: str | Path) -> Iterator[IO[str]]:
     """``path`` holds the text once the block ends without an exception; untouched otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
     try:
-        with open(tmp, "x", encoding=encoding) as f:
+        with open(tmp, "x", encoding="utf-8") as f:
             yield f
         os.replace(tmp, path)
     except BaseException:

@@ -97,14 +97,14 @@ def _diagnose(path: Path, exc: Exception) -> str:
     return f"is not a PyTorch checkpoint (it starts with {head!r}, {size} bytes)"
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
-                    advice: str = "move it away (or restore it) and run again") -> dict[str, Any]:
+def load_checkpoint(path: Path, advice: str = "move it away (or restore it) and run again"
+                    ) -> dict[str, Any]:
     """Load an mdk checkpoint; CheckpointError names the file and the defect."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=False)
+        obj = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated zip, pickle garbage, foreign format...
         raise CheckpointError(f"checkpoint {path} {_diagnose(path, e)}; {advice}") from None
     if not isinstance(obj, dict) or "model" not in obj:

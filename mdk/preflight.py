@@ -34,11 +34,10 @@ CACHE_PER_IMAGE = 256       # an image's line in the index and its entry in the 
 CHECKPOINT_COPIES, CHECKPOINT_EXTRA = 4, 1 * MB
 
 
-def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
-                      device_count: Optional[int] = None) -> None:
-    """Checks against this machine; the arguments override detection (tests)."""
-    backend_for(cfg.trainer.device, cfg.dist.backend, cuda_available)
-    check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
+def check_environment(cfg: DictConfig) -> None:
+    """Checks against this machine: CUDA, GPU count, NCCL."""
+    backend_for(cfg.trainer.device, cfg.dist.backend)
+    check_local_size(cfg.trainer.device, int(cfg.dist.gpus))
 
 
 def probe(path: Path, key: str, value: Any = None) -> Path:
