@@ -1,9 +1,6 @@
-"""Files written whole or not at all: a temporary beside the target, then one rename, so a kill or
-a full disk mid-write leaves the old file (or none), never half a file. Checkpoints have their own
-verified writer (mdk/checkpoint.py).
-
-The temporary's name is unique per writer, so two processes never share one; ``open(..., "x")``
-gives it the umask's permissions, not a private mode.
+"""Files written whole or not at all: a temporary beside the target (its name unique per writer),
+then one rename, so a kill or a full disk mid-write leaves the old file (or none), never half a
+file. Checkpoints have their own verified writer (mdk/checkpoint.py).
 """
 from __future__ import annotations
 

@@ -132,22 +132,17 @@ class StageCheckpointer:
 
     # --- where the stage starts -----------------------------------------------------------
     def input_path(self) -> Optional[Path]:
-        """The checkpoint this stage starts from, or None (random init, where allowed)."""
+        """The checkpoint this stage starts from: its input stage's best.pth, else the record's
+        ``pretrained`` folder's best.pth or newest *.pth; None: random init, where allowed."""
         src = self.spec.init_from
-        if src is None:
-            return self._pretrained()
-        path = self.root / src / BEST
-        if not path.is_file():
-            if self.spec.init_required:
+        if src is not None:
+            path = self.root / src / BEST
+            if not path.is_file() and self.spec.init_required:
                 raise MissingStageInput(
                     f"{self.spec.name} starts from {src}'s result but {path} does not exist. Run "
                     f"`python run.py step={src}` first (with the same model/dataset/paths), or the "
                     f"whole chain with `python run.py pipeline=[{','.join(chain(self.spec.name))}]`")
-            return None
-        return path
-
-    def _pretrained(self) -> Optional[Path]:
-        """The record's ``pretrained`` folder: its best.pth, else its newest *.pth."""
+            return path if path.is_file() else None
         if self.spec.pretrained is None:
             return None
         d = self.root / self.spec.pretrained

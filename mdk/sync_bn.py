@@ -88,7 +88,5 @@ def convert(module: nn.Module) -> nn.Module:
         new.train(module.training)
         return new
     for name, child in module.named_children():
-        new_child = convert(child)
-        if new_child is not child:
-            setattr(module, name, new_child)
+        setattr(module, name, convert(child))
     return module

@@ -1,9 +1,7 @@
-"""The process world: who this process is in a run and which device it drives.
-
-The launcher makes one ``World`` per process and passes it down; nothing below it reads RANK /
-SLURM_* from the environment, nor does a launcher write them into its own process, so a second
-run in the same process (tests, a sweep's next job) never inherits a stale rank or GPU ordinal.
-Machine checks (more ranks than GPUs, CUDA absent) raise ConfigError naming the key.
+"""The process world: who this process is in a run and which device it drives. The launcher makes
+one ``World`` per process and passes it down; nothing below it reads RANK / SLURM_* from the
+environment, nor does a launcher write them into its own process, so a second run in the same
+process (tests, a sweep's next job) never inherits a stale rank or GPU ordinal.
 """
 from __future__ import annotations
 
