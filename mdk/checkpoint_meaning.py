@@ -38,7 +38,7 @@ _PART_CLASS = {"optimizer": "optim._target_", "loss": "loss._target_"}
 Change = tuple[str, Any, Any]  # (key, the checkpoint's value, this run's value)
 
 
-def _plain(v: Any) -> Any:
+def plain(v: Any) -> Any:
     return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
@@ -57,7 +57,7 @@ def _flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
     for key in keys:
         v = OmegaConf.select(cfg, key, default=_ABSENT)
         if v is not _ABSENT:
-            put(key, _plain(v))
+            put(key, plain(v))
     return out
 
 
@@ -79,7 +79,7 @@ def hparams_of(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _now(cfg: DictConfig, key: str) -> Any:
-    v = _plain(OmegaConf.select(cfg, key, default=_ABSENT))
+    v = plain(OmegaConf.select(cfg, key, default=_ABSENT))
     return str(v) if key == "chip" and v is not _ABSENT else v
 
 

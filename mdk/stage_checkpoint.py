@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mdk import dist
 from mdk.checkpoint import (CheckpointError, atomic_save, load_checkpoint, load_model_weights,
                             remove_stale_temps, save_checkpoint)
-from mdk.checkpoint_meaning import check_input, check_resume, hparams_of, log_changes, meaning_of
+from mdk.checkpoint_meaning import (check_input, check_resume, hparams_of, log_changes, meaning_of,
+                                    plain)
 from mdk.errors import MissingStageInput
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
@@ -195,8 +196,8 @@ class StageCheckpointer:
         mdk/engine/run_state.py, metrics...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
                 # the record is what loaders need, not the work's parameters (calibration)
-                "stage_spec": {k: v for k, v in _plain(self.cfg.step).items()
-                               if k != "calibration"}, "config": _plain(self.cfg),
+                "stage_spec": {k: v for k, v in plain(self.cfg.step).items()
+                               if k != "calibration"}, "config": plain(self.cfg),
                 "meaning": meaning_of(self.cfg, self.spec), "hparams": hparams_of(self.cfg),
                 "world_size": self.world.size, **extra}
 
@@ -210,10 +211,6 @@ class StageCheckpointer:
         state = {**state, "finished": True}
         for n in (BEST, LAST):
             atomic_save(state, self.dir / n)
-
-
-def _plain(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
 def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True,
