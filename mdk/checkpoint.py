@@ -120,14 +120,12 @@ def load_checkpoint(path: Path, advice: str = "move it away (or restore it) and 
     return obj
 
 
-def remove_stale_temps(stage_dir: Path) -> list[Path]:
+def remove_stale_temps(stage_dir: Path) -> None:
     """Delete temp files of writes killed before their rename."""
-    stale = sorted(Path(stage_dir).glob(".*.pth.*.tmp"))
-    for p in stale:
+    for p in sorted(Path(stage_dir).glob(".*.pth.*.tmp")):
         log.warning("removing %s: a checkpoint write was interrupted there; the previous file is "
                     "intact", p)
         p.unlink(missing_ok=True)
-    return stale
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path,
