@@ -110,10 +110,9 @@ def apply_stage(model: nn.Module, stage: str | StageSpec, chip: str = "5801",
 
 
 def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
-    """``cfg`` (not mutated) with ``step`` replaced by the stage's record and its
-    ``stages.<stage>`` overrides; its ``epochs`` replace ``trainer.epochs``, its ``lr_scale``
-    multiplies ``optim.lr``. ``train_images``: the train split's size, for ``min_iters``. Call it
-    on the unresolved config so ``${trainer.epochs}`` (e.g. T_max) follows the stage."""
+    """``cfg`` (not mutated) as stage ``stage`` runs it (docs/pipeline.md: its record, its
+    ``stages.<stage>`` overrides, epochs and lr; ``train_images``, the train split's size, for
+    ``min_iters``). Call it on the unresolved config so ``${trainer.epochs}`` follows the stage."""
     if cfg.step.name == stage:
         new = cfg
     else:
