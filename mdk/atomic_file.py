@@ -1,9 +1,6 @@
-"""Files written whole or not at all: a temporary beside the target, then one rename, so a kill or
-a full disk mid-write leaves the old file (or none), never half a file. Checkpoints have their own
-verified writer (mdk/checkpoint.py).
-
-The temporary's name is unique per writer, so two processes never share one; ``open(..., "x")``
-gives it the umask's permissions, not a private mode.
+"""Files written whole or not at all: a temporary beside the target (its name unique per writer),
+then one rename, so a kill or a full disk mid-write leaves the old file (or none), never half a
+file. Checkpoints have their own verified writer (mdk/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -16,13 +13,13 @@ from typing import IO, Any, Iterator
 
 
 @contextmanager
-def replacing(path: str | Path, encoding: str = "utf-8") -> Iterator[IO[str]]:
+def replacing(path: str | Path) -> Iterator[IO[str]]:
     """``path`` holds the text once the block ends without an exception; untouched otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
     try:
-        with open(tmp, "x", encoding=encoding) as f:
+        with open(tmp, "x", encoding="utf-8") as f:
             yield f
         os.replace(tmp, path)
     except BaseException:

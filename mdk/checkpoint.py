@@ -11,7 +11,7 @@ import errno
 import io
 import logging
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,23 +32,17 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[n:]
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_save(obj: Any, path: Path) -> None:
     """Write ``obj`` to ``path`` atomically; CheckpointError on any OS error."""
     path = Path(path)
     buf = io.BytesIO()
     torch.save(obj, buf)  # serialise first: an OS error below is then always an OSError
-    tmp: Optional[str] = None
+    tmp: Optional[Path] = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's usual mode
         try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
             _write_all(fd, buf.getbuffer())
             os.fsync(fd)
         finally:
@@ -70,7 +64,7 @@ def atomic_save(obj: Any, path: Path) -> None:
             "again to resume") from e
     finally:
         if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
 
 
 def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
@@ -103,14 +97,14 @@ def _diagnose(path: Path, exc: Exception) -> str:
     return f"is not a PyTorch checkpoint (it starts with {head!r}, {size} bytes)"
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
-                    advice: str = "move it away (or restore it) and run again") -> dict[str, Any]:
+def load_checkpoint(path: Path, advice: str = "move it away (or restore it) and run again"
+                    ) -> dict[str, Any]:
     """Load an mdk checkpoint; CheckpointError names the file and the defect."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=False)
+        obj = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated zip, pickle garbage, foreign format...
         raise CheckpointError(f"checkpoint {path} {_diagnose(path, e)}; {advice}") from None
     if not isinstance(obj, dict) or "model" not in obj:
@@ -126,14 +120,12 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu",
     return obj
 
 
-def remove_stale_temps(stage_dir: Path) -> list[Path]:
+def remove_stale_temps(stage_dir: Path) -> None:
     """Delete temp files of writes killed before their rename."""
-    stale = sorted(Path(stage_dir).glob(".*.pth.*.tmp"))
-    for p in stale:
+    for p in sorted(Path(stage_dir).glob(".*.pth.*.tmp")):
         log.warning("removing %s: a checkpoint write was interrupted there; the previous file is "
                     "intact", p)
         p.unlink(missing_ok=True)
-    return stale
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path,

@@ -2,17 +2,8 @@
 
 Every stage checkpoint stores two flat ``{config key: value}`` records: ``meaning``, the facts
 its weights are only valid under (``MEANING_KEYS``, and the chip once quantized), and
-``hparams``, what it was trained with (``HPARAM_KEYS``).
-
-The rules (docs/pipeline.md, "Where a stage's weights come from"):
-
-* resuming a stage, or starting from its input's best.pth, under another meaning is refused,
-  naming the first key that differs;
-* a resumed stage with changed hyper-parameters goes on with the new values; an optimizer or loss
-  of another class starts with fresh state (``unfit_parts``);
-* a stage with nothing left to do is refused when a hyper-parameter changed, instead of reporting
-  the old result as this run's;
-* a checkpoint from before these records is not compared.
+``hparams``, what it was trained with (``HPARAM_KEYS``). The rules of the comparison:
+docs/pipeline.md, "What a checkpoint knows, and what a resume compares".
 """
 from __future__ import annotations
 
@@ -47,7 +38,7 @@ _PART_CLASS = {"optimizer": "optim._target_", "loss": "loss._target_"}
 Change = tuple[str, Any, Any]  # (key, the checkpoint's value, this run's value)
 
 
-def _plain(v: Any) -> Any:
+def plain(v: Any) -> Any:
     return OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
 
 
@@ -66,7 +57,7 @@ def _flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
     for key in keys:
         v = OmegaConf.select(cfg, key, default=_ABSENT)
         if v is not _ABSENT:
-            put(key, _plain(v))
+            put(key, plain(v))
     return out
 
 
@@ -88,7 +79,7 @@ def hparams_of(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _now(cfg: DictConfig, key: str) -> Any:
-    v = _plain(OmegaConf.select(cfg, key, default=_ABSENT))
+    v = plain(OmegaConf.select(cfg, key, default=_ABSENT))
     return str(v) if key == "chip" and v is not _ABSENT else v
 
 

@@ -30,16 +30,12 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 CONFIG_NAME = "config"
 
 
-def _app() -> tuple[list[str], Optional[str]]:
+def running_app() -> tuple[list[str], Optional[str]]:
     """The running Hydra app's search path and primary config name ([], None outside one)."""
     if HydraConfig.initialized():
         hc = HydraConfig.get()
         return [str(p) for p in hc.searchpath], hc.job.config_name
     return [], None
-
-
-def app_searchpath() -> list[str]:
-    return _app()[0]
 
 
 @contextmanager
@@ -66,7 +62,7 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
     ConfigError naming the key. ``config_name=None`` composes groups without a primary config;
     ``hydra_config=True`` keeps the ``hydra`` node."""
     over = list(overrides)
-    sp, app_config = _app()
+    sp, app_config = running_app()
     if config_name is _APP_DEFAULT:
         config_name = app_config or CONFIG_NAME
     if sp and not any(o.split("=", 1)[0].lstrip("+~") == "hydra.searchpath" for o in over):
@@ -80,7 +76,7 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
 
 def group_options(group: str) -> list[str]:
     """The options of a config group (e.g. ``step``: every declared stage), sorted."""
-    searchpath, _ = _app()
+    searchpath, _ = running_app()
     with _hydra_context():
         loader = GlobalHydra.instance().config_loader()
         if searchpath:

@@ -1,12 +1,10 @@
 """Every config check, once per run, before any rank or worker starts: one error naming the bad
-key. This module only dispatches; each config group's owner checks its own keys.
-
-Hydra already rejects unknown keys and wrong types at compose time; these add ranges and checks
-across keys. The config is never mutated. Checks of the machine and files are mdk/preflight.py's.
+key. Only a dispatcher: each config group's owner checks its own keys (ranges, checks across keys;
+Hydra's schemas already refuse unknown keys and wrong types). The config is never mutated.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 from omegaconf import DictConfig
 
@@ -31,12 +29,6 @@ def check_schedulers(cfg: DictConfig) -> None:
             check_scheduler_node(scfg.scheduler)
 
 
-# Run after trainer and dist, which take the world size.
-CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    check_pipeline, check_chip, check_dataset, check_model, check_eval, check_logger, check_loss,
-    check_schedulers)
-
-
 def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     """Raise a user error naming the first bad key. ``world_size``: the real number of processes
     when something else started them (torchrun, SLURM); default ``dist.gpus * dist.nodes``."""
@@ -44,7 +36,8 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
         check_trainer(cfg)
         check_optim(cfg)
         check_dist(cfg, world_size)
-        for check in CHECKS:
+        for check in (check_pipeline, check_chip, check_dataset, check_model, check_eval,
+                      check_logger, check_loss, check_schedulers):
             check(cfg)
     except UserError:
         raise

@@ -81,12 +81,9 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of every rank's ``parts`` in global order, added one at a time from the left; every
-    rank gets the result.
-
-    Float addition is not associative, so an all-reduce's bits depend on the world size; passing
-    a running sum from rank to rank gives the same bits for every split. ``parts`` must be
-    non-empty, of one shape and dtype, and the same count on every rank."""
+    """Sum of every rank's ``parts`` added one at a time in global order, so every split of the
+    world gives the same bits (docs/distributed.md, ``dist.exact_chunk``); every rank gets it.
+    ``parts``: non-empty, of one shape and dtype, the same count on every rank."""
     rank, world = (tdist.get_rank(), tdist.get_world_size()) if is_initialized() else (0, 1)
     home, dev = parts[0].device, comm_device() if world > 1 else parts[0].device
     acc = None

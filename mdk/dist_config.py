@@ -31,11 +31,6 @@ class DistConf:
 SCHEMAS: dict[str, type] = {"dist": DistConf}
 
 
-def check_dist_url(url: str) -> None:
-    if url != "auto":
-        parse_dist_url(url)
-
-
 def parse_dist_url(url: str) -> tuple[str, int]:
     """``[tcp://]host:port`` -> (host, port): the one parser of ``dist.dist_url``."""
     host, sep, port = str(url).removeprefix("tcp://").rpartition(":")
@@ -71,7 +66,8 @@ def check_dist(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     for key, lo in (("gpus", 1), ("nodes", 1), ("rank", 0)):
         check_min(cfg, f"dist.{key}", lo)
     check_positive(cfg, "dist.timeout_s")
-    check_dist_url(str(d.dist_url))
+    if str(d.dist_url) != "auto":
+        parse_dist_url(str(d.dist_url))
     check_one_of(cfg, "dist.backend", BACKENDS)
     if d.rank >= d.nodes:
         raise ConfigError(f"dist.rank={d.rank} must be < dist.nodes={d.nodes} "

@@ -1,8 +1,6 @@
-"""The user-error classes: a bad config, dataset, checkpoint, disk, or a run that cannot go on.
-
-A user error is one line on stderr, ``<label>: <message>``, not a traceback, from whichever
-process raised it. They live in the lowest module so any layer can raise them. A new kind is a
-subclass of ``UserError`` with a label; ``user_errors()`` lists them all.
+"""The user-error classes, each printed as one line ``<label>: <message>`` (docs/errors.md). They
+live in the lowest module so any layer can raise them; a new kind is a subclass of ``UserError``
+with a label.
 """
 from __future__ import annotations
 
@@ -82,15 +80,9 @@ def disk_error(exc: OSError, path: Any, what: str = "", keys: str = KEYS) -> Dis
     return DiskError(f"{path}: {reason}; {what + ': ' if what else ''}{cure.format(keys=keys)}")
 
 
-def user_errors() -> list[type[UserError]]:
-    """Every user-error class imported so far, most derived first."""
-    out: list[type[UserError]] = []
-    todo = [UserError]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            out.append(sub)
-            todo.append(sub)
-    return sorted(out, key=lambda c: -len(c.__mro__))
+def user_errors(base: type[UserError] = UserError) -> list[type[UserError]]:
+    """Every subclass of ``base`` imported so far."""
+    return [c for sub in base.__subclasses__() for c in (sub, *user_errors(sub))]
 
 
 def error_line(exc: BaseException) -> str | None:

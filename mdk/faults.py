@@ -1,21 +1,8 @@
-"""Fault injection for the resume and NaN tests: kill -9 or a NaN loss at a chosen point.
-
-Off unless ``MDK_FAULT`` is set: a comma-separated list of ``<action>:<point>:<n>[:<rank>]``
-(``rank`` default 0), so a test can make a real ``run.py`` die at an exact iteration.
-
-* ``kill:iter:N``  SIGKILL right after optimizer step N (1-based over the whole stage, so a
-  resumed process counts on from the checkpoint), before its checkpoint hook;
-* ``kill:eval:N``  SIGKILL on entering this process's N-th evaluation;
-* ``kill:save:N``  SIGKILL in the N-th checkpoint write, after the fsync, before the rename;
-* ``nan:iter:N``   make the loss of iteration N (and its gradients) NaN;
-* ``raise:iter:N`` after step N, raise InjectedError (a bug in one rank);
-  ``raise:<point>:N:<rank>:<Class>`` raises that user-error class instead, at ``iter`` (a rank),
-  ``item`` (a loader worker's N-th training sample) or ``start`` (the launching process);
-* ``exit:iter:N:<rank>:<code>`` after step N, ``os._exit(code)`` (a rank dying in a C library);
-* ``hold:iter:N``  after step N, wait until a stop is requested or HOLD_S pass, so a test can
-  signal a job at a known iteration (changes no numbers).
-
-Off, the cost is one dictionary lookup per call.
+"""Fault injection for the tests: ``MDK_FAULT=<action>:<point>:<n>[:<rank>[:<Class|code>]],...``
+kills, poisons, raises, exits or holds a real ``run.py`` at an exact point, chosen by count
+(the actions: docs/errors.md, "Fault injection"). ``iter`` counts optimizer steps 1-based over
+the whole stage, so a resumed process counts on from the checkpoint; a ``kill:iter`` comes before
+the step's checkpoint hook. Off, the cost is one dictionary lookup per call.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""One run per checkpoint folder: an advisory lock, held for the whole run.
-
-``<paths.checkpoints>/.mdk.lock`` is flocked by the process that starts the run and names its
-holder (pid, host, start, run dir), so a second run stops with one line naming the first. The
-kernel drops a flock however its process ends, so a crashed run's lock is simply taken over. On
-release the text is emptied but the file stays (deleting it races with a process about to lock).
-
-Forked children (DataLoader workers) close their copy at once, so a worker outliving its run never
-keeps the folder locked. Without a working ``flock`` (some NFS/Lustre) the run goes on, warned.
+"""One run per checkpoint folder: a flock on ``<paths.checkpoints>/.mdk.lock`` that names its
+holder, held for the whole run (docs/pipeline.md, "One run per checkpoint folder"). On release the
+text is emptied but the file stays (deleting it races with a process about to lock). Forked
+children (DataLoader workers) close their copy at once, so a worker outliving its run never keeps
+the folder locked.
 """
 from __future__ import annotations
 
@@ -38,14 +34,6 @@ def _close_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_close_in_child)
-
-
-def _read(fd: int) -> str:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace").strip()
 
 
 def _holder(text: str) -> tuple[str, str]:
@@ -86,7 +74,7 @@ def one_run(folder: Path, run_dir: str = "") -> Iterator[Path]:
         if not _lock(fd, path, folder):
             yield path
             return
-        left = _read(fd)
+        left = path.read_text(errors="replace").strip()
         if left:
             log.warning("taking over %s: %s ended without releasing it (killed or crashed)", path,
                         _holder(left)[0])

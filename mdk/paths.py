@@ -29,13 +29,9 @@ def resolve_path(p: str | Path, root: str | Path) -> Path:
 def _ckpt_root(single_run_default: str) -> str:
     """A single run: the stable default folder (stage N+1 finds stage N's best). A sweep job:
     ``<job dir>/checkpoints``, so jobs never write into each other's checkpoints."""
-    try:
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            return str(Path(hc.runtime.output_dir) / "checkpoints")
-    except ValueError:  # no Hydra run (the compose API in tests and tools)
-        pass
-    return single_run_default
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return str(Path(HydraConfig.get().runtime.output_dir) / "checkpoints")
+    return single_run_default  # also without a Hydra run (the compose API in tests and tools)
 
 
 def register_resolvers() -> None:

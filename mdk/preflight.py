@@ -1,11 +1,7 @@
 """Checks in the launching process before any worker is spawned or any data is built: the
 machine, dataset files, the folders the run writes, and the first stage's starting checkpoint.
-Each raises the error the engine would raise later, seconds after the command instead.
-
-The free-space check adds up, per disk, an estimate of what the run writes: each stage's
-checkpoints (a stage with none yet needs three: best, last and a save's temp file), the run dir's
-logs and pictures, and a dataset to generate with its index. paths.data may be read-only when
-nothing has to be written there.
+Each raises the error the engine would raise later, seconds after the command instead. The
+free-space estimate: docs/errors.md, #74; paths.data may be read-only when nothing is written there.
 """
 from __future__ import annotations
 
@@ -38,11 +34,10 @@ CACHE_PER_IMAGE = 256       # an image's line in the index and its entry in the 
 CHECKPOINT_COPIES, CHECKPOINT_EXTRA = 4, 1 * MB
 
 
-def check_environment(cfg: DictConfig, cuda_available: Optional[bool] = None,
-                      device_count: Optional[int] = None) -> None:
-    """Checks against this machine; the arguments override detection (tests)."""
-    backend_for(cfg.trainer.device, cfg.dist.backend, cuda_available)
-    check_local_size(cfg.trainer.device, int(cfg.dist.gpus), cuda_available, device_count)
+def check_environment(cfg: DictConfig) -> None:
+    """Checks against this machine: CUDA, GPU count, NCCL."""
+    backend_for(cfg.trainer.device, cfg.dist.backend)
+    check_local_size(cfg.trainer.device, int(cfg.dist.gpus))
 
 
 def probe(path: Path, key: str, value: Any = None) -> Path:

@@ -1,8 +1,6 @@
-"""When a progress bar is drawn: one rule for every bar of mdk, set by ``trainer.progress``.
-
-``auto`` (default): only when stderr is a terminal; in a log file a bar is hundreds of
-carriage-return frames per epoch, and the epoch lines carry its numbers anyway. ``true``: bars
-even in a file. ``false``: never. Only the main process draws.
+"""When a progress bar is drawn: one rule for every bar of mdk, ``trainer.progress``. ``auto``:
+only when stderr is a terminal (in a log file a bar is hundreds of carriage-return frames per
+epoch, and the epoch lines carry its numbers anyway). Only the main process draws.
 """
 from __future__ import annotations
 

@@ -60,7 +60,6 @@ class ChipModelNet(nn.Module):
         if runtime not in RUNTIMES:
             raise ToolError(f"--runtime {runtime!r}: use one of {RUNTIMES}")
         self.cm = load_chip_model(directory)
-        self.runtime = runtime
         self.session = None
         if runtime == "onnx":
             import onnxruntime as ort  # here: a heavy optional runtime, only for --runtime onnx

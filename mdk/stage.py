@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from mdk.compose import app_searchpath, compose, group_options
+from mdk.compose import compose, group_options, running_app
 from mdk.errors import ConfigError
 from mdk.quant.calibrate import check_calibration
 from mdk.quant.chips import check_export_size
@@ -85,7 +85,7 @@ def _record(name: str, searchpath: tuple[str, ...]) -> DictConfig:
 
 def stage_record(name: str) -> DictConfig:
     """The unresolved record of stage ``name`` (a copy: callers may merge into it)."""
-    return _record(str(name), tuple(app_searchpath())).copy()
+    return _record(str(name), tuple(running_app()[0])).copy()
 
 
 def stage_spec(name: str) -> StageSpec:
@@ -110,10 +110,9 @@ def apply_stage(model: nn.Module, stage: str | StageSpec, chip: str = "5801",
 
 
 def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
-    """``cfg`` (not mutated) with ``step`` replaced by the stage's record and its
-    ``stages.<stage>`` overrides; its ``epochs`` replace ``trainer.epochs``, its ``lr_scale``
-    multiplies ``optim.lr``. ``train_images``: the train split's size, for ``min_iters``. Call it
-    on the unresolved config so ``${trainer.epochs}`` (e.g. T_max) follows the stage."""
+    """``cfg`` (not mutated) as stage ``stage`` runs it (docs/pipeline.md: its record, its
+    ``stages.<stage>`` overrides, epochs and lr; ``train_images``, the train split's size, for
+    ``min_iters``). Call it on the unresolved config so ``${trainer.epochs}`` follows the stage."""
     if cfg.step.name == stage:
         new = cfg
     else:
@@ -149,8 +148,7 @@ def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None
 
 def min_epochs(cfg: DictConfig, stage_cfg: DictConfig, train_images: Optional[int]) -> Optional[int]:
     """The epochs a stage needs for its ``min_iters`` optimizer steps on ``train_images`` images
-    (None: no minimum, count unknown, or ``limit_train_batches`` set: a quick run keeps its
-    length). Fine-tuning is counted in steps: on a small dataset a few epochs are too few."""
+    (None: no minimum, count unknown, or a quick run: ``limit_train_batches`` set)."""
     least = stage_cfg.get("min_iters")
     if not least or not train_images or cfg.trainer.get("limit_train_batches"):
         return None

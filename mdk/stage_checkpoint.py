@@ -1,15 +1,7 @@
-"""The one owner of stage checkpoints: folder layout, what a checkpoint holds, where a stage
-starts, and loading any checkpoint into a model in a chosen mode.
-
-Layout: ``<paths.checkpoints>/<stage>/{best,last}.pth``; pretrained weights in the folder a record
-names as ``pretrained``. A stage starts from its own ``last.pth`` (or a newer ``best.pth``) when
-``trainer.resume`` is on, else its input stage's ``best.pth`` or its pretrained weights, else
-random weights where the record allows. A finished checkpoint of a stage that does not train
-means "done": a rerun reports it and does not redo the work.
-
-A checkpoint holds the weights, the stage's name and record (so a loader needs no lookup), the
-resolved config, ``meaning`` and ``hparams`` (mdk/checkpoint_meaning.py), and for training
-stages one entry per stateful part of the run state (mdk/engine/run_state.py).
+"""The one owner of stage checkpoints: the layout ``<paths.checkpoints>/<stage>/{best,last}.pth``,
+what a checkpoint holds, where a stage starts (docs/pipeline.md, "Where a stage's weights come
+from"), and loading any checkpoint into a model in a chosen mode. A finished checkpoint of a
+stage that does not train means "done": a rerun reports it and does not redo the work.
 """
 from __future__ import annotations
 
@@ -20,12 +12,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mdk import dist
 from mdk.checkpoint import (CheckpointError, atomic_save, load_checkpoint, load_model_weights,
                             remove_stale_temps, save_checkpoint)
-from mdk.checkpoint_meaning import check_input, check_resume, hparams_of, log_changes, meaning_of
+from mdk.checkpoint_meaning import (check_input, check_resume, hparams_of, log_changes, meaning_of,
+                                    plain)
 from mdk.errors import MissingStageInput
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
@@ -103,10 +96,6 @@ def checkpoint_root(cfg: DictConfig) -> Path:
     return resolve_path(cfg.paths.checkpoints, os.getcwd())
 
 
-def stage_dir(cfg: DictConfig, stage: str) -> Path:
-    return checkpoint_root(cfg) / stage
-
-
 def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
     """The record of the stage that wrote ``ck``; None for weights from elsewhere."""
     saved = ck.get("stage_spec")
@@ -144,22 +133,17 @@ class StageCheckpointer:
 
     # --- where the stage starts -----------------------------------------------------------
     def input_path(self) -> Optional[Path]:
-        """The checkpoint this stage starts from, or None (random init, where allowed)."""
+        """The checkpoint this stage starts from: its input stage's best.pth, else the record's
+        ``pretrained`` folder's best.pth or newest *.pth; None: random init, where allowed."""
         src = self.spec.init_from
-        if src is None:
-            return self._pretrained()
-        path = self.root / src / BEST
-        if not path.is_file():
-            if self.spec.init_required:
+        if src is not None:
+            path = self.root / src / BEST
+            if not path.is_file() and self.spec.init_required:
                 raise MissingStageInput(
                     f"{self.spec.name} starts from {src}'s result but {path} does not exist. Run "
                     f"`python run.py step={src}` first (with the same model/dataset/paths), or the "
                     f"whole chain with `python run.py pipeline=[{','.join(chain(self.spec.name))}]`")
-            return None
-        return path
-
-    def _pretrained(self) -> Optional[Path]:
-        """The record's ``pretrained`` folder: its best.pth, else its newest *.pth."""
+            return path if path.is_file() else None
         if self.spec.pretrained is None:
             return None
         d = self.root / self.spec.pretrained
@@ -207,11 +191,13 @@ class StageCheckpointer:
 
     # --- what a checkpoint holds ----------------------------------------------------------
     def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
-        """A checkpoint of this stage, with ``extra`` (the run state's parts, metrics...)."""
+        """A checkpoint of this stage: its record (so a loader needs no lookup), ``meaning`` and
+        ``hparams`` (mdk/checkpoint_meaning.py), and ``extra`` (the parts of
+        mdk/engine/run_state.py, metrics...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
                 # the record is what loaders need, not the work's parameters (calibration)
-                "stage_spec": {k: v for k, v in _plain(self.cfg.step).items()
-                               if k != "calibration"}, "config": _plain(self.cfg),
+                "stage_spec": {k: v for k, v in plain(self.cfg.step).items()
+                               if k != "calibration"}, "config": plain(self.cfg),
                 "meaning": meaning_of(self.cfg, self.spec), "hparams": hparams_of(self.cfg),
                 "world_size": self.world.size, **extra}
 
@@ -227,10 +213,6 @@ class StageCheckpointer:
             atomic_save(state, self.dir / n)
 
 
-def _plain(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
 def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True,
               prefer_ema: bool = True) -> None:
     """Load ``ck``'s weights into a freshly built model, giving it the checkpoint's structure
@@ -242,20 +224,17 @@ def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bo
     load_model_weights(model, weights, path, strict=strict)
 
 
-def load_model_for(cfg: DictConfig, path: Path, mode: str = "eval",
-                   advice: str = "move it away (or restore it) and run again"
-                   ) -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_model_for(cfg: DictConfig, path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """(model in eval(), checkpoint): ``cfg``'s model with ``path`` loaded, in its stage's
-    evaluation mode (``eval``) or training mode (``stage``)."""
-    if mode not in ("eval", "stage"):
-        raise ValueError(f"mode={mode!r} must be 'eval' or 'stage'")
-    ck = load_checkpoint(path, advice=advice)
+    evaluation mode."""
+    ck = load_checkpoint(path)
     model = build_model(cfg)
     load_into(model, ck, path)
     spec = spec_of(ck)
     if spec is None:
         raise CheckpointError(f"checkpoint {path} was not written by a stage declared here (its "
-                              f"stage: {ck.get('stage')!r}); {advice}")
-    apply_stage(model, spec, str(cfg.chip), evaluate=mode == "eval")
+                              f"stage: {ck.get('stage')!r}); move it away (or restore it) and run "
+                              "again")
+    apply_stage(model, spec, str(cfg.chip), evaluate=True)
     return model.eval(), ck
 

@@ -46,8 +46,7 @@ class StageConf:
     kind: str = "train"               # train | calibrate | pkg.module.fn (a function of the context)
     init_from: Optional[str] = None   # the stage whose best.pth this one starts from
     init_required: bool = False       # that input must exist (else: random weights)
-    pretrained: Optional[str] = None  # a folder under paths.checkpoints with pretrained weights,
-                                      # used when there is no init_from
+    pretrained: Optional[str] = None  # a folder under paths.checkpoints, when no init_from
     next: Optional[str] = None
     export: bool = False              # export the best checkpoint as a chip model afterwards
     quant: QuantMode = field(default_factory=QuantMode)

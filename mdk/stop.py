@@ -13,12 +13,11 @@ _state: dict = {"reason": None, "listeners": 0, "armed": False}
 
 class StopRequested(BaseException):
     """Raised out of the training loop after last.pth was written (``saved``), or out of a signal
-    handler where no loop could save (``saved`` False).
-
-    A BaseException so it passes ``except Exception`` blocks (Hydra's job runner, the sweep's
-    failure guard) and the job ends as "interrupted". ``reason``: the signal's name or why else;
-    ``epoch`` (1-based) and ``iteration`` (optimizer steps done): where last.pth stands;
-    ``stage`` and ``rank`` are filled in on the way out."""
+    handler where no loop could save (``saved`` False). A BaseException so it passes ``except
+    Exception`` blocks (Hydra's job runner, the sweep's failure guard) and the job ends as
+    "interrupted". ``reason``: the signal's name or why else; ``epoch`` (1-based) and
+    ``iteration`` (optimizer steps done): where last.pth stands; ``stage`` and ``rank`` are filled
+    in on the way out."""
 
     def __init__(self, reason: str, iteration: Optional[int] = None, epoch: Optional[int] = None,
                  saved: bool = True, stage: Optional[str] = None,

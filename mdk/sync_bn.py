@@ -1,11 +1,8 @@
-"""BatchNorm over the global batch for any backend, gloo on CPU included (``dist.sync_bn=true``).
-
-torch.nn.SyncBatchNorm trains on CUDA tensors only. This uses plain tensor ops: two all-reduces
-per layer forward (the sum, then squared deviations from the global mean: E[x^2]-E[x]^2 cancels
-badly in float32) and one backward (the ``dy`` sums, so each rank's input gradient holds every
-rank's contribution through the shared statistics; DDP's averaging then scales as SyncBatchNorm).
-
-In eval mode, or without a process group, it is ordinary BatchNorm2d with the same state_dict keys.
+"""BatchNorm over the global batch for any backend, gloo on CPU included (``dist.sync_bn=true``;
+docs/distributed.md, "BatchNorm and dist.sync_bn"). The variance sums squared deviations from the
+global mean (E[x^2]-E[x]^2 cancels badly in float32); the backward all-reduces the ``dy`` sums, so
+each rank's input gradient holds every rank's contribution and DDP's averaging then scales as
+SyncBatchNorm. In eval mode, or without a process group, it is ordinary BatchNorm2d.
 """
 from __future__ import annotations
 
@@ -91,7 +88,5 @@ def convert(module: nn.Module) -> nn.Module:
         new.train(module.training)
         return new
     for name, child in module.named_children():
-        new_child = convert(child)
-        if new_child is not child:
-            setattr(module, name, new_child)
+        setattr(module, name, convert(child))
     return module

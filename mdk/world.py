@@ -1,9 +1,7 @@
-"""The process world: who this process is in a run and which device it drives.
-
-The launcher makes one ``World`` per process and passes it down; nothing below it reads RANK /
-SLURM_* from the environment, nor does a launcher write them into its own process, so a second
-run in the same process (tests, a sweep's next job) never inherits a stale rank or GPU ordinal.
-Machine checks (more ranks than GPUs, CUDA absent) raise ConfigError naming the key.
+"""The process world: who this process is in a run and which device it drives. The launcher makes
+one ``World`` per process and passes it down; nothing below it reads RANK / SLURM_* from the
+environment, nor does a launcher write them into its own process, so a second run in the same
+process (tests, a sweep's next job) never inherits a stale rank or GPU ordinal.
 """
 from __future__ import annotations
 
@@ -40,9 +38,9 @@ class World:
                 f"{self.device}" + (f" with {self.backend}" if self.distributed else ""))
 
 
-def uses_cuda(device: str, cuda_available: Optional[bool] = None) -> bool:
+def uses_cuda(device: str) -> bool:
     """Whether ``trainer.device`` means CUDA on this machine (``auto``: when there is a GPU)."""
-    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    cuda = torch.cuda.is_available()
     if device not in DEVICES:
         raise ConfigError(f"trainer.device={device!r} must be one of {', '.join(DEVICES)}")
     if device == "cuda" and not cuda:
@@ -51,21 +49,20 @@ def uses_cuda(device: str, cuda_available: Optional[bool] = None) -> bool:
     return device == "cuda" or (device == "auto" and cuda)
 
 
-def backend_for(device: str, backend: str = "auto", cuda_available: Optional[bool] = None) -> str:
+def backend_for(device: str, backend: str = "auto") -> str:
     if backend not in BACKENDS:
         raise ConfigError(f"dist.backend={backend!r} must be one of {', '.join(BACKENDS)}")
-    cuda = uses_cuda(device, cuda_available)
+    cuda = uses_cuda(device)
     if backend == "nccl" and not cuda:
         raise ConfigError("dist.backend=nccl needs CUDA GPUs; use dist.backend=auto (gloo on CPU)")
     return backend if backend != "auto" else "nccl" if cuda else "gloo"
 
 
-def check_local_size(device: str, local_size: int, cuda_available: Optional[bool] = None,
-                     device_count: Optional[int] = None) -> None:
+def check_local_size(device: str, local_size: int) -> None:
     """One GPU per process (NCCL only says 'invalid usage' when two ranks share one)."""
-    if not uses_cuda(device, cuda_available):
+    if not uses_cuda(device):
         return
-    n = torch.cuda.device_count() if device_count is None else device_count
+    n = torch.cuda.device_count()
     if local_size > n:
         raise ConfigError(f"dist.gpus={local_size} but this machine has {n} GPU(s); use "
                           f"dist.gpus<={n}, or trainer.device=cpu to run CPU worker processes")

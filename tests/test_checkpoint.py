@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdk import checkpoint as ck
 from mdk.checkpoint import (CheckpointError, NonFiniteWeightsError, atomic_save, load_checkpoint,
                             load_model_weights, save_checkpoint)
 from mdk.stage_checkpoint import find_resume, iteration
@@ -30,7 +29,9 @@ def test_atomic_save_roundtrip_mode_and_no_temp_left(tmp_path):
     atomic_save(_state(3), p)
     assert load_checkpoint(p)["iter"] == 3
     assert [q.name for q in p.parent.iterdir()] == ["last.pth"]
-    assert p.stat().st_mode & 0o777 == 0o666 & ~ck._umask()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert p.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_disk_full_keeps_previous_checkpoint(tmp_path, monkeypatch):

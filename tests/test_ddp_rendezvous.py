@@ -8,11 +8,13 @@ from collections import namedtuple
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from launchers.processes import spawn
 from launchers.processes.join import RendezvousError, join
 from mdk.data.samplers import GlobalBatchSampler
-from mdk.dist_config import check_dist_url, parse_dist_url
+from mdk.compose import compose
+from mdk.dist_config import check_dist, parse_dist_url
 from mdk.errors import ConfigError
 
 
@@ -76,7 +78,7 @@ def test_bad_dist_url_names_the_key(url):
     with pytest.raises(ConfigError, match="dist.dist_url") as parsed:
         parse_dist_url(url)
     with pytest.raises(ConfigError) as checked:
-        check_dist_url(url)
+        check_dist(OmegaConf.merge(compose([]), {"dist": {"dist_url": url}}))
     assert str(parsed.value) == str(checked.value)
     assert parse_dist_url("tcp://10.0.0.1:29500") == ("10.0.0.1", 29500)
 

@@ -21,7 +21,7 @@ CHIP_MODEL_DIR = "chip_model"  # under the exporting stage's checkpoint folder
 
 def export_best(cfg: DictConfig, checkpoints: StageCheckpointer, val_ds: Any) -> Path:
     src = checkpoints.best if checkpoints.best.is_file() else checkpoints.last
-    model, _ = load_model_for(cfg, src, mode="eval")
+    model, _ = load_model_for(cfg, src)
     out = checkpoints.dir / CHIP_MODEL_DIR
     cm = export_chip_model(model, out, str(cfg.chip), onnx=True,
                            allow_any_size=allow_any_size(cfg))

@@ -109,7 +109,7 @@ def load_row(cfg: DictConfig, row: Present, grid: int) -> nn.Module:
         return net.eval()
     ck = load_checkpoint(row.path, advice="run its stage again to rebuild it, or restore it")
     model_cfg = with_checkpoint_model(cfg, ck, ())
-    model, _ = load_model_for(model_cfg, row.path, mode="eval")
+    model, _ = load_model_for(model_cfg, row.path)
     _same_geometry(row.path, int(model_cfg.model.image_size), int(model.grid), cfg, grid)
     return model
 

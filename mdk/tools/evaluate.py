@@ -71,7 +71,7 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
     """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant)."""
     ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
     cfg = with_checkpoint_model(compose_config(overrides), ck, overrides)
-    model, _ = load_model_for(cfg, path, mode="eval")
+    model, _ = load_model_for(cfg, path)
     spec = spec_of(ck)
     if model.num_classes != int(cfg.dataset.num_classes):
         raise ToolError(f"checkpoint {path} predicts {model.num_classes} classes but "
