@@ -37,8 +37,5 @@ def gti_round(x: torch.Tensor) -> torch.Tensor:
 
 def round_shift_int(acc: torch.Tensor, shift: int) -> torch.Tensor:
     """Integer R(acc / 2**shift) with ties away from zero, for int64 tensors (integer reference)."""
-    if shift == 0:
-        return acc.clone()
-    half = 1 << (shift - 1)
-    mag = (acc.abs() + half) >> shift
+    mag = (acc.abs() + ((1 << shift) >> 1)) >> shift  # shift 0: adds 0, shifts by 0
     return torch.where(acc < 0, -mag, mag)
