@@ -19,7 +19,7 @@ import torch
 
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.rounding import gti_round, round_half_away
-from mdk.quant.weights import GTI_EPSILON, weight_mantissas
+from mdk.quant.weights import compute_shift, weight_mantissas
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,10 @@ FloatLayers = Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 def converter_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
                     bias_bits: int) -> int:
-    """The shift the GTI converter gives the last layer: its formula evaluated in float64."""
-    def term(t: torch.Tensor, bits: int) -> float:
-        d = t.detach().cpu().to(torch.float32).to(torch.float64).abs().max() + GTI_EPSILON
-        return float(torch.log2(d.reciprocal() * float(2 ** (bits - 1) - 1)).trunc())
-    s = term(w, weight_bits)
-    if b is not None and b.numel():
-        s = min(s, term(b, bias_bits))
-    return int(min(max(s, 0), 12))
+    """The shift the GTI converter gives the last layer: its formula on the float32 values,
+    evaluated in float64."""
+    w32, b32 = (None if t is None else t.detach().cpu().float() for t in (w, b))
+    return int(compute_shift(w32, b32, weight_bits, bias_bits, torch.float64))
 
 
 def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, shift: int) -> int:
