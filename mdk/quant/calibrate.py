@@ -182,13 +182,12 @@ def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
 
 
 @contextmanager
-def observing(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
-              **values: Any) -> Iterator[list[CapObserver]]:
-    """``with observing(model): run batches; finalize_caps(model)``: a fresh observer per ChipConv
-    (``rank`` / ``world``: this process's slice of each global batch), removed on exit."""
+def observing(model: nn.Module, *args: Any, **values: Any) -> Iterator[list[CapObserver]]:
+    """``with observing(model): run batches; finalize_caps(model)``: a fresh ``observer(...)`` per
+    ChipConv (``rank`` / ``world``: this process's slice of each global batch), removed on exit."""
     layers = chip_layers(model)
     for layer in layers:
-        layer.observer = observer(method, percentile, **values)
+        layer.observer = observer(*args, **values)
     try:
         yield [layer.observer for layer in layers]
     finally:

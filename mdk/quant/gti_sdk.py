@@ -26,7 +26,7 @@ import torch
 from mdk.atomic_file import replacing, write_text
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.chips import CHIP_INPUT_SIZES, chip_takes
-from mdk.quant.gti_converter import warn_where_the_converter_differs
+from mdk.quant.gti_converter import FloatLayers, warn_where_the_converter_differs
 from mdk.quant.weights import five_bit_coefficients
 
 log = logging.getLogger(__name__)
@@ -165,8 +165,7 @@ def _dump(doc: dict) -> str:
     return json.dumps(doc, indent=4, separators=(",", ": "), sort_keys=True)
 
 
-def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int] = None,
-                    float_layers: Optional[Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
+def write_gti_files(cm: ChipModel, out_dir: str | Path, float_layers: Optional[FloatLayers] = None,
                     check_size: bool = True) -> Path:
     """Write the hand-off files into ``out_dir`` (created).
 
@@ -177,9 +176,9 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
     if chip not in GTI_CHIPS:
         raise ValueError(f"the GTI SDK hand-off exists for chip {'/'.join(GTI_CHIPS)} only (the GTI "
                          f"PyTorch MDK converts for it), not chip {chip}")
-    size = int(image_size or cm.meta.get("image_size") or 0)
+    size = int(cm.meta.get("image_size") or 0)
     if size <= 0:
-        raise ValueError("write_gti_files needs the model's image size (image_size=...)")
+        raise ValueError("write_gti_files needs the model's image size (meta['image_size'])")
     if check_size and not chip_takes(chip, size):
         raise ValueError(f"the GTI chip spec takes input sizes {CHIP_INPUT_SIZES[chip]}, not {size}")
     majors = major_layers(cm, size)
