@@ -113,15 +113,8 @@ def rebin(hist: torch.Tensor, span: float, to_span: float) -> torch.Tensor:
     """``hist`` over [0, span] as counts over [0, to_span] (``to_span = span * 2**k``): bin j
     moves to ``j >> k``, exactly what binning the values at ``to_span`` gives."""
     k = round(math.log2(to_span / span))
-    bins = hist.numel()
-    if k == 0:
-        return hist
-    if (1 << k) >= bins:
-        out = torch.zeros_like(hist)
-        out[0] = hist.sum()
-        return out
-    merged = hist.reshape(bins >> k, 1 << k).sum(1)
-    return torch.cat([merged, hist.new_zeros(bins - merged.numel())])
+    moved = torch.arange(hist.numel(), device=hist.device) >> min(k, 62)  # no over-wide shift
+    return torch.zeros_like(hist).index_add_(0, moved, hist)
 
 
 def kl_threshold(hist: torch.Tensor, span: float) -> float:
