@@ -1,16 +1,9 @@
-"""Choosing the mask bits of each major layer under a coefficient-memory budget, exactly.
+"""Choosing the mask bits of each major layer under a coefficient-memory budget, exactly
+(docs/pipeline.md, Choosing mask widths under a memory budget).
 
-The chip quantizes a major layer (a run of convs up to a max-pool) with one mask width, and its
-coefficients take ``weights * bits`` bits of the chip's memory. Given, per major layer and
-width, a sensitivity (what quantizing that layer at that width costs, e.g. the mAP it loses),
-:func:`plan_bits` returns the widths that minimise the summed sensitivity while the coefficients
-fit the budget, :func:`plan_within_cost` the widths of least memory whose summed sensitivity stays
-under a bound.
-
-Exact by dynamic programming over the memory used: after each layer only the undominated plans
-are kept, so the result equals a search over every combination at a cost that grows with the
-number of distinct memory totals, not widths ** layers. No torch: it plans from saved
-sensitivities without a model.
+Dynamic programming over the memory used: after each layer only the undominated plans are kept,
+so the result equals a search over every combination at a cost that grows with the number of
+distinct memory totals, not widths ** layers. No torch: it plans from saved sensitivities.
 """
 from __future__ import annotations
 

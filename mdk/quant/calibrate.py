@@ -1,18 +1,10 @@
-"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
+"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs
+(the methods and how to add one: docs/pipeline.md, Calibration methods).
 
-Each ChipConv's observer sees every batch's conv(+BN) output before the activation. A method is a
-``CapObserver`` subclass (its statistic of one batch); the cap is the max over batches and ranks.
-``step.calibration.method`` names one of ``METHODS`` or the class path ``pkg.module.Name`` of
-yours. A batch of more than ``max_values`` values is read at an odd stride (``sample_stride``).
-
-World-size invariance: rank r holds the contiguous slice r of each global batch
-(mdk.data.samplers.GlobalBatchSampler), so statistics are taken on the global batch: the strided
-sample is gathered in rank order (the same tensor on every rank and world size), and ``max`` and
-``kl``'s integer histograms add up exactly. So any ``dist.gpus`` gives the same caps, bit for bit,
-as long as the conv outputs are the same bits (docs/distributed.md).
-
-A cap <= 0 would make the 5-bit grid meaningless: the positive max is used instead, or 1.0 if the
-layer never fires, with a warning.
+World-size invariance relies on rank r holding the contiguous slice r of each global batch
+(mdk.data.samplers.GlobalBatchSampler): the strided sample is gathered in rank order and ``kl``'s
+integer histograms add up exactly, so any ``dist.gpus`` gives the same caps, bit for bit, as long
+as the conv outputs are the same bits.
 """
 from __future__ import annotations
 
@@ -211,7 +203,7 @@ def finalize_caps(model: nn.Module) -> list[float]:
     caps = []
     for i, (layer, (stat, top)) in enumerate(zip(layers, both.tolist())):
         cap = stat
-        if not cap > 0:
+        if not cap > 0:  # the 5-bit grid needs cap > 0
             cap = top if top > 0 else 1.0
             log.warning("layer %d: calibration statistic %.4g <= 0 (layer barely fires); "
                         "using cap %.4g", i, stat, cap)

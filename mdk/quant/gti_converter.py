@@ -1,13 +1,5 @@
-"""Where the GTI converter would write other numbers than mdk's hand-off: warnings at export.
-
-The converter (``gnetmdk/gti/converter.py``) quantizes the checkpoint again and differs, on
-isolated values only, in two places (docs/gti-compat.md, 2 and 4):
-
-- the **last layer's shift**: it evaluates that layer in float64 (training: float32), so at an
-  exact power-of-two boundary the shifts differ (``converter_shift``);
-- **rounding**: its float32 ``floor(x + 0.5)`` rounds ``±0.49999997`` to ``±1`` where mdk gives 0
-  (``rounding_slips``); in the float64 last layer it is exact for float32 values.
-
+"""Where the GTI converter would write other numbers than mdk's hand-off: the last layer's shift
+(``converter_shift``) and float32 rounding slips (``rounding_slips``), docs/gti-compat.md, 2 and 4.
 The files keep the trained values; the export logs one warning per affected layer.
 """
 from __future__ import annotations

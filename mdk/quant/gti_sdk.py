@@ -1,15 +1,7 @@
-"""Hand-off to the GTI SDK: the files the GTI GNetDet MDK's converter writes before its closed step.
-
-For chip 5801 the GTI converter (``gnetmdk/gti/converter.py``) writes filter, bias and two JSON
-files into one directory, then GTI's closed libraries turn them into ``chip.dat`` and the chip
-``.model``. ``write_gti_files`` writes the same files, in the converter's layout and number
-formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`, plus ``relu_cap.txt`` (the
-host's CAP); the file table is in docs/pipeline.md. A *major layer* is a run of sublayers ending
-at a 2x2 max-pool or where the mask width changes.
-
-Zeros keep the sign the GTI quantizer gives them, so the text is byte-identical to the
-converter's for the same fused model except where mdk.quant.gti_converter warns. The GTI PyTorch
-MDK converts for chip 5801 only.
+"""Hand-off to the GTI SDK (chip 5801): from an exported ChipModel, the files the GTI converter
+(``gnetmdk/gti/converter.py``) writes before GTI's closed libraries make ``chip.dat`` and the chip
+``.model``, in its layout and number formatting, plus ``relu_cap.txt`` (docs/pipeline.md, Hand-off
+to the GTI SDK). Byte-identical to the converter's text except where mdk.quant.gti_converter warns.
 """
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""Chip weight quantizers (docs/pipeline.md), vectorised over all 3x3 kernels of a layer.
+"""Chip weight quantizers, vectorised over all 3x3 kernels of a layer (the formulas:
+docs/pipeline.md, the chip quantization contract; against the GTI tools: docs/gti-compat.md, 4-6).
 
 Every quantizer yields integer *mantissas* over one per-layer power of two (``w_q = w_int /
 2**shift``). Training (``quantize_conv``) and export (``conv_mantissas``) share the code, so the
 exported integers reproduce the trained weights bit for bit.
-
-Formulas, with ``QS(v) = R(v * 2**shift) / 2**shift`` and ``m`` = mean |w| of one 3x3 kernel:
-
-- 1 bit: ``+QS(m)`` where ``w >= 0``, ``-QS(m)`` where ``w < 0`` (a chip 1-bit weight is a sign,
-  never 0; ``w = 0`` gives ``+QS(m)`` as in the GTI tools)
-- 2 bit: ``sign(w) * QS(m)`` where ``|w| >= QS(m)/4``, else 0
-- 3 bit: ``step = m/4``, ``c = trunc(|w|/step)``, ``c >= 3 -> 4``: ``sign(w) * c * QS(step)``
-- 5 bit: ``step = max|w|/15`` per kernel: ``R(w/step) * QS(step)``
-- 8 / 12 bit: ``QS(w)``;  bias: ``QS(b)``
-
-An all-zero kernel's 0/0 coefficients are 0. The shift is computed as the GTI tools compute it,
-so at an exact power-of-two boundary mdk and GTI give the same chip integers.
 """
 from __future__ import annotations
 
