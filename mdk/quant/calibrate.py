@@ -128,8 +128,7 @@ class KlCap(CapObserver):
         """(span, counts) of every batch of every rank in one histogram over the widest span
         (collective)."""
         spans = torch.stack([s for s, _ in self.kept]).cpu()
-        span = dist.all_reduce_max(spans.max().reshape(1))
-        top = float(span)
+        top = float(dist.all_reduce_max(spans.max().reshape(1)))
         local = torch.zeros(KL_BINS, dtype=torch.int64)
         for s, (_, h) in zip(spans.tolist(), self.kept):
             local += rebin(h.cpu(), s, top)

@@ -1,8 +1,5 @@
 """Integer-only reference forward of an exported chip model, and the exactness check (docs/pipeline.md).
 
-``integer_forward`` uses only int64 tensors and must equal the step4 fake-quant forward with 0
-mismatching activations.
-
 The float fake-quant conv is exact while every partial sum (a multiple of ``2^-s``) fits the
 significand: ``|acc| < 2^53`` in float64 (always here) or ``2^24`` in float32
 (``float32_is_exact``). That needs a direct-summation conv (CPU); Winograd/FFT/TF32 GPU kernels

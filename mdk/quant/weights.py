@@ -32,10 +32,9 @@ def _log2_term(max_abs: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Te
 
 def compute_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int, bias_bits: int,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Per-layer shift ``clamp(min(int(log2((2^(wb-1)-1)/max|W|)), int(log2((2^(bb-1)-1)/max|b|))), 0, 12)``,
-    as the GTI tools evaluate it in ``dtype`` (float64: the converter's last layer). A 0-dim
-    int64 tensor on ``w``'s device (no host sync). An all-zero ``w`` or ``b`` (or ``b=None``) does
-    not constrain it; both zero give 12."""
+    """The per-layer shift (docs/pipeline.md) as the GTI tools evaluate it in ``dtype`` (float64:
+    the converter's last layer). A 0-dim int64 tensor on ``w``'s device (no host sync). An
+    all-zero ``w`` or ``b`` (or ``b=None``) does not constrain it; both zero give 12."""
     with torch.no_grad():
         s = _log2_term(w.detach().abs().max(), weight_bits, dtype)
         if b is not None and b.numel():
