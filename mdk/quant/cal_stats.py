@@ -1,9 +1,6 @@
 """Per-batch statistics of one layer's pre-activation values, from which mdk.quant.calibrate picks
-a cap: nearest-rank percentile, least squared 5-bit error, and TensorRT's entropy calibration with
-32 levels over histograms of power-of-two spans (which add up exactly).
-
-Every function is deterministic per input and device, so equal samples give equal statistics on
-every rank.
+a cap (the methods: docs/pipeline.md, Calibration methods). Every function is deterministic per
+input and device, so equal samples give equal statistics on every rank.
 """
 from __future__ import annotations
 

@@ -24,9 +24,8 @@ class ChipConv(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(in_ch, out_ch, 3, padding=1, bias=True)
         self.bn: Optional[nn.BatchNorm2d] = nn.BatchNorm2d(out_ch) if batch_norm else None
-        # The output layer trains linear in the float-activation stages: a ReLU there lets the
-        # confidence channels die (pushed to 0 on empty cells, zero gradient ever after). Once
-        # activations are quantized (step3/step4) it is clamped to 0..cap like every chip layer.
+        # False: the output layer, linear until activations are quantized (a ReLU lets its
+        # confidence channels die: pushed to 0 on empty cells, zero gradient ever after)
         self.relu = relu
         self.pool = pool
         self.mask_bits = mask_bits

@@ -1,7 +1,5 @@
-"""Quantization modes of the chip layers: what a stage switches on (the stage table of docs/pipeline.md).
-
-A stage's record (conf/step/<stage>.yaml, ``quant:``) names the mode; this module only knows
-the switches, not the stages:
+"""The switches a stage's record turns on (``quant:`` in conf/step/<stage>.yaml; the stages:
+docs/pipeline.md). This module knows the switches, not the stages:
 
 | switch       | effect on every ChipConv                                              |
 |--------------|-----------------------------------------------------------------------|
