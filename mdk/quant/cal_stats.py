@@ -26,10 +26,6 @@ def sample_stride(n: int, max_values: Optional[int]) -> int:
     return math.ceil(n / max_values) | 1
 
 
-def mse_stride(n: int) -> int:
-    return max(1, n // MSE_SAMPLE)
-
-
 def strided(x: torch.Tensor, start: int, step: int) -> torch.Tensor:
     """The values of ``x`` at flat (logical, row-major) positions ``start, start + step, ...``."""
     x = x.detach()

@@ -12,7 +12,7 @@ import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -23,7 +23,7 @@ from mdk.atomic_file import write_json
 from mdk.checks import build
 from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers
-from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
+from mdk.quant.cal_stats import (KL_BINS, MSE_SAMPLE, histogram, kl_threshold, mse_cap,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
 from mdk.stage_config import MAX_VALUES
 
@@ -36,25 +36,6 @@ def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, l
     starts = [(-r * n_local) % stride for r in range(world)]
     counts = [max(0, -(-(n_local - s) // stride)) for s in starts]
     return starts[rank], counts
-
-
-def my_share(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0, world: int = 1
-             ) -> tuple[torch.Tensor, list[int]]:
-    """This rank's part of the global batch's values at flat positions 0, s, 2s, ... (``s =
-    stride_of(global count)``), and how many of them every rank holds."""
-    stride = stride_of(y.numel() * world)
-    start, counts = rank_share(y.numel(), stride, rank, world)
-    return strided(y, start, stride), counts
-
-
-def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0,
-                  world: int = 1) -> torch.Tensor:
-    """The global batch's strided sample on every rank: what one process holding it would read."""
-    part, counts = my_share(y, stride_of, rank, world)
-    if world == 1:
-        return part
-    # float32 is exact for every activation dtype, and every backend gathers it
-    return dist.all_gather_cat(part.float(), counts)
 
 
 class CapObserver:
@@ -78,10 +59,21 @@ class CapObserver:
         pass
 
     def stride(self, n: int) -> int:
+        """The read stride of a global batch of ``n`` values."""
         return sample_stride(n, self.max_values)
 
+    def share(self, y: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """This rank's part of the global batch's values at flat positions 0, s, 2s, ... (``s =
+        self.stride(global count)``), and how many of them every rank holds."""
+        stride = self.stride(y.numel() * self.world)
+        start, counts = rank_share(y.numel(), stride, self.rank, self.world)
+        return strided(y, start, stride), counts
+
     def sample(self, y: torch.Tensor) -> torch.Tensor:
-        return global_sample(y, self.stride, self.rank, self.world)
+        """The global batch's strided sample on every rank: what one process holding it reads."""
+        part, counts = self.share(y)
+        # float32 is exact for every activation dtype, and every backend gathers it
+        return part if self.world == 1 else dist.all_gather_cat(part.float(), counts)
 
     @torch.no_grad()
     def __call__(self, y: torch.Tensor) -> None:
@@ -108,9 +100,11 @@ class MaxCap(CapObserver):
 class MseCap(CapObserver):
     """``mse``: per batch, the cap of least squared 5-bit error of ReLU(y), on ~2**18 values."""
 
+    def stride(self, n: int) -> int:
+        return max(1, n // MSE_SAMPLE)
+
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = global_sample(y, mse_stride, self.rank, self.world)
-        return mse_cap(sample, self.mse_candidates), y.max()
+        return mse_cap(self.sample(y), self.mse_candidates), y.max()
 
 
 class KlCap(CapObserver):
@@ -118,7 +112,7 @@ class KlCap(CapObserver):
     divergence (TensorRT's entropy calibration)."""
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sample, _ = my_share(y, self.stride, self.rank, self.world)  # counted, not gathered
+        sample, _ = self.share(y)  # counted, not gathered
         top = y.max()
         span = pow2_range(sample.max() if sample.numel() else top)
         self.kept.append((span, histogram(sample, span)))
