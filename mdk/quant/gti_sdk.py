@@ -102,8 +102,7 @@ def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
     for i, L in enumerate(cm.layers):
         w = L.weight.to(torch.float64).numpy() / 2.0 ** L.shift  # exact: mantissas < 2^53
         b = L.bias.to(torch.float64).numpy() / 2.0 ** L.shift
-        nw = negzeros[i][0] if negzeros else np.zeros(w.shape, dtype=bool)
-        nb = negzeros[i][1] if negzeros else np.zeros(b.shape, dtype=bool)
+        nw, nb = negzeros[i] if negzeros else (np.zeros(w.shape, bool), np.zeros(b.shape, bool))
         pad = majors[-1].output_channels - w.shape[0] if i == last else 0
         if pad:  # zeros (False) after the last output channel
             w, nw = (np.pad(a, [(0, pad), (0, 0), (0, 0), (0, 0)]) for a in (w, nw))

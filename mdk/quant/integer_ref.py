@@ -27,8 +27,8 @@ def integer_forward(cm: ChipModel, images: torch.Tensor) -> tuple[torch.Tensor, 
     for L in cm.layers:
         acc = F.conv2d(x, L.weight, None, padding=1) + L.bias.view(1, -1, 1, 1)
         x = round_shift_int(acc, L.shift).clamp_(0, LEVELS)
-        if L.pool:
-            x = F.max_pool2d(x, 2)  # int64 on the CPU since torch 2.1
+        if L.pool:  # via float64, exact for 0..31: older torch has no int64 CPU max_pool2d
+            x = F.max_pool2d(x.double(), 2).long()
         acts.append(x)
     return x.to(torch.float64) * cm.out_scale, acts
 
