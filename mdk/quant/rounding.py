@@ -1,7 +1,5 @@
-"""Chip rounding: round half **away from zero** (docs/pipeline.md), not torch.round (half to even).
-
-``floor(|x| + 0.5)`` is wrong in floating point (0.49999997 + 0.5 rounds to 1.0 in float32);
-adding ``pred(0.5)`` instead is exact for every float (argument in mdk.quant.activation).
+"""Chip rounding: round half **away from zero**, not torch.round (half to even), exact for every
+float by adding ``pred(0.5)``, not 0.5 (docs/gti-compat.md, 2; the argument: mdk.quant.activation).
 """
 from __future__ import annotations
 
