@@ -39,9 +39,8 @@ def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, l
 
 
 class CapObserver:
-    """A calibration method: a subclass's ``batch(y)`` returns (statistic, max) of one batch, ``y``
-    being this rank's slice (``self.sample(y)``: the global strided sample). ``finish``
-    (collective, layer by layer) may replace ``stat`` before the max over ranks."""
+    """A calibration method (what a subclass defines: docs/pipeline.md, Calibration methods).
+    ``finish`` is collective, layer by layer."""
 
     def __init__(self, percentile: float = 99.0, mse_candidates: int = 64,
                  max_values: Optional[int] = MAX_VALUES, rank: int = 0, world: int = 1) -> None:
@@ -58,8 +57,7 @@ class CapObserver:
     def finish(self) -> None:
         pass
 
-    def stride(self, n: int) -> int:
-        """The read stride of a global batch of ``n`` values."""
+    def stride(self, n: int) -> int:  # of a global batch of n values
         return sample_stride(n, self.max_values)
 
     def share(self, y: torch.Tensor) -> tuple[torch.Tensor, list[int]]:

@@ -47,8 +47,7 @@ def warn_where_the_converter_differs(cm: ChipModel, float_layers: FloatLayers,
             log.warning("layer %d: %d written value(s) where the GTI tools' float32 floor(x + 0.5) "
                         "rounds otherwise (it rounds ±0.49999997 to ±1); %s holds the trained "
                         "values", i, slips, filter_file)
-    w, b = float_layers[-1]
-    L = cm.layers[-1]
+    (w, b), L = float_layers[-1], cm.layers[-1]
     conv = converter_shift(w, b, L.weight_bits, L.bias_bits)
     if conv != L.shift:
         log.warning("last layer: the GTI converter would compute shift %d (it evaluates the "
