@@ -5,6 +5,6 @@
 - ``rounding``, ``weights``, ``activation``: R, the weight mantissas and shift, the 5-bit activation
 - ``calibrate``, ``cal_stats``: the calibration methods and their statistics
 - ``bn_fold``: fold_bn;  ``fusion``: fuse_gains;  ``bit_plan``: mask widths under a memory budget
-- ``chip_model``, ``export``, ``integer_ref``: the integer chip model, its files, its exactness check
+- ``chip_model``, ``export``, ``integer_ref``: the integer model, its files, its exactness check
 - ``gti_sdk``, ``gti_converter``: the GTI SDK hand-off and where the GTI converter would differ
 """
