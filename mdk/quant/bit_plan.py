@@ -75,22 +75,15 @@ def _front(layers: Sequence[MajorLayer], budget_bits: int | None
                 cand = (cost + float(layer.sensitivity[b]), bits + (b,))
                 if m not in nxt or cand < nxt[m]:
                     nxt[m] = cand
-        front = _undominated(nxt)
+        # Keep a plan only if every plan using less memory is strictly more sensitive: the rest can
+        # never end better (the layers after add the same costs and memory to both).
+        front, best = {}, float("inf")
+        for used in sorted(nxt):
+            if nxt[used][0] < best:
+                front[used], best = nxt[used], nxt[used][0]
         if not front:
             narrow = sum(lay.weights * min(lay.sensitivity) for lay in layers)
             raise ValueError(f"a budget of {budget_bits} bits is below the narrowest plan's "
                              f"{narrow} bits; raise the budget")
     return front
 
-
-def _undominated(plans: dict[int, tuple[float, tuple[int, ...]]]
-                 ) -> dict[int, tuple[float, tuple[int, ...]]]:
-    """Keep a plan only if every plan using less memory is strictly more sensitive: the rest can
-    never end better (the layers after add the same costs and memory to both)."""
-    kept: dict[int, tuple[float, tuple[int, ...]]] = {}
-    best = float("inf")
-    for used in sorted(plans):
-        if plans[used][0] < best:
-            kept[used] = plans[used]
-            best = plans[used][0]
-    return kept
