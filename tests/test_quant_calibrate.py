@@ -7,8 +7,8 @@ import torch
 
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
-from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_and_max, sample_stride
-from mdk.quant.calibrate import global_sample, observer
+from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_and_max
+from mdk.quant.calibrate import observer
 from mdk.stage import apply_stage
 
 
@@ -38,7 +38,7 @@ def test_large_tensors_use_documented_odd_stride_subsample():
     y = torch.randn(4, 8, 96, 96, generator=g)  # 294912 values
     sub = y.flatten()[::5]  # ceil(294912 / 65536) = 5, already odd
     def subsample(x, max_values):  # what one process's observer reads
-        return global_sample(x, lambda n: sample_stride(n, max_values))
+        return observer("percentile", 99, max_values=max_values).sample(x)
 
     assert torch.equal(subsample(y, 1 << 16), sub)
     assert torch.equal(subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3

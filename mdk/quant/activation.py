@@ -1,8 +1,7 @@
 """5-bit unsigned chip activation (docs/pipeline.md): ``y_q = R(clamp(y, 0, cap) * 31 / cap) * cap / 31``.
 
 A custom autograd function keeps step3 cheap: four forward passes and one fused
-``hardtanh_backward`` pass (straight-through for ``0 < y < cap``, else zero gradient) instead of
-the ~10 temporaries autograd would record.
+``hardtanh_backward`` pass (the STE) instead of the ~10 temporaries autograd would record.
 
 Rounding: ``floor(v + 0.5)`` is wrong in floating point (``pred(0.5) + 0.5`` rounds to 1); adding
 ``h = pred(0.5)`` instead is exact for every ``v >= 0``: a fraction of exactly 0.5 gives

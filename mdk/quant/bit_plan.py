@@ -1,16 +1,9 @@
-"""Choosing the mask bits of each major layer under a coefficient-memory budget, exactly.
+"""Choosing the mask bits of each major layer under a coefficient-memory budget, exactly
+(docs/pipeline.md, Choosing mask widths under a memory budget).
 
-The chip quantizes a major layer (a run of convs up to a max-pool) with one mask width, and its
-coefficients take ``weights * bits`` bits of the chip's memory. Given, per major layer and
-width, a sensitivity (what quantizing that layer at that width costs, e.g. the mAP it loses),
-:func:`plan_bits` returns the widths that minimise the summed sensitivity while the coefficients
-fit the budget, :func:`plan_within_cost` the widths of least memory whose summed sensitivity stays
-under a bound.
-
-Exact by dynamic programming over the memory used: after each layer only the undominated plans
-are kept, so the result equals a search over every combination at a cost that grows with the
-number of distinct memory totals, not widths ** layers. No torch: it plans from saved
-sensitivities without a model.
+Dynamic programming over the memory used: after each layer only the undominated plans are kept,
+so the result equals a search over every combination at a cost that grows with the number of
+distinct memory totals, not widths ** layers. No torch: it plans from saved sensitivities.
 """
 from __future__ import annotations
 
@@ -82,22 +75,15 @@ def _front(layers: Sequence[MajorLayer], budget_bits: int | None
                 cand = (cost + float(layer.sensitivity[b]), bits + (b,))
                 if m not in nxt or cand < nxt[m]:
                     nxt[m] = cand
-        front = _undominated(nxt)
+        # Keep a plan only if every plan using less memory is strictly more sensitive: the rest can
+        # never end better (the layers after add the same costs and memory to both).
+        front, best = {}, float("inf")
+        for used in sorted(nxt):
+            if nxt[used][0] < best:
+                front[used], best = nxt[used], nxt[used][0]
         if not front:
             narrow = sum(lay.weights * min(lay.sensitivity) for lay in layers)
             raise ValueError(f"a budget of {budget_bits} bits is below the narrowest plan's "
                              f"{narrow} bits; raise the budget")
     return front
 
-
-def _undominated(plans: dict[int, tuple[float, tuple[int, ...]]]
-                 ) -> dict[int, tuple[float, tuple[int, ...]]]:
-    """Keep a plan only if every plan using less memory is strictly more sensitive: the rest can
-    never end better (the layers after add the same costs and memory to both)."""
-    kept: dict[int, tuple[float, tuple[int, ...]]] = {}
-    best = float("inf")
-    for used in sorted(plans):
-        if plans[used][0] < best:
-            kept[used] = plans[used]
-            best = plans[used][0]
-    return kept

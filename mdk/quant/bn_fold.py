@@ -1,8 +1,5 @@
-"""Fold BatchNorm (which the chip lacks) into the preceding chip conv, once before step2.
-
-Eval-mode ``BN(conv(x))`` is a conv with ``W' = W * g / s`` and ``b' = (b - mu) * g / s + beta``,
-``s = sqrt(var + eps)``; computed in float64 so folding adds only one final rounding.
-"""
+"""Fold BatchNorm (which the chip lacks) into the preceding chip conv, once before step2, in
+float64 with one final rounding (the formula: docs/gti-compat.md, 8)."""
 from __future__ import annotations
 
 import logging

@@ -1,9 +1,6 @@
 """Per-batch statistics of one layer's pre-activation values, from which mdk.quant.calibrate picks
-a cap: nearest-rank percentile, least squared 5-bit error, and TensorRT's entropy calibration with
-32 levels over histograms of power-of-two spans (which add up exactly).
-
-Every function is deterministic per input and device, so equal samples give equal statistics on
-every rank.
+a cap (the methods: docs/pipeline.md, Calibration methods). Every function is deterministic per
+input and device, so equal samples give equal statistics on every rank.
 """
 from __future__ import annotations
 
@@ -27,10 +24,6 @@ def sample_stride(n: int, max_values: Optional[int]) -> int:
     if max_values is None or n <= max_values:
         return 1
     return math.ceil(n / max_values) | 1
-
-
-def mse_stride(n: int) -> int:
-    return max(1, n // MSE_SAMPLE)
 
 
 def strided(x: torch.Tensor, start: int, step: int) -> torch.Tensor:
@@ -113,15 +106,8 @@ def rebin(hist: torch.Tensor, span: float, to_span: float) -> torch.Tensor:
     """``hist`` over [0, span] as counts over [0, to_span] (``to_span = span * 2**k``): bin j
     moves to ``j >> k``, exactly what binning the values at ``to_span`` gives."""
     k = round(math.log2(to_span / span))
-    bins = hist.numel()
-    if k == 0:
-        return hist
-    if (1 << k) >= bins:
-        out = torch.zeros_like(hist)
-        out[0] = hist.sum()
-        return out
-    merged = hist.reshape(bins >> k, 1 << k).sum(1)
-    return torch.cat([merged, hist.new_zeros(bins - merged.numel())])
+    moved = torch.arange(hist.numel(), device=hist.device) >> min(k, 62)  # no over-wide shift
+    return torch.zeros_like(hist).index_add_(0, moved, hist)
 
 
 def kl_threshold(hist: torch.Tensor, span: float) -> float:

@@ -1,18 +1,10 @@
-"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
+"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs
+(the methods and how to add one: docs/pipeline.md, Calibration methods).
 
-Each ChipConv's observer sees every batch's conv(+BN) output before the activation. A method is a
-``CapObserver`` subclass (its statistic of one batch); the cap is the max over batches and ranks.
-``step.calibration.method`` names one of ``METHODS`` or the class path ``pkg.module.Name`` of
-yours. A batch of more than ``max_values`` values is read at an odd stride (``sample_stride``).
-
-World-size invariance: rank r holds the contiguous slice r of each global batch
-(mdk.data.samplers.GlobalBatchSampler), so statistics are taken on the global batch: the strided
-sample is gathered in rank order (the same tensor on every rank and world size), and ``max`` and
-``kl``'s integer histograms add up exactly. So any ``dist.gpus`` gives the same caps, bit for bit,
-as long as the conv outputs are the same bits (docs/distributed.md).
-
-A cap <= 0 would make the 5-bit grid meaningless: the positive max is used instead, or 1.0 if the
-layer never fires, with a warning.
+World-size invariance relies on rank r holding the contiguous slice r of each global batch
+(mdk.data.samplers.GlobalBatchSampler): the strided sample is gathered in rank order and ``kl``'s
+integer histograms add up exactly, so any ``dist.gpus`` gives the same caps, bit for bit, as long
+as the conv outputs are the same bits.
 """
 from __future__ import annotations
 
@@ -20,7 +12,7 @@ import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -31,7 +23,7 @@ from mdk.atomic_file import write_json
 from mdk.checks import build
 from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers
-from mdk.quant.cal_stats import (KL_BINS, histogram, kl_threshold, mse_cap, mse_stride,
+from mdk.quant.cal_stats import (KL_BINS, MSE_SAMPLE, histogram, kl_threshold, mse_cap,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
 from mdk.stage_config import MAX_VALUES
 
@@ -46,29 +38,9 @@ def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, l
     return starts[rank], counts
 
 
-def my_share(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0, world: int = 1
-             ) -> tuple[torch.Tensor, list[int]]:
-    """This rank's part of the global batch's values at flat positions 0, s, 2s, ... (``s =
-    stride_of(global count)``), and how many of them every rank holds."""
-    stride = stride_of(y.numel() * world)
-    start, counts = rank_share(y.numel(), stride, rank, world)
-    return strided(y, start, stride), counts
-
-
-def global_sample(y: torch.Tensor, stride_of: Callable[[int], int], rank: int = 0,
-                  world: int = 1) -> torch.Tensor:
-    """The global batch's strided sample on every rank: what one process holding it would read."""
-    part, counts = my_share(y, stride_of, rank, world)
-    if world == 1:
-        return part
-    # float32 is exact for every activation dtype, and every backend gathers it
-    return dist.all_gather_cat(part.float(), counts)
-
-
 class CapObserver:
-    """A calibration method: a subclass's ``batch(y)`` returns (statistic, max) of one batch, ``y``
-    being this rank's slice (``self.sample(y)``: the global strided sample). ``finish``
-    (collective, layer by layer) may replace ``stat`` before the max over ranks."""
+    """A calibration method (what a subclass defines: docs/pipeline.md, Calibration methods).
+    ``finish`` is collective, layer by layer."""
 
     def __init__(self, percentile: float = 99.0, mse_candidates: int = 64,
                  max_values: Optional[int] = MAX_VALUES, rank: int = 0, world: int = 1) -> None:
@@ -85,11 +57,21 @@ class CapObserver:
     def finish(self) -> None:
         pass
 
-    def stride(self, n: int) -> int:
+    def stride(self, n: int) -> int:  # of a global batch of n values
         return sample_stride(n, self.max_values)
 
+    def share(self, y: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """This rank's part of the global batch's values at flat positions 0, s, 2s, ... (``s =
+        self.stride(global count)``), and how many of them every rank holds."""
+        stride = self.stride(y.numel() * self.world)
+        start, counts = rank_share(y.numel(), stride, self.rank, self.world)
+        return strided(y, start, stride), counts
+
     def sample(self, y: torch.Tensor) -> torch.Tensor:
-        return global_sample(y, self.stride, self.rank, self.world)
+        """The global batch's strided sample on every rank: what one process holding it reads."""
+        part, counts = self.share(y)
+        # float32 is exact for every activation dtype, and every backend gathers it
+        return part if self.world == 1 else dist.all_gather_cat(part.float(), counts)
 
     @torch.no_grad()
     def __call__(self, y: torch.Tensor) -> None:
@@ -116,9 +98,11 @@ class MaxCap(CapObserver):
 class MseCap(CapObserver):
     """``mse``: per batch, the cap of least squared 5-bit error of ReLU(y), on ~2**18 values."""
 
+    def stride(self, n: int) -> int:
+        return max(1, n // MSE_SAMPLE)
+
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = global_sample(y, mse_stride, self.rank, self.world)
-        return mse_cap(sample, self.mse_candidates), y.max()
+        return mse_cap(self.sample(y), self.mse_candidates), y.max()
 
 
 class KlCap(CapObserver):
@@ -126,7 +110,7 @@ class KlCap(CapObserver):
     divergence (TensorRT's entropy calibration)."""
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sample, _ = my_share(y, self.stride, self.rank, self.world)  # counted, not gathered
+        sample, _ = self.share(y)  # counted, not gathered
         top = y.max()
         span = pow2_range(sample.max() if sample.numel() else top)
         self.kept.append((span, histogram(sample, span)))
@@ -136,8 +120,7 @@ class KlCap(CapObserver):
         """(span, counts) of every batch of every rank in one histogram over the widest span
         (collective)."""
         spans = torch.stack([s for s, _ in self.kept]).cpu()
-        span = dist.all_reduce_max(spans.max().reshape(1))
-        top = float(span)
+        top = float(dist.all_reduce_max(spans.max().reshape(1)))
         local = torch.zeros(KL_BINS, dtype=torch.int64)
         for s, (_, h) in zip(spans.tolist(), self.kept):
             local += rebin(h.cpu(), s, top)
@@ -182,13 +165,12 @@ def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
 
 
 @contextmanager
-def observing(model: nn.Module, method: str = "percentile", percentile: float = 99.0,
-              **values: Any) -> Iterator[list[CapObserver]]:
-    """``with observing(model): run batches; finalize_caps(model)``: a fresh observer per ChipConv
-    (``rank`` / ``world``: this process's slice of each global batch), removed on exit."""
+def observing(model: nn.Module, *args: Any, **values: Any) -> Iterator[list[CapObserver]]:
+    """``with observing(model): run batches; finalize_caps(model)``: a fresh ``observer(...)`` per
+    ChipConv (``rank`` / ``world``: this process's slice of each global batch), removed on exit."""
     layers = chip_layers(model)
     for layer in layers:
-        layer.observer = observer(method, percentile, **values)
+        layer.observer = observer(*args, **values)
     try:
         yield [layer.observer for layer in layers]
     finally:
@@ -212,7 +194,7 @@ def finalize_caps(model: nn.Module) -> list[float]:
     caps = []
     for i, (layer, (stat, top)) in enumerate(zip(layers, both.tolist())):
         cap = stat
-        if not cap > 0:
+        if not cap > 0:  # the 5-bit grid needs cap > 0
             cap = top if top > 0 else 1.0
             log.warning("layer %d: calibration statistic %.4g <= 0 (layer barely fires); "
                         "using cap %.4g", i, stat, cap)

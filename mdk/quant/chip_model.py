@@ -1,14 +1,7 @@
-"""The exported chip model: integer mantissas + per-layer shifts + layer spec (docs/pipeline.md).
-
-On disk (an open format, readable without mdk):
-
-- ``chip_model.json``: ``format``/``version``, ``chip``, ``simulation_only`` (true: exported with
-  ``export.allow_any_size`` at an input size the chip does not take; it runs in numpy/onnxruntime
-  only), input quantization, the integer layer semantics, ``output.scale`` and one entry per
-  layer: channels, kernel/stride/padding, mask/weight/bias bits, ``shift``, ``pool`` ("max2x2" or
-  null), ``cap`` (31 after fusion) and the names of its arrays in ``weights.npz``.
-- ``weights.npz``: ``layer{i}.weight`` int64 [out, in, 3, 3] and ``layer{i}.bias`` int64 [out]
-  (plain numpy arrays, no pickle).
+"""The exported chip model: integer mantissas + per-layer shifts + layer spec, in an open format
+readable without mdk (every key: docs/pipeline.md, The chip model format): ``chip_model.json``,
+the spec, and ``weights.npz``, ``layer{i}.weight`` int64 [out, in, 3, 3] and ``layer{i}.bias``
+int64 [out] (plain numpy arrays, no pickle).
 
 Layer semantics: ``y = clamp(R((conv(x, W) + B) / 2**shift), 0, 31)`` with R rounding half away
 from zero, then 2x2/2 max-pool if ``pool``; input ``x0 = ((u8 >> 2) + 1) >> 1``; network output =

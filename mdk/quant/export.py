@@ -1,10 +1,8 @@
-"""Export a fused step4 model: the chip model directory (see mdk.quant.chip_model) plus ONNX, and
-for chip 5801 the GTI SDK hand-off files in ``gti/`` (see mdk.quant.gti_sdk).
+"""Export a fused step4 model: the chip model directory (mdk.quant.chip_model), ONNX, and for
+chip 5801 the GTI SDK hand-off in ``gti/`` (mdk.quant.gti_sdk); the files: docs/pipeline.md.
 
-The ONNX graph is built from the exported integer mantissas (not from the training module), so it
-is what the chip computes, written with standard float ops a user can run in onnxruntime:
-uint8 image -> 5-bit input -> per layer Conv(W/2^s, B/2^s) -> Clip(0, 31) -> round half up
-(floor + fraction test; values are >= 0 here) -> MaxPool 2x2 -> ... -> * out_scale.
+The ONNX graph is built from the exported integer mantissas, not from the training module, so it
+is what the chip computes, in float ops onnxruntime runs.
 """
 from __future__ import annotations
 

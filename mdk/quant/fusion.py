@@ -1,13 +1,9 @@
-"""Step4 gain fusion ("edit gain", docs/pipeline.md): move every activation cap into the weights.
+"""Step4 gain fusion ("edit gain"): move every activation cap into the weights (the formula:
+docs/pipeline.md, the chip quantization contract).
 
-With calibrated caps ``c_i`` the step3 activation of layer i is ``k_i * c_i / 31`` for an integer
-``k_i`` in 0..31. Scaling ``W_i <- W_i * c_{i-1} / c_i`` and ``b_i <- b_i * 31 / c_i`` (``c_0 = 31``,
-the input is already 0..31) makes every layer output ``31 / c_i`` times larger, so with cap 31 the
-layer emits ``k_i`` itself: ``R(clamp(y', 0, 31)) = R(clamp(y, 0, c_i) * 31 / c_i)``.
-
-Max-pooling commutes with a positive scale, so pooled layers need nothing special. The output
-``k_last * c_last / 31`` goes to ``model.out_scale``. The fused float weights are quantized again
-(a new shift per layer), so the fused model is not bit-identical to step3; step4 fine-tunes it.
+Each layer's output grows ``31 / c_i`` times, so with cap 31 it emits its level ``k_i`` itself:
+``R(clamp(y', 0, 31)) = R(clamp(y, 0, c_i) * 31 / c_i)``. Max-pooling commutes with a positive
+scale, so pooled layers need nothing special.
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Where the GTI converter would write other numbers than mdk's hand-off: warnings at export.
-
-The converter (``gnetmdk/gti/converter.py``) quantizes the checkpoint again and differs, on
-isolated values only, in two places (docs/gti-compat.md, 2 and 4):
-
-- the **last layer's shift**: it evaluates that layer in float64 (training: float32), so at an
-  exact power-of-two boundary the shifts differ (``converter_shift``);
-- **rounding**: its float32 ``floor(x + 0.5)`` rounds ``±0.49999997`` to ``±1`` where mdk gives 0
-  (``rounding_slips``); in the float64 last layer it is exact for float32 values.
-
+"""Where the GTI converter would write other numbers than mdk's hand-off: the last layer's shift
+(``converter_shift``) and float32 rounding slips (``rounding_slips``), docs/gti-compat.md, 2 and 4.
 The files keep the trained values; the export logs one warning per affected layer.
 """
 from __future__ import annotations
@@ -19,7 +11,7 @@ import torch
 
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.rounding import gti_round, round_half_away
-from mdk.quant.weights import GTI_EPSILON, weight_mantissas
+from mdk.quant.weights import compute_shift, weight_mantissas
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +20,10 @@ FloatLayers = Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 def converter_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
                     bias_bits: int) -> int:
-    """The shift the GTI converter gives the last layer: its formula evaluated in float64."""
-    def term(t: torch.Tensor, bits: int) -> float:
-        d = t.detach().cpu().to(torch.float32).to(torch.float64).abs().max() + GTI_EPSILON
-        return float(torch.log2(d.reciprocal() * float(2 ** (bits - 1) - 1)).trunc())
-    s = term(w, weight_bits)
-    if b is not None and b.numel():
-        s = min(s, term(b, bias_bits))
-    return int(min(max(s, 0), 12))
+    """The shift the GTI converter gives the last layer: its formula on the float32 values,
+    evaluated in float64."""
+    w32, b32 = (None if t is None else t.detach().cpu().float() for t in (w, b))
+    return int(compute_shift(w32, b32, weight_bits, bias_bits, torch.float64))
 
 
 def rounding_slips(w: torch.Tensor, b: Optional[torch.Tensor], mask_bits: int, shift: int) -> int:
@@ -59,8 +47,7 @@ def warn_where_the_converter_differs(cm: ChipModel, float_layers: FloatLayers,
             log.warning("layer %d: %d written value(s) where the GTI tools' float32 floor(x + 0.5) "
                         "rounds otherwise (it rounds ±0.49999997 to ±1); %s holds the trained "
                         "values", i, slips, filter_file)
-    w, b = float_layers[-1]
-    L = cm.layers[-1]
+    (w, b), L = float_layers[-1], cm.layers[-1]
     conv = converter_shift(w, b, L.weight_bits, L.bias_bits)
     if conv != L.shift:
         log.warning("last layer: the GTI converter would compute shift %d (it evaluates the "

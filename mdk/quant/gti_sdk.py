@@ -1,15 +1,7 @@
-"""Hand-off to the GTI SDK: the files the GTI GNetDet MDK's converter writes before its closed step.
-
-For chip 5801 the GTI converter (``gnetmdk/gti/converter.py``) writes filter, bias and two JSON
-files into one directory, then GTI's closed libraries turn them into ``chip.dat`` and the chip
-``.model``. ``write_gti_files`` writes the same files, in the converter's layout and number
-formatting, from an exported :class:`~mdk.quant.chip_model.ChipModel`, plus ``relu_cap.txt`` (the
-host's CAP); the file table is in docs/pipeline.md. A *major layer* is a run of sublayers ending
-at a 2x2 max-pool or where the mask width changes.
-
-Zeros keep the sign the GTI quantizer gives them, so the text is byte-identical to the
-converter's for the same fused model except where mdk.quant.gti_converter warns. The GTI PyTorch
-MDK converts for chip 5801 only.
+"""Hand-off to the GTI SDK (chip 5801): from an exported ChipModel, the files the GTI converter
+(``gnetmdk/gti/converter.py``) writes before GTI's closed libraries make ``chip.dat`` and the chip
+``.model``, in its layout and number formatting, plus ``relu_cap.txt`` (docs/pipeline.md, Hand-off
+to the GTI SDK). Byte-identical to the converter's text except where mdk.quant.gti_converter warns.
 """
 from __future__ import annotations
 
@@ -26,7 +18,7 @@ import torch
 from mdk.atomic_file import replacing, write_text
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.chips import CHIP_INPUT_SIZES, chip_takes
-from mdk.quant.gti_converter import warn_where_the_converter_differs
+from mdk.quant.gti_converter import FloatLayers, warn_where_the_converter_differs
 from mdk.quant.weights import five_bit_coefficients
 
 log = logging.getLogger(__name__)
@@ -110,8 +102,7 @@ def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
     for i, L in enumerate(cm.layers):
         w = L.weight.to(torch.float64).numpy() / 2.0 ** L.shift  # exact: mantissas < 2^53
         b = L.bias.to(torch.float64).numpy() / 2.0 ** L.shift
-        nw = negzeros[i][0] if negzeros else np.zeros(w.shape, dtype=bool)
-        nb = negzeros[i][1] if negzeros else np.zeros(b.shape, dtype=bool)
+        nw, nb = negzeros[i] if negzeros else (np.zeros(w.shape, bool), np.zeros(b.shape, bool))
         pad = majors[-1].output_channels - w.shape[0] if i == last else 0
         if pad:  # zeros (False) after the last output channel
             w, nw = (np.pad(a, [(0, pad), (0, 0), (0, 0), (0, 0)]) for a in (w, nw))
@@ -165,8 +156,7 @@ def _dump(doc: dict) -> str:
     return json.dumps(doc, indent=4, separators=(",", ": "), sort_keys=True)
 
 
-def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int] = None,
-                    float_layers: Optional[Sequence[tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
+def write_gti_files(cm: ChipModel, out_dir: str | Path, float_layers: Optional[FloatLayers] = None,
                     check_size: bool = True) -> Path:
     """Write the hand-off files into ``out_dir`` (created).
 
@@ -177,9 +167,9 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, image_size: Optional[int
     if chip not in GTI_CHIPS:
         raise ValueError(f"the GTI SDK hand-off exists for chip {'/'.join(GTI_CHIPS)} only (the GTI "
                          f"PyTorch MDK converts for it), not chip {chip}")
-    size = int(image_size or cm.meta.get("image_size") or 0)
+    size = int(cm.meta.get("image_size") or 0)
     if size <= 0:
-        raise ValueError("write_gti_files needs the model's image size (image_size=...)")
+        raise ValueError("write_gti_files needs the model's image size (meta['image_size'])")
     if check_size and not chip_takes(chip, size):
         raise ValueError(f"the GTI chip spec takes input sizes {CHIP_INPUT_SIZES[chip]}, not {size}")
     majors = major_layers(cm, size)

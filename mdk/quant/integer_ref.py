@@ -1,8 +1,5 @@
 """Integer-only reference forward of an exported chip model, and the exactness check (docs/pipeline.md).
 
-``integer_forward`` uses only int64 tensors and must equal the step4 fake-quant forward with 0
-mismatching activations.
-
 The float fake-quant conv is exact while every partial sum (a multiple of ``2^-s``) fits the
 significand: ``|acc| < 2^53`` in float64 (always here) or ``2^24`` in float32
 (``float32_is_exact``). That needs a direct-summation conv (CPU); Winograd/FFT/TF32 GPU kernels
@@ -16,35 +13,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mdk.models.gnetdet import quantize_input
+from mdk.quant.activation import LEVELS
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.rounding import round_shift_int
 
-LEVEL_MAX = 31
-
-
-def quantize_input_int(images: torch.Tensor) -> torch.Tensor:
-    """``((u8 >> 2) + 1) >> 1`` clipped to 0..31, as int64 (float images: 0..255, truncated)."""
-    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
-    return (((u8.to(torch.int64) >> 2) + 1) >> 1).clamp_(0, LEVEL_MAX)
-
-
-def _pool2x2(x: torch.Tensor) -> torch.Tensor:
-    # max_pool2d has no int64 CPU kernel; floor mode like F.max_pool2d(x, 2).
-    b, c, h, w = x.shape
-    x = x[:, :, : h // 2 * 2, : w // 2 * 2]
-    return x.reshape(b, c, h // 2, 2, w // 2, 2).amax(dim=(3, 5))
-
 
 def integer_forward(cm: ChipModel, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Returns (float64 output = last activation * out_scale, int64 activation of every layer)."""
-    x = quantize_input_int(images.cpu())
+    x = quantize_input(images.cpu()).to(torch.int64)  # integers 0..31, exact in float32
     acts = []
     for L in cm.layers:
         acc = F.conv2d(x, L.weight, None, padding=1) + L.bias.view(1, -1, 1, 1)
-        x = round_shift_int(acc, L.shift).clamp_(0, LEVEL_MAX)
-        if L.pool:
-            x = _pool2x2(x)
+        x = round_shift_int(acc, L.shift).clamp_(0, LEVELS)
+        if L.pool:  # via float64, exact for 0..31: older torch has no int64 CPU max_pool2d
+            x = F.max_pool2d(x.double(), 2).long()
         acts.append(x)
     return x.to(torch.float64) * cm.out_scale, acts
 
@@ -62,7 +46,7 @@ def fake_quant_forward(model: nn.Module, images: torch.Tensor,
         raise ValueError("fake_quant_forward needs the step4 configuration (quantized weights and "
                          "activations): mdk.stage.apply_stage into the stage whose record fuses "
                          "gains")
-    x = quantize_input_int(images.cpu()).to(dtype)
+    x = quantize_input(images.cpu()).to(dtype)
     acts = []
     for layer in layers:
         x = layer(x)
@@ -73,7 +57,7 @@ def fake_quant_forward(model: nn.Module, images: torch.Tensor,
 def float32_is_exact(cm: ChipModel) -> bool:
     """True if a float32 direct-summation conv reproduces the integer accumulators exactly: the
     largest possible |conv + bias| mantissa sum, for inputs in 0..31, stays below 2**24."""
-    worst = max((int((L.weight.abs().flatten(1).sum(1) * LEVEL_MAX + L.bias.abs()).max())
+    worst = max((int((L.weight.abs().flatten(1).sum(1) * LEVELS + L.bias.abs()).max())
                  for L in cm.layers), default=0)
     return worst < 2 ** 24
 
@@ -83,5 +67,5 @@ def count_mismatches(model: nn.Module, cm: ChipModel, images: torch.Tensor,
     """Per layer: activations where the fake-quant level (act * 31 / cap) != the integer level."""
     _, ref = integer_forward(cm, images)
     _, fq = fake_quant_forward(model, images, dtype)
-    return [int((a_fq * (LEVEL_MAX / L.cap) != a_int.to(dtype)).sum())
+    return [int((a_fq * (LEVELS / L.cap) != a_int.to(dtype)).sum())
             for L, a_int, a_fq in zip(cm.layers, ref, fq)]

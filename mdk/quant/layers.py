@@ -1,16 +1,10 @@
 """ChipConv: one layer of the CNN accelerator (3x3 conv, optional BN, ReLU / 5-bit activation, 2x2 pool).
 
-The stage switches quantization per layer through plain attributes, so one module serves step1
-(float) to step4:
-
-- ``quant_weight``: conv weight/bias through the chip weight quantizer (STE) for ``mask_bits``
-  with the chip's (weight bits, bias bits) in ``chip_bits``.
-- ``observer``: a callable fed the pre-activation conv output during calibration.
-- ``quant_act``: ReLU replaced by clamp(0, cap) + 5-bit rounding with the calibrated ``cap``.
-
-``cap`` and ``fused`` are buffers and a folded BN is absent, so checkpoints carry the structure;
-a layer built with BN drops it on loading a checkpoint without ``bn.*`` keys, so a model built
-from the config loads any stage's checkpoint.
+One module serves step1 (float) to step4: the stage switches it through plain attributes
+(``quant_weight``, ``quant_act``, and ``observer``, fed the pre-activation output during
+calibration; mdk.quant.modes). ``cap`` and ``fused`` are buffers and a folded BN is absent, so
+checkpoints carry the structure; a layer built with BN drops it on loading a checkpoint without
+``bn.*`` keys, so a model built from the config loads any stage's checkpoint.
 """
 from __future__ import annotations
 
@@ -30,9 +24,8 @@ class ChipConv(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(in_ch, out_ch, 3, padding=1, bias=True)
         self.bn: Optional[nn.BatchNorm2d] = nn.BatchNorm2d(out_ch) if batch_norm else None
-        # The output layer trains linear in the float-activation stages: a ReLU there lets the
-        # confidence channels die (pushed to 0 on empty cells, zero gradient ever after). Once
-        # activations are quantized (step3/step4) it is clamped to 0..cap like every chip layer.
+        # False: the output layer, linear until activations are quantized (a ReLU lets its
+        # confidence channels die: pushed to 0 on empty cells, zero gradient ever after)
         self.relu = relu
         self.pool = pool
         self.mask_bits = mask_bits

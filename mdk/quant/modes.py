@@ -1,7 +1,5 @@
-"""Quantization modes of the chip layers: what a stage switches on (the stage table of docs/pipeline.md).
-
-A stage's record (conf/step/<stage>.yaml, ``quant:``) names the mode; this module only knows
-the switches, not the stages:
+"""The switches a stage's record turns on (``quant:`` in conf/step/<stage>.yaml; the stages:
+docs/pipeline.md). This module knows the switches, not the stages:
 
 | switch       | effect on every ChipConv                                              |
 |--------------|-----------------------------------------------------------------------|
@@ -31,7 +29,6 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ModeReport:
-    stage: str
     folded_bn: int = 0
     fused_now: bool = False
     fused: bool = False
@@ -43,7 +40,6 @@ def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
     layers = chip_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no ChipConv layers to configure")
-    report = ModeReport(stage)
     fused = is_fused(model)
     if mode.is_float:
         if fused:
@@ -51,8 +47,7 @@ def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
                         "weights; start it from step0 or scratch instead", stage or "float mode")
         for layer in layers:
             layer.quant_weight = layer.quant_act = False
-        report.fused = fused
-        return report
+        return ModeReport(fused=fused)
     if fused and not mode.fuse_gains:
         raise ValueError(f"step={stage} got a gain-fused (step4) model; start {stage} from the "
                          "previous stage's checkpoint, not from step4")
@@ -62,8 +57,7 @@ def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
             bits.append(chip_bits(chip, layer.mask_bits))
         except ValueError as e:
             raise ValueError(f"layer {i} (mask_bits={layer.mask_bits}): {e}") from None
-    if mode.fold_bn:
-        report.folded_bn = fold_bn(model)
+    folded = fold_bn(model) if mode.fold_bn else 0
     for layer, wb in zip(layers, bits):
         layer.chip_bits = wb
         layer.quant_weight = mode.weights
@@ -73,11 +67,10 @@ def apply_mode(model: nn.Module, mode: QuantMode, chip: str = "5801",
         if bad:
             raise ValueError(f"step={stage} needs calibrated activation caps but layers {bad} "
                              "have cap 0; run step=cal first (it starts from the step2 checkpoint)")
-    if mode.fuse_gains and not fused:
+    fuse_now = mode.fuse_gains and not fused
+    if fuse_now:
         fuse_gains(model)
-        report.fused_now = True
-    report.fused = is_fused(model)
-    return report
+    return ModeReport(folded, fuse_now, fused or fuse_now)
 
 
 def drop_bn(model: nn.Module) -> None:

@@ -1,7 +1,5 @@
-"""Chip rounding: round half **away from zero** (docs/pipeline.md), not torch.round (half to even).
-
-``floor(|x| + 0.5)`` is wrong in floating point (0.49999997 + 0.5 rounds to 1.0 in float32);
-adding ``pred(0.5)`` instead is exact for every float (argument in mdk.quant.activation).
+"""Chip rounding: round half **away from zero**, not torch.round (half to even), exact for every
+float by adding ``pred(0.5)``, not 0.5 (docs/gti-compat.md, 2; the argument: mdk.quant.activation).
 """
 from __future__ import annotations
 
@@ -37,8 +35,5 @@ def gti_round(x: torch.Tensor) -> torch.Tensor:
 
 def round_shift_int(acc: torch.Tensor, shift: int) -> torch.Tensor:
     """Integer R(acc / 2**shift) with ties away from zero, for int64 tensors (integer reference)."""
-    if shift == 0:
-        return acc.clone()
-    half = 1 << (shift - 1)
-    mag = (acc.abs() + half) >> shift
+    mag = (acc.abs() + ((1 << shift) >> 1)) >> shift  # shift 0: adds 0, shifts by 0
     return torch.where(acc < 0, -mag, mag)

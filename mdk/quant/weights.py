@@ -1,20 +1,9 @@
-"""Chip weight quantizers (docs/pipeline.md), vectorised over all 3x3 kernels of a layer.
+"""Chip weight quantizers, vectorised over all 3x3 kernels of a layer (the formulas:
+docs/pipeline.md, the chip quantization contract; against the GTI tools: docs/gti-compat.md, 4-6).
 
 Every quantizer yields integer *mantissas* over one per-layer power of two (``w_q = w_int /
 2**shift``). Training (``quantize_conv``) and export (``conv_mantissas``) share the code, so the
 exported integers reproduce the trained weights bit for bit.
-
-Formulas, with ``QS(v) = R(v * 2**shift) / 2**shift`` and ``m`` = mean |w| of one 3x3 kernel:
-
-- 1 bit: ``+QS(m)`` where ``w >= 0``, ``-QS(m)`` where ``w < 0`` (a chip 1-bit weight is a sign,
-  never 0; ``w = 0`` gives ``+QS(m)`` as in the GTI tools)
-- 2 bit: ``sign(w) * QS(m)`` where ``|w| >= QS(m)/4``, else 0
-- 3 bit: ``step = m/4``, ``c = trunc(|w|/step)``, ``c >= 3 -> 4``: ``sign(w) * c * QS(step)``
-- 5 bit: ``step = max|w|/15`` per kernel: ``R(w/step) * QS(step)``
-- 8 / 12 bit: ``QS(w)``;  bias: ``QS(b)``
-
-An all-zero kernel's 0/0 coefficients are 0. The shift is computed as the GTI tools compute it,
-so at an exact power-of-two boundary mdk and GTI give the same chip integers.
 """
 from __future__ import annotations
 
@@ -32,31 +21,24 @@ MAX_SHIFT = 12
 GTI_EPSILON = 1e-6
 
 
-def _log2_term(max_abs: torch.Tensor, bits: int) -> torch.Tensor:
-    """``int(log2((2^(bits-1)-1) / (max_abs + 1e-6)))`` with the GTI tools' float32 operations.
-
-    torch evaluates ``number / tensor`` as ``tensor.reciprocal() * number``; at an exact boundary
-    ``max|w| = 127/2^k`` the epsilon and the float32 steps decide the shift (k-1 for k >= 4, k
-    below), so they are replayed. ``log2`` runs in float64 rounded to float32: the same on every
-    device and, truncated, equal to CPU torch's float32 log2 (what the converter runs).
-    """
-    denom = max_abs.to(torch.float32) + GTI_EPSILON
-    ratio = denom.reciprocal() * float(2 ** (bits - 1) - 1)
-    return torch.log2(ratio.to(torch.float64)).to(torch.float32).trunc()
+def _log2_term(max_abs: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """``int(log2((2^(bits-1)-1) / (max_abs + 1e-6)))`` with the GTI tools' ``dtype`` operations
+    (docs/gti-compat.md, 4): torch's ``number / tensor`` is ``tensor.reciprocal() * number``, and
+    ``log2`` runs in float64 rounded to ``dtype`` (float32: the same on every device and, truncated,
+    equal to CPU torch's float32 log2)."""
+    ratio = (max_abs.to(dtype) + GTI_EPSILON).reciprocal() * float(2 ** (bits - 1) - 1)
+    return torch.log2(ratio.to(torch.float64)).to(dtype).trunc()
 
 
-def compute_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int,
-                  bias_bits: int) -> torch.Tensor:
-    """Per-layer shift ``clamp(min(int(log2((2^(wb-1)-1)/max|W|)), int(log2((2^(bb-1)-1)/max|b|))), 0, 12)``.
-
-    As the GTI tools evaluate it (``_log2_term``): at exact power-of-two boundaries one less than
-    the exact formula. A 0-dim int64 tensor on ``w``'s device (no host sync). An all-zero ``w`` or
-    ``b`` (or ``b=None``) does not constrain it; both zero give 12.
-    """
+def compute_shift(w: torch.Tensor, b: Optional[torch.Tensor], weight_bits: int, bias_bits: int,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The per-layer shift (docs/pipeline.md) as the GTI tools evaluate it in ``dtype`` (float64:
+    the converter's last layer). A 0-dim int64 tensor on ``w``'s device (no host sync). An
+    all-zero ``w`` or ``b`` (or ``b=None``) does not constrain it; both zero give 12."""
     with torch.no_grad():
-        s = _log2_term(w.detach().abs().max(), weight_bits)
+        s = _log2_term(w.detach().abs().max(), weight_bits, dtype)
         if b is not None and b.numel():
-            s = torch.minimum(s, _log2_term(b.detach().abs().max(), bias_bits))
+            s = torch.minimum(s, _log2_term(b.detach().abs().max(), bias_bits, dtype))
         return s.clamp(0, MAX_SHIFT).to(torch.int64)
 
 
