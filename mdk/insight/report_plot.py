@@ -3,14 +3,11 @@ drawn with matplotlib's Agg canvas (``Figure`` directly, never pyplot: no global
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 from PIL import Image
-
-from mdk.eval.grid import save_png
 
 
 def render(report: Mapping[str, Any]) -> torch.Tensor:
@@ -61,10 +58,3 @@ def render(report: Mapping[str, Any]) -> torch.Tensor:
     fig.savefig(buf, format="png")
     rgb = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
     return torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous()
-
-
-def save(report: Mapping[str, Any], path: str | Path) -> torch.Tensor:
-    """Draw ``report`` into ``path`` (PNG); returns the image."""
-    image = render(report)
-    save_png(image, path)
-    return image

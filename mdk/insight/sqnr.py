@@ -1,12 +1,6 @@
-"""Signal-to-quantization-noise ratios of a subject's chip layers, and how much each clips.
-
-* weight SQNR: ``10 log10(sum w^2 / sum (w - w_q)^2)`` over a layer's conv weights;
-* activation SQNR of a layer's output against the float model's: *isolated* (the float input fed
-  to the layer quantized alone) and *cumulative* (the fully quantized model);
-* clipped fraction: the share of pre-activation values above the cap in the float model (free
-  of the other layers' errors).
-
-A ratio with no noise at all is ``None`` (infinite).
+"""Signal-to-quantization-noise ratios of a model's chip layers, and how much each clips (what each
+number means: docs/pipeline.md, "Finding where accuracy goes"). The clipping is counted in the
+float model, free of the other layers' errors. A ratio with no noise at all is ``None`` (infinite).
 """
 from __future__ import annotations
 

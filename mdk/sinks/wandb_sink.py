@@ -72,10 +72,6 @@ class WandbSink(NullSink):
                  f", continued from step {resume_step}" if continuing and resume_step is not None
                  else (", continued" if continuing else ""))
 
-    @property
-    def run_id(self) -> str:
-        return self.run.id
-
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))
 
