@@ -1,10 +1,6 @@
-"""The quantization report as a stage's work (conf/step/quant_report.yaml), so ``dist.gpus=N``,
-SLURM, stop signals and one-line errors work as for any stage.
-
-The work is a list of items (each stage's evaluation; the analysed model float, fully quantized,
-each layer quantized alone and left float alone; the SQNR pass). Each item is done wholly by one
-rank with no collective inside, so 1 and N processes write the same JSON; rank 0 gathers the
-numbers and writes ``quant_report.json`` / ``.png`` / ``.txt`` into the run dir.
+"""The quantization report as a stage's work (conf/step/quant_report.yaml; docs/pipeline.md,
+"Finding where accuracy goes"). The work is a list of items, each done wholly by one rank with no
+collective inside, so 1 and N processes write the same JSON; rank 0 gathers and writes it.
 """
 from __future__ import annotations
 

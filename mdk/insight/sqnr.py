@@ -67,10 +67,10 @@ def _outputs(model: nn.Module, images: torch.Tensor, pre: Optional[list] = None
 
 
 @torch.no_grad()
-def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
-                    ) -> list[dict[str, Any]]:
-    """Per chip layer: isolated and cumulative activation SQNR and clipped fraction over
-    ``batches`` (uint8 images), at the model's own mask widths."""
+def layer_table(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
+                ) -> list[dict[str, Any]]:
+    """Per chip layer at the model's own mask widths: its bits, shift, cap, weight SQNR, and the
+    isolated and cumulative activation SQNR and clipped fraction over ``batches`` (uint8 images)."""
     layers = chip_layers(model)
     bits = mask_bits_of(model)
     sums = [_Sums() for _ in layers]
@@ -89,18 +89,12 @@ def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
             s.noise_cumulative += float(((full[i][1].double() - r) ** 2).sum())
             s.clipped += pre[i][0]
             s.values += pre[i][1]
-    return [{"act_sqnr_db_isolated": db(s.signal, s.noise_isolated),
-             "act_sqnr_db_cumulative": db(s.signal, s.noise_cumulative),
-             "clipped_fraction": s.clipped / s.values if s.values else 0.0} for s in sums]
-
-
-def layer_table(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
-                ) -> list[dict[str, Any]]:
-    """Per chip layer: its bits, shift, cap, weight SQNR and ``activation_sqnr``'s numbers."""
-    acts = activation_sqnr(model, batches, chip)
     out = []
-    for i, (layer, act) in enumerate(zip(chip_layers(model), acts)):
-        w_db, shift = weight_sqnr(layer, int(layer.mask_bits), chip)
-        out.append({"index": i, "mask_bits": int(layer.mask_bits), "shift": shift,
-                    "cap": float(layer.cap), "weight_sqnr_db": w_db, **act})
+    for i, (layer, s) in enumerate(zip(layers, sums)):
+        w_db, shift = weight_sqnr(layer, bits[i], chip)
+        out.append({"index": i, "mask_bits": bits[i], "shift": shift, "cap": float(layer.cap),
+                    "weight_sqnr_db": w_db,
+                    "act_sqnr_db_isolated": db(s.signal, s.noise_isolated),
+                    "act_sqnr_db_cumulative": db(s.signal, s.noise_cumulative),
+                    "clipped_fraction": s.clipped / s.values if s.values else 0.0})
     return out
