@@ -17,7 +17,7 @@ from mdk.insight.layer_modes import mask_bits_of, measure_quantized, quantized_o
 from mdk.insight.report_json import ranking, sensitivities
 from mdk.insight.report_stage import share
 from mdk.insight.scoring import EvalSet, Score, score
-from mdk.insight.sqnr import activation_sqnr, db, weight_sqnr
+from mdk.insight.sqnr import db, layer_table, weight_sqnr
 from mdk.models.build import build_model
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.layers import ChipConv
@@ -99,7 +99,7 @@ def test_only_these_layers_and_the_float_reference(subject):
 def test_activation_sqnr_isolated_and_cumulative(subject):
     model, data, _ = subject
     images = torch.stack([data.dataset[i][0] for i in range(4)])
-    rows = activation_sqnr(model, [images], "5801")
+    rows = layer_table(model, [images], "5801")
     assert len(rows) == 7
     # layer 0 sees the same input either way; later layers add up the errors before them
     assert rows[0]["act_sqnr_db_isolated"] == rows[0]["act_sqnr_db_cumulative"]
@@ -107,11 +107,11 @@ def test_activation_sqnr_isolated_and_cumulative(subject):
     # the float model's values above the cap: a cap far below them clips every positive one,
     # one above them all clips none
     chip_layers(model)[2].cap.fill_(1e-3)
-    rows2 = activation_sqnr(model, [images], "5801")
+    rows2 = layer_table(model, [images], "5801")
     assert rows2[2]["clipped_fraction"] > rows[2]["clipped_fraction"] + 0.05
     assert rows2[2]["act_sqnr_db_isolated"] < rows[2]["act_sqnr_db_isolated"]
     chip_layers(model)[2].cap.fill_(1e6)
-    assert activation_sqnr(model, [images], "5801")[2]["clipped_fraction"] == 0.0
+    assert layer_table(model, [images], "5801")[2]["clipped_fraction"] == 0.0
 
 
 def test_the_tool_refuses_step_and_pipeline():

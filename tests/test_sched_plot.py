@@ -8,11 +8,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from mdk.compose import CONF_DIR
 from mdk.sched.base import WarmupScheduler
 from mdk.tools import plot_lr
 from mdk.sched.curve import lr_curve, plot_lr_curve, plot_lr_curves
 from mdk.tools.plot_lr import (
-    DEFAULT_CONFIG_DIR,
     compose_run,
     expand_sweep,
     sweep_curves,
@@ -28,12 +28,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_scheduler_option_exists() -> None:
-    assert sorted(p.stem for p in (DEFAULT_CONFIG_DIR / "scheduler").glob("*.yaml")) == sorted(NAMES)
+    assert sorted(p.stem for p in (CONF_DIR / "scheduler").glob("*.yaml")) == sorted(NAMES)
 
 
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_config_instantiates_as_the_engine_calls_it(name: str) -> None:
-    cfg = compose_run([f"scheduler={name}"], epochs=13, config_dir=DEFAULT_CONFIG_DIR)
+    cfg = compose_run([f"scheduler={name}"], epochs=13, config_dir=CONF_DIR)
     node = cfg.scheduler
     assert node._partial_ is True
     # mode and epochs were added by issue #16 (GTI warmup); their defaults keep the old behaviour
@@ -54,12 +54,12 @@ def test_config_instantiates_as_the_engine_calls_it(name: str) -> None:
 def test_override_reaches_the_scheduler_and_bad_value_names_key() -> None:
     cfg = compose_run(["scheduler=multistep", "scheduler.interval=iter",
                        "scheduler.milestones=[300,500]", "scheduler.warmup.iters=0"],
-                      epochs=12, config_dir=DEFAULT_CONFIG_DIR)
+                      epochs=12, config_dir=CONF_DIR)
     lrs = lr_curve(cfg.scheduler, iters_per_epoch=60, epochs=12, base_lr=1.0)
     assert len(lrs) == 720
     assert lrs[299] == pytest.approx(1.0) and lrs[300] == pytest.approx(0.1)
     assert lrs[500] == pytest.approx(0.01)
-    bad = compose_run(["scheduler=step", "scheduler.warmup.start_factor=1.5"], 12, DEFAULT_CONFIG_DIR)
+    bad = compose_run(["scheduler=step", "scheduler.warmup.start_factor=1.5"], 12, CONF_DIR)
     with pytest.raises(ValueError, match=r"scheduler\.warmup\.start_factor must be in \(0, 1\]"):
         lr_curve(bad.scheduler, 60, 12)
 
@@ -76,7 +76,7 @@ def test_expand_sweep_is_the_cartesian_product_and_keeps_lists() -> None:
 
 
 def test_plot_lr_curve_one_run(tmp_path: Path) -> None:
-    cfg = compose_run(["scheduler=cosine"], epochs=10, config_dir=DEFAULT_CONFIG_DIR)
+    cfg = compose_run(["scheduler=cosine"], epochs=10, config_dir=CONF_DIR)
     out = tmp_path / "run" / "lr.png"
     fig = plot_lr_curve(cfg.scheduler, iters_per_epoch=20, epochs=10, path=out, base_lr=0.01)
     data = out.read_bytes()
@@ -127,7 +127,7 @@ def test_scheduler_group_alone_without_root_config(tmp_path: Path) -> None:
     """Before/without conf/config.yaml the tool composes the scheduler group alone."""
     conf = tmp_path / "conf"
     (conf / "scheduler").mkdir(parents=True)
-    for p in (DEFAULT_CONFIG_DIR / "scheduler").glob("*.yaml"):
+    for p in (CONF_DIR / "scheduler").glob("*.yaml"):
         (conf / "scheduler" / p.name).write_text(p.read_text())
     cfg = compose_run(["scheduler=cosine"], epochs=7, config_dir=conf)
     assert OmegaConf.to_container(cfg, resolve=True)["scheduler"]["T_max"] == 7

@@ -44,7 +44,7 @@ def make(run_dir: Path, stage: str, **kw) -> WandbSink:
 def test_requeued_job_continues_the_same_run(tmp_path):
     job = tmp_path / "sweep" / "3"
     first = make(job, "step1", group="sweep")
-    run_id = first.run_id
+    run_id = first.run.id
     assert first.run.group == "sweep" and first.run.job_type == "step1"
     assert first.run.name == "3-step1" and first.run.config["seed"] == 3
     first.log({"loss/total": 1.0}, 10)
@@ -52,7 +52,7 @@ def test_requeued_job_continues_the_same_run(tmp_path):
     assert json.loads((job / "wandb_ids.json").read_text()) == {"step1": run_id}
     # Requeued (same job dir), resuming from its checkpoint at step 8.
     again = make(job, "step1", group="sweep", resume_step=8)
-    assert again.run_id == run_id
+    assert again.run.id == run_id
     again.log({"loss/total": 0.5}, 12)
     again.close()
     assert offline_runs(job) == [run_id, run_id]   # two offline folders, one run id to sync
@@ -64,7 +64,7 @@ def test_each_stage_and_each_job_has_its_own_run(tmp_path):
     for job in (a, b):
         for stage in ("step1", "step2"):
             s = make(job, stage, group="sw")
-            ids[(job.name, stage)] = s.run_id
+            ids[(job.name, stage)] = s.run.id
             assert s.run.job_type == stage
             s.close()
     assert len(set(ids.values())) == 4

@@ -1,13 +1,8 @@
 """What each mask width of each major layer costs: the measurements a bit plan is chosen from.
 
-A major layer is a run of chip layers up to and including a max-pool (the chip quantizes it with
-one mask width). Its cost at width ``b`` is taken on float weights (step1, BN folded) with only
-that major layer's weights quantized: activations stay float, as the 5-bit activations cost the
-same whatever the widths. ``by`` says how:
-
-* ``loss`` / ``map``: the val loss increase / mAP lost, measured (one pass per layer and width);
-* ``fisher``: ``1/2 sum F (Q_b(w) - w)^2`` with ``F`` the empirical Fisher diagonal (HAWQ-v2,
-  FIT): the second-order loss increase, from one backward pass per batch.
+A major layer (a run of chip layers up to a max-pool) has one mask width. Its cost is taken on the
+float weights, BN folded, with only its weights quantized; ``by`` says how (``BY``; what each
+measures: docs/pipeline.md, "Choosing mask widths under a memory budget").
 """
 from __future__ import annotations
 

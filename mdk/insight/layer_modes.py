@@ -1,9 +1,6 @@
 """Quantize only some chip layers of a model, at chosen mask widths: the building block of the
-per-layer sensitivity and of a bit-width plan.
-
-The model (mdk/insight/stages.py) is the float stage's weights, BN folded, at a quantized stage's
-widths and caps; its float reference is the same weights with every switch off, so a difference
-measures quantization alone.
+per-layer sensitivity and of a bit-width plan. With every switch off the same model is the float
+reference, so a difference measures quantization alone.
 """
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The report as data (``quant_report.json``) and as the table printed on stdout.
-
-Keys: ``stages`` (the waterfall, ``{stage, mode, map, loss}`` per present stage, then
-``integer``), ``layers`` (per chip layer of the analysed model, the float stage's weights at the
-subject's widths and caps: ``index``, ``mask_bits``, ``shift``,
-``cap``, ``weight_sqnr_db``, ``act_sqnr_db_isolated``, ``act_sqnr_db_cumulative``,
-``clipped_fraction``, ``sensitivity_map``, ``sensitivity_loss``, ``left_float_map``,
-``left_float_loss``, ``rank``), ``ranking`` (layer indices, worst first), and what they were
-measured on: ``subject`` (the stage whose widths and caps), ``weights`` (the float stage whose
-weights), ``per_layer_missing`` (why there are no layers, else null), ``metric``, ``chip``,
-``split``, ``waterfall_images``, ``sensitivity_images``, ``float`` / ``quantized`` (the analysed
-model's {map, loss} on the sensitivity images). An SQNR with no noise is null (infinite). Nothing
-depends on the process count or time: the same checkpoints give the same file.
+"""The report as data (``quant_report.json``) and as the table printed on stdout; the keys and
+columns: docs/pipeline.md, "Finding where accuracy goes". An SQNR with no noise is null
+(infinite). Nothing depends on the process count or time: the same checkpoints give the same file.
 """
 from __future__ import annotations
 

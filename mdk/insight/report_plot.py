@@ -2,15 +2,10 @@
 drawn with matplotlib's Agg canvas (``Figure`` directly, never pyplot: no global state)."""
 from __future__ import annotations
 
-import io
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import torch
-from PIL import Image
-
-from mdk.eval.grid import save_png
 
 
 def render(report: Mapping[str, Any]) -> torch.Tensor:
@@ -21,7 +16,7 @@ def render(report: Mapping[str, Any]) -> torch.Tensor:
 
     layers = report["layers"]
     fig = Figure(figsize=(11, 9 if layers else 3.5), dpi=100)
-    FigureCanvasAgg(fig)
+    canvas = FigureCanvasAgg(fig)
     axes = fig.subplots(3 if layers else 1, 1, squeeze=False)[:, 0]
     names = [s["stage"] for s in report["stages"]]
     maps = [s["map"] for s in report["stages"]]
@@ -57,14 +52,6 @@ def render(report: Mapping[str, Any]) -> torch.Tensor:
                      f"first: {report['ranking'][:5]}", fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    rgb = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
-    return torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous()
-
-
-def save(report: Mapping[str, Any], path: str | Path) -> torch.Tensor:
-    """Draw ``report`` into ``path`` (PNG); returns the image."""
-    image = render(report)
-    save_png(image, path)
-    return image
+    canvas.draw()
+    rgba = np.asarray(canvas.buffer_rgba())
+    return torch.from_numpy(np.ascontiguousarray(rgba[..., :3].transpose(2, 0, 1)))

@@ -1,10 +1,6 @@
-"""The quantization report as a stage's work (conf/step/quant_report.yaml), so ``dist.gpus=N``,
-SLURM, stop signals and one-line errors work as for any stage.
-
-The work is a list of items (each stage's evaluation; the analysed model float, fully quantized,
-each layer quantized alone and left float alone; the SQNR pass). Each item is done wholly by one
-rank with no collective inside, so 1 and N processes write the same JSON; rank 0 gathers the
-numbers and writes ``quant_report.json`` / ``.png`` / ``.txt`` into the run dir.
+"""The quantization report as a stage's work (conf/step/quant_report.yaml; docs/pipeline.md,
+"Finding where accuracy goes"). The work is a list of items, each done wholly by one rank with no
+collective inside, so 1 and N processes write the same JSON; rank 0 gathers and writes it.
 """
 from __future__ import annotations
 
@@ -20,9 +16,10 @@ from mdk import dist
 from mdk.atomic_file import write_json
 from mdk.engine.context import StageContext
 from mdk.errors import ConfigError
-from mdk.insight import report_plot
+from mdk.eval.grid import save_png
 from mdk.insight.layer_modes import mask_bits_of, measure_quantized
 from mdk.insight.report_json import build_report, sensitivities, table
+from mdk.insight.report_plot import render
 from mdk.insight.scoring import EvalSet, score
 from mdk.insight.sqnr import layer_table
 from mdk.insight.stages import (PerLayer, Present, load_analysed, load_row, per_layer_of,
@@ -137,7 +134,8 @@ def _write(ctx: StageContext, report: dict[str, Any]) -> None:
     write_json(out / "quant_report.json", report, indent=2)
     text = table(report)
     (out / "quant_report.txt").write_text(text + "\n")
-    image = report_plot.save(report, out / "quant_report.png")
+    image = render(report)
+    save_png(image, out / "quant_report.png")
     print(text, flush=True)
     print(f"wrote {out / 'quant_report.json'}, quant_report.png, quant_report.txt", flush=True)
     sink = build_sinks(ctx.cfg.logger, out, OmegaConf.to_container(ctx.cfg, resolve=True),

@@ -1,12 +1,6 @@
-"""Signal-to-quantization-noise ratios of a subject's chip layers, and how much each clips.
-
-* weight SQNR: ``10 log10(sum w^2 / sum (w - w_q)^2)`` over a layer's conv weights;
-* activation SQNR of a layer's output against the float model's: *isolated* (the float input fed
-  to the layer quantized alone) and *cumulative* (the fully quantized model);
-* clipped fraction: the share of pre-activation values above the cap in the float model (free
-  of the other layers' errors).
-
-A ratio with no noise at all is ``None`` (infinite).
+"""Signal-to-quantization-noise ratios of a model's chip layers, and how much each clips (what each
+number means: docs/pipeline.md, "Finding where accuracy goes"). The clipping is counted in the
+float model, free of the other layers' errors. A ratio with no noise at all is ``None`` (infinite).
 """
 from __future__ import annotations
 
@@ -73,10 +67,10 @@ def _outputs(model: nn.Module, images: torch.Tensor, pre: Optional[list] = None
 
 
 @torch.no_grad()
-def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
-                    ) -> list[dict[str, Any]]:
-    """Per chip layer: isolated and cumulative activation SQNR and clipped fraction over
-    ``batches`` (uint8 images), at the model's own mask widths."""
+def layer_table(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
+                ) -> list[dict[str, Any]]:
+    """Per chip layer at the model's own mask widths: its bits, shift, cap, weight SQNR, and the
+    isolated and cumulative activation SQNR and clipped fraction over ``batches`` (uint8 images)."""
     layers = chip_layers(model)
     bits = mask_bits_of(model)
     sums = [_Sums() for _ in layers]
@@ -95,18 +89,12 @@ def activation_sqnr(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
             s.noise_cumulative += float(((full[i][1].double() - r) ** 2).sum())
             s.clipped += pre[i][0]
             s.values += pre[i][1]
-    return [{"act_sqnr_db_isolated": db(s.signal, s.noise_isolated),
-             "act_sqnr_db_cumulative": db(s.signal, s.noise_cumulative),
-             "clipped_fraction": s.clipped / s.values if s.values else 0.0} for s in sums]
-
-
-def layer_table(model: nn.Module, batches: Iterable[torch.Tensor], chip: str
-                ) -> list[dict[str, Any]]:
-    """Per chip layer: its bits, shift, cap, weight SQNR and ``activation_sqnr``'s numbers."""
-    acts = activation_sqnr(model, batches, chip)
     out = []
-    for i, (layer, act) in enumerate(zip(chip_layers(model), acts)):
-        w_db, shift = weight_sqnr(layer, int(layer.mask_bits), chip)
-        out.append({"index": i, "mask_bits": int(layer.mask_bits), "shift": shift,
-                    "cap": float(layer.cap), "weight_sqnr_db": w_db, **act})
+    for i, (layer, s) in enumerate(zip(layers, sums)):
+        w_db, shift = weight_sqnr(layer, bits[i], chip)
+        out.append({"index": i, "mask_bits": bits[i], "shift": shift, "cap": float(layer.cap),
+                    "weight_sqnr_db": w_db,
+                    "act_sqnr_db_isolated": db(s.signal, s.noise_isolated),
+                    "act_sqnr_db_cumulative": db(s.signal, s.noise_cumulative),
+                    "clipped_fraction": s.clipped / s.values if s.values else 0.0})
     return out

@@ -1,12 +1,8 @@
 """Which stages a checkpoint folder holds, in chain order, and their models as the report
 measures them. No stage is named here: everything follows from the stage records (mdk/stage.py).
-
-* a stage is *present* when ``<paths.checkpoints>/<stage>/best.pth`` exists; the exporting
-  stage's chip model adds the integer reference's row;
-* the *subject* (the latest present stage with 5-bit activations, not gain-fused) gives the
-  mask widths and caps of the per-layer part;
-* the *float stage* gives its weights, BN folded: after quantization-aware training the latent
-  float weights of a low-bit layer are no working model, so no reference.
+A stage is *present* when ``<paths.checkpoints>/<stage>/best.pth`` exists; the exporting stage's
+chip model adds the integer reference's row. The *subject* (whose widths and caps) and the *float
+stage* (whose weights) of the per-layer part: docs/pipeline.md, "Finding where accuracy goes".
 """
 from __future__ import annotations
 

@@ -16,8 +16,6 @@ from mdk.errors import disk_reason
 
 log = logging.getLogger(__name__)
 
-METHODS = ("log", "log_image", "log_text", "close")
-
 
 def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
@@ -49,7 +47,7 @@ class NullSink:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.guard_writes:
-            for name in METHODS:
+            for name in ("log", "log_image", "log_text", "close"):
                 if name in cls.__dict__:
                     setattr(cls, name, _guarded(cls.__dict__[name]))
 

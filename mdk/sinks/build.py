@@ -1,9 +1,5 @@
 """Build the metric sinks of ``conf/logger/*.yaml``. Off (or not rank 0) means a null object, so
-the engine never asks "is logging on?".
-
-A new sink is a YAML file in ``conf/logger/`` plus a :class:`NullSink` subclass whose constructor
-takes ``run_dir, stage, group, resume_step, config`` (see :func:`build_sinks`) and its YAML options.
-"""
+the engine never asks "is logging on?" (a new sink: README, "Extending mdk")."""
 from __future__ import annotations
 
 import contextlib

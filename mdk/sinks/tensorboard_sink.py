@@ -3,8 +3,6 @@
 A folder per stage makes each stage a TensorBoard "run": the stages are separately coloured
 curves of the same tags, one after the other (a tag prefix in one folder would split the charts,
 and a purge on one stage's resume would drop the later stages' steps).
-
-Resume opens the writer with ``purge_step = resume_step + 1``, so redone steps are not drawn twice.
 """
 from __future__ import annotations
 

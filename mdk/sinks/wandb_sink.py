@@ -2,7 +2,6 @@
 
 - Each stage's run id is kept in ``<run_dir>/wandb_ids.json``, so a resumed or requeued job (same
   run dir) continues the same wandb run.
-- ``group`` = the sweep, ``job_type`` = the stage, ``name`` = ``<job dir name>-<stage>`` unless set.
 - Without ``WANDB_API_KEY`` (and no ``WANDB_MODE``) it runs offline, never touching the network;
   ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later, all of a job's folders into one run.
 - Unlike TensorBoard, wandb cannot forget steps: after a resume, redone steps up to its last
@@ -71,10 +70,6 @@ class WandbSink(NullSink):
         log.info("wandb run %s (%s, %s mode)%s", run_id, stage, mode,
                  f", continued from step {resume_step}" if continuing and resume_step is not None
                  else (", continued" if continuing else ""))
-
-    @property
-    def run_id(self) -> str:
-        return self.run.id
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.run.log({k: float(v) for k, v in scalars.items()}, step=int(step))

@@ -1,11 +1,8 @@
-"""Compare two checkpoints tensor by tensor: ``python -m mdk.tools.ckpt_diff A.pth B.pth``.
-
-For every tensor of the model state (or of any nested state dict: ``--key optimizer``) it reports
-the largest absolute difference and the largest difference relative to the tensor's scale,
-``max|a-b| / max(max|a|, max|b|)``. Relative to the scale, not element-wise: a weight that is
-1e-9 in one run and 2e-9 in the other is not a 100% disagreement. Exit status: 0 when every tensor
-is within ``--rtol`` (and ``--atol`` if given), 1 when some tensor is not, 2 when the two files do
-not hold the same tensors (names or shapes).
+"""Compare two checkpoints tensor by tensor: ``python -m mdk.tools.ckpt_diff A.pth B.pth``
+(docs/distributed.md). Each tensor's largest absolute difference and its largest difference
+relative to the tensor's scale, ``max|a-b| / max(max|a|, max|b|)``: not element-wise, so a weight
+that is 1e-9 in one run and 2e-9 in the other is not a 100% disagreement. Exit status: 0 within
+tolerance, 1 above it, 2 when the two files do not hold the same tensors (names or shapes).
 """
 from __future__ import annotations
 

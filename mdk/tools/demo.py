@@ -4,12 +4,8 @@
         --image photo.jpg --out detections.png
     python -m mdk.tools.demo .../step4/chip_model --runtime onnx --image photo.jpg --out out.png
 
-The model is loaded exactly as by ``mdk.tools.evaluate`` (a stage checkpoint in its stage's mode,
-or an exported chip model through the integer reference / onnxruntime). The image is resized to
-the model's input size, boxes are mapped back and drawn on the original image with
-``torchvision.utils.draw_bounding_boxes``, labelled ``<class name> <score>``; class names come from
-``dataset.class_names`` (override ``dataset=...`` for another dataset). Small images are enlarged
-(nearest neighbour, integer factor) so the labels stay readable.
+The model is loaded exactly as by ``mdk.tools.evaluate``; class names come from
+``dataset.class_names`` (docs/pipeline.md, "Tools").
 """
 from __future__ import annotations
 

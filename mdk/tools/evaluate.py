@@ -1,26 +1,15 @@
-"""Evaluate any stage's checkpoint, or the exported chip model, on a dataset split.
+"""Evaluate any stage's checkpoint, or the exported chip model, on a dataset split: mAP@0.5 and the
+mean loss, the numbers of the stage table of ``python run.py pipeline=[...]``.
 
     python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step3/best.pth
     python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step4/chip_model --runtime onnx
     python -m mdk.tools.evaluate <path> --split train trainer.limit_val_batches=5 trainer.batch_size=32
     python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step1/best.pth --reports out/
 
-Prints mAP@0.5 and the mean loss (the same YOLO loss as training, so the numbers compare with the
-stage table of ``python run.py pipeline=[...]``). Hydra overrides compose the real ``conf/``; the
-metric follows ``eval.metric`` and ``eval.box_rule`` as in training (default: VOC07 with the
-devkit's rule, boxes in each image's original pixels), e.g. ``eval.box_rule=continuous``.
-
-- A checkpoint is evaluated in its stage's evaluation mode (the stage record's ``eval_quant``,
-  mdk/stage.py): step1 float, step2 quantized weights, step3/step4 quantized weights + 5-bit
-  activations, and a ``cal`` checkpoint as the cal stage reports it: step2 weights with 5-bit
-  activations at the calibrated caps (what step3 starts from).
-  The model architecture and ``chip`` come from the config saved in the checkpoint (so the net
-  always fits), unless ``model...``/``chip`` overrides are given.
-- A chip model directory (``chip_model.json`` + ``weights.npz`` [+ ``model.onnx``]) runs either
-  through the integer-only reference (``--runtime integer``, default, bit-exact with step4) or the
-  exported ONNX file in onnxruntime (``--runtime onnx``). Both run on the CPU.
-- ``--reports DIR`` also draws that evaluation's pictures into DIR, as a training stage does for
-  its best evaluation (mdk/engine/reports.py): ``pr_<stage>_<k>.png`` and ``detections_<stage>.png``.
+A checkpoint runs in its stage's evaluation mode with the model config saved in it (unless
+``model...``/``chip`` overrides are given); a chip model directory through the integer reference
+(bit-exact with step4) or onnxruntime, on the CPU. Hydra overrides compose the real ``conf/``.
+Details: docs/pipeline.md, "Tools".
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Point a GTI SDK hand-off at the machine that runs GTI's tools.
+"""Point a GTI SDK hand-off at the machine that runs GTI's tools: set its model JSON's ``data file``
+to where ``chip.dat`` will be there, and print the CAP value (docs/pipeline.md, "Where
+``chip.dat`` will be").
 
     python -m mdk.tools.gti_handoff outputs/checkpoints/gnetdet_small_shapes/step4 \\
         --dat-path /home/me/gti/chip.dat
-
-Step4's export writes ``chip_model/gti/`` (docs/pipeline.md) with a model JSON whose ``data file``
-is the absolute path of ``chip.dat`` on the machine that trained. GTI's ``GtiComposeModelFile``
-reads ``chip.dat`` from that path, so before copying the folder to the machine with the GTI
-libraries, set it to where ``chip.dat`` will be there (``gticonfig`` writes it). The argument is
-the stage folder, its ``chip_model/`` or the ``gti/`` folder itself; only that one key changes.
-The tool also prints the CAP value (``relu_cap.txt``) for the GTI inference program.
 """
 from __future__ import annotations
 

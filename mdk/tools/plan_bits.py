@@ -1,23 +1,11 @@
 """Choose the mask width of each major layer under a coefficient-memory budget.
 
     python -m mdk.tools.plan_bits budget_kb=900 [overrides]
-    python -m mdk.tools.plan_bits budget_kb=current images=400 by=map out=plans/small.json
-    python -m mdk.tools.plan_bits budget=0.75          # 75 % of the memory today's widths take
     python -m mdk.tools.plan_bits max_cost=0.02 by=map  # the least memory losing <= 0.02 mAP
 
-Reads the float stage's best.pth under ``paths.checkpoints`` (composed as ``python run.py``),
-measures what each chip width costs each major layer on the first ``images`` val images, and
-picks, exactly, the widths of least summed cost whose coefficients fit ``budget_kb`` KiB.
-``budget_kb=current`` is the memory of today's widths, ``budget=F`` the fraction F of it;
-``max_cost=C`` instead: the widths of least memory whose summed cost is at most C (with
-``by=map``, the mAP lost before fine-tuning). Prints the costs, the plan and the override, e.g.
-
-    python run.py 'pipeline=[step2,cal,step3,step4]' 'model.net.mask_bits=[8,8,3,...]'
-
-and writes them to ``out`` (default: ``plan_bits.json`` in the run dir). Tool keys: one of
-``budget_kb``, ``budget``, ``max_cost``; ``images`` (default 200); ``by`` (``loss``: the val loss
-increase, default; ``map``: the mAP lost; ``fisher``: the loss increase the Fisher diagonal
-predicts, one backward pass); ``out``. Every other argument is a config override.
+Tool keys (one of ``budget_kb``, ``budget``, ``max_cost``; ``images``, ``by``, ``out``) are taken
+off the command line; every other argument is a config override, composed as ``python run.py``.
+What it measures and writes: docs/pipeline.md, "Choosing mask widths under a memory budget".
 """
 from __future__ import annotations
 
@@ -32,7 +20,7 @@ from mdk.errors import error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
 from mdk.insight.scoring import EvalSet
-from mdk.quant.bit_plan import BitPlan, plan_bits, plan_within_cost
+from mdk.quant.bit_plan import BitPlan, MajorLayer, plan_bits, plan_within_cost
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
 from mdk.stage import chain, stage_names, stage_spec
@@ -114,13 +102,8 @@ def budget_bits(keys: dict[str, str], loaded: Loaded) -> int | None:
     return int(kb * KIB)
 
 
-def per_layer(plan: BitPlan, groups: list[list[int]]) -> list[int]:
-    return [b for g, b in zip(groups, plan.bits) for _ in g]
-
-
-def report(costs: WidthCosts, plan: BitPlan, widths: list[int], loaded: Loaded,
+def report(costs: WidthCosts, major: list[MajorLayer], plan: BitPlan, widths: list[int],
            budget: int | None, meta: dict[str, Any]) -> dict[str, Any]:
-    major = costs.major(loaded.model)
     return {**meta, "by": costs.by, "budget_bits": budget, "memory_bits": plan.memory_bits,
             "reference": costs.reference.numbers(), "widths": widths,
             "major_layers": [{"layers": g, "weights": m.weights,
@@ -129,7 +112,8 @@ def report(costs: WidthCosts, plan: BitPlan, widths: list[int], loaded: Loaded,
                                  if costs.scores else {}),
                               "mask_bits": plan.bits[k]}
                              for k, (g, m) in enumerate(zip(costs.groups, major))],
-            "cost": plan.sensitivity, "mask_bits": per_layer(plan, costs.groups)}
+            "cost": plan.sensitivity,
+            "mask_bits": [b for g, b in zip(costs.groups, plan.bits) for _ in g]}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -179,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         meta = {"checkpoint": str(path), "chip": chip, "images": data.images}
         if bound is not None:
             meta["max_cost"] = bound
-        doc = report(costs, plan, chip_widths(chip), loaded, budget, meta)
+        doc = report(costs, major, plan, chip_widths(chip), budget, meta)
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

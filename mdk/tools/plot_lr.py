@@ -1,12 +1,6 @@
-"""See a learning-rate schedule before spending compute on it.
-
-One curve per point of the planned sweep (Hydra's comma syntax)::
-
-    python -m mdk.tools.plot_lr scheduler=step,cosine scheduler.warmup.iters=0,200 \
-        --epochs 12 --iters-per-epoch 60 --out lr.png
-
-The curves come from really stepping the scheduler with a throw-away optimizer, so the plot shows
-exactly what a run gets (any LRScheduler factory works).
+"""See a learning-rate schedule before spending compute on it: one curve per point of the planned
+sweep (Hydra's comma syntax; docs/schedulers.md, "Seeing the curve"). The curves come from really
+stepping the scheduler with a throw-away optimizer, so the plot shows exactly what a run gets.
 """
 from __future__ import annotations
 
@@ -21,8 +15,6 @@ from omegaconf import DictConfig
 
 from mdk.compose import CONF_DIR, compose
 from mdk.sched.curve import lr_curve, plot_lr_curves
-
-DEFAULT_CONFIG_DIR = CONF_DIR
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
@@ -55,7 +47,7 @@ def compose_run(overrides: Sequence[str], epochs: int | None, config_dir: Path) 
 
 def sweep_curves(overrides: Sequence[str], iters_per_epoch: int, epochs: int | None = None,
                  base_lr: float | None = None,
-                 config_dir: Path = DEFAULT_CONFIG_DIR) -> dict[str, list[float]]:
+                 config_dir: Path = CONF_DIR) -> dict[str, list[float]]:
     """One LR curve per sweep point, labelled by the overrides that vary across the sweep."""
     points = expand_sweep(overrides)
     varying = [i for i in range(len(points[0])) if len({p[i] for p in points}) > 1] if points else []
@@ -78,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--base-lr", type=float, default=None, help="default: optim.lr of the config, else 1.0")
     ap.add_argument("--out", default="lr.png")
     ap.add_argument("--log-y", action="store_true")
-    ap.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG_DIR)
+    ap.add_argument("--config-dir", type=Path, default=CONF_DIR)
     args = ap.parse_args(argv)
     if args.iters_per_epoch < 1:
         ap.error(f"--iters-per-epoch must be >= 1, got {args.iters_per_epoch}")

@@ -1,15 +1,11 @@
 """The per-layer quantization report of the stages under ``paths.checkpoints``.
 
-    python -m mdk.tools.quant_report                                  # the default run's chain
     python -m mdk.tools.quant_report model=gnetdet dataset=voc dist.gpus=2
-    python -m mdk.tools.quant_report step.report.sensitivity_images=200
 
-Takes the overrides of ``python run.py`` (the same composition finds the same checkpoints) and
-runs the report stage (conf/step/quant_report.yaml, mdk/insight/report_stage.py) through
-``run.py``: its run dir is Hydra's (``hydra.run.dir=...`` to choose it), and several processes,
-SLURM, stop signals and one-line errors are the launcher's. It writes ``quant_report.json``,
-``quant_report.png`` and ``quant_report.txt`` into the run dir and prints the table. What the
-columns mean: docs/pipeline.md, "Finding where accuracy goes".
+Takes the overrides of ``python run.py`` and runs the report stage (conf/step/quant_report.yaml)
+through ``run.py``, so the run dir, processes, SLURM, stop signals and one-line errors are the
+launcher's. What it writes and what the columns mean: docs/pipeline.md, "Finding where accuracy
+goes".
 """
 from __future__ import annotations
 
