@@ -74,8 +74,7 @@ def _batch_transform(ctx: StageContext) -> Any:
     if not getattr(ds, "augment", False) or where == "loader" or (
             where == "auto" and ctx.world.device.type != "cuda"):
         return None
-    ds.defer_images = True  # before the loader's workers fork
-    return BatchAugment(ds)
+    return BatchAugment(ds)  # it sets ds.defer_images: before the loader's workers fork
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:
