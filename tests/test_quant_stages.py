@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdk.models.gnetdet import GNetDet, quantize_input
+from mdk.models.gnetdet import GNetDet
+from mdk.quant.activation import quantize_input
 from mdk.quant import calibrate
 from mdk.quant.bn_fold import fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
@@ -100,7 +101,6 @@ def test_fusion_equivalent_to_step3_activations():
     x = _images(6, seed=9)
     with torch.no_grad():
         a, b = step3(x), fused(x)
-        from mdk.models.gnetdet import quantize_input
         h = quantize_input(x)
         for l in fused.layers:
             h = l(h)

@@ -13,22 +13,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mdk.models.heads import YoloV1Head
+from mdk.quant.activation import quantize_input
 from mdk.quant.layers import ChipConv
 
 LayerSpec = Sequence[Union[int, str]]
 # trainer.activation_checkpointing: batch slices recomputed one at a time in backward
 CHECKPOINT_SLICES = 4
-
-
-def quantize_input(images: torch.Tensor) -> torch.Tensor:
-    """Chip input: 8-bit pixels become 5-bit integers ``((u8 >> 2) + 1) >> 1`` clipped to 0..31.
-
-    Returned as floats 0..31 (the activation domain with c_0 = 31, so fusion needs no special
-    first layer); float images are taken as 0..255 and truncated to uint8 first.
-    """
-    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
-    q = ((u8.to(torch.int16) >> 2) + 1) >> 1
-    return q.clamp_(0, 31).to(torch.float32)
 
 
 class GNetDet(nn.Module):

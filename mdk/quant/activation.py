@@ -29,6 +29,17 @@ _CONST: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
 _FUSED: dict[str, Any] = {"fn": None, "failed": False}
 
 
+def quantize_input(images: torch.Tensor) -> torch.Tensor:
+    """Chip input: 8-bit pixels become 5-bit integers ``((u8 >> 2) + 1) >> 1`` clipped to 0..31.
+
+    Returned as floats 0..31 (the activation domain with c_0 = 31, so fusion needs no special
+    first layer); float images are taken as 0..255 and truncated to uint8 first.
+    """
+    u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
+    q = ((u8.to(torch.int16) >> 2) + 1) >> 1
+    return q.clamp_(0, LEVELS).to(torch.float32)
+
+
 def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A cached 0-dim device tensor, so a forward makes no host-to-device copy."""
     key = (value, dtype, device)

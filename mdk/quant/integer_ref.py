@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mdk.models.gnetdet import quantize_input
-from mdk.quant.activation import LEVELS
+from mdk.quant.activation import LEVELS, quantize_input
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.rounding import round_shift_int
