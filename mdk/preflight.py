@@ -13,9 +13,11 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.checks import build
-from mdk.checkpoint_meaning import check_input, check_resume
+from mdk.checkpoint.loading import input_advice, load_into, load_start, want_for
+from mdk.checkpoint.meaning import check_resume
+from mdk.checkpoint.sources import read_source
 from mdk.data.build import check_dataset_files, meta_dir_for
 from mdk.data.config import plain
 from mdk.data import shapes, shapes_hard
@@ -23,7 +25,7 @@ from mdk.errors import CheckpointError, ConfigError, DataError, DiskError
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
 from mdk.stage import StageSpec
-from mdk.stage_checkpoint import RESUME_NAMES, StageCheckpointer, input_advice, load_into
+from mdk.checkpoint.layout import RESUME_NAMES, StageCheckpointer
 from mdk.stage_config import KINDS, running_stages
 from mdk.world import backend_for, check_local_size
 
@@ -144,7 +146,7 @@ def _check_dataset(cfg: DictConfig) -> None:
 
 def _check_start(cfg: DictConfig) -> None:
     """The first stage's starting point (its resumable files, else its input checkpoint) means
-    what this config means (mdk/checkpoint_meaning.py) and fits the model. The meaning is checked
+    what this config means (mdk/checkpoint/meaning.py) and fits the model. The meaning is checked
     first, so a changed class list is named as such rather than as a shape mismatch."""
     spec = StageSpec.from_node(cfg.step)
     checkpoints = StageCheckpointer(cfg, spec)
@@ -162,13 +164,8 @@ def _check_start(cfg: DictConfig) -> None:
     init = checkpoints.input_path()  # MissingStageInput names the stage to run first
     if init is None:
         return
-    ck = load_checkpoint(init, advice=input_advice(spec))
-    if spec.init_from is not None:  # (pretrained weights may come from anywhere)
-        check_input(ck, init, cfg, spec)
-    _check_fits(build_model(cfg), ck, init,
-                f"it is the input of {spec.name}: run step={spec.init_from} again with the same "
-                "model/dataset, or point paths.checkpoints at the matching run",
-                strict=ck.get("stage") is not None)
+    model = build_model(cfg)  # what the engine does with it: its meaning, then its tensors
+    load_start(model, read_source(init, model, want_for(cfg, spec), input_advice(spec)), cfg, spec)
 
 
 def _readable(path: Path) -> Optional[dict]:
@@ -178,9 +175,9 @@ def _readable(path: Path) -> Optional[dict]:
         return None
 
 
-def _check_fits(model, ck, path, advice: str, strict: bool = True) -> None:
+def _check_fits(model, ck, path, advice: str) -> None:
     try:
-        load_into(model, ck, path, strict=strict)
+        load_into(model, ck, path)
     except CheckpointError as e:
         raise CheckpointError(f"{e} ({advice})") from None
 

@@ -19,7 +19,8 @@ from mdk.errors import ConfigError
 from mdk.quant.calibrate import check_calibration
 from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, QuantMode, apply_mode
-from mdk.stage_config import check_kind, check_schedule, check_stages, running_stages
+from mdk.stage_config import (check_init, check_kind, check_schedule, check_stages,
+                              running_stages)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,10 @@ class StageSpec:
     lr_scale: float
     bar: Optional[dict[str, Any]]
     min_iters: Optional[int] = None
+    init_weights: Optional[str] = None
+    init_caps: Optional[str] = None
+    init_gti_step: Optional[int] = None
+    init_channels: Optional[str] = None
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any] | DictConfig) -> "StageSpec":
@@ -52,7 +57,9 @@ class StageSpec:
                    eval_quant=QuantMode.from_mapping(ev) if ev else quant,
                    epochs=d.get("epochs"), lr_scale=float(d.get("lr_scale", 1.0)),
                    bar=dict(d["bar"]) if d.get("bar") else None,
-                   min_iters=d.get("min_iters"))
+                   min_iters=d.get("min_iters"), init_weights=d.get("init_weights"),
+                   init_caps=d.get("init_caps"), init_gti_step=d.get("init_gti_step"),
+                   init_channels=d.get("init_channels"))
 
     @property
     def trains(self) -> bool:
@@ -128,6 +135,7 @@ def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None
             raise ConfigError(f"stages.{stage}.name={extra.name} cannot rename the stage")
         new = OmegaConf.merge(new, {"step": extra})
     check_kind(new.step.kind, stage)
+    check_init(new.step, stage)
     check_calibration(new.step, stage)
     epochs, scale = check_schedule(new.step, stage)
     least = min_epochs(cfg, new.step, train_images)

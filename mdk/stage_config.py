@@ -12,6 +12,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from mdk.errors import ConfigError
 
 KINDS = ("train", "calibrate")  # built-in kinds of work; any other kind is a dotted function
+GTI_STEPS = (1, 2, 3, 4)  # step.init_gti_step: the GTI MDK's steps
+CHANNEL_ORDERS = ("BGR", "RGB")  # step.init_channels: a GTI MDK model's image_format
 MAX_VALUES = 1 << 20  # calibration reads a larger tensor at a stride (step.calibration.max_values)
 
 
@@ -47,6 +49,12 @@ class StageConf:
     init_from: Optional[str] = None   # the stage whose best.pth this one starts from
     init_required: bool = False       # that input must exist (else: random weights)
     pretrained: Optional[str] = None  # a folder under paths.checkpoints, when no init_from
+    # A file of the user's to start from instead (docs/pipeline.md, "Start from weights"): an mdk
+    # checkpoint, a GTI MDK checkpoint or a torchvision VGG file; and what a GTI file needs said
+    init_weights: Optional[str] = None
+    init_caps: Optional[str] = None        # its relu_cap.txt (null: beside it, or <root>/model/)
+    init_gti_step: Optional[int] = None    # the GTI MDK step that wrote it, 1-4
+    init_channels: Optional[str] = None    # its first layer's channel order: BGR | RGB
     next: Optional[str] = None
     export: bool = False              # export the best checkpoint as a chip model afterwards
     quant: QuantMode = field(default_factory=QuantMode)
@@ -94,6 +102,18 @@ def check_kind(kind: Any, stage: str) -> str:
     return kind
 
 
+def check_init(stage_cfg: DictConfig | dict, stage: str) -> None:
+    """The ``init_*`` keys of a stage's record (what its starting file is)."""
+    step, order = stage_cfg.get("init_gti_step"), stage_cfg.get("init_channels")
+    if step is not None and (isinstance(step, bool) or step not in GTI_STEPS):
+        raise ConfigError(f"step.init_gti_step={step!r} ({stage}): the GTI MDK's steps are 1 "
+                          "(float), 2 (quantized weights), 3 (5-bit activations), 4 (gain-fused), "
+                          "or null (its folder checkpoint/step<N>/ says)")
+    if order is not None and order not in CHANNEL_ORDERS:
+        raise ConfigError(f"step.init_channels={order!r} ({stage}): BGR (the GTI MDK's default "
+                          "image_format) or RGB; a model trained on YUV cannot be converted")
+
+
 def check_schedule(stage_cfg: DictConfig | dict, stage: str) -> tuple[Optional[int], float]:
     """(epochs or None for trainer.epochs, lr factor) of a stage's record, checked."""
     epochs, scale = stage_cfg.get("epochs"), stage_cfg.get("lr_scale", 1.0)
@@ -118,6 +138,7 @@ def check_stages(cfg: DictConfig, declared: list[str]) -> None:
     formed."""
     check_kind(cfg.step.kind, str(cfg.step.name))
     check_schedule(cfg.step, str(cfg.step.name))
+    check_init(cfg.step, str(cfg.step.name))
     running = running_stages(cfg)
     extra = list(cfg.get("stages") or {})
     for s in cfg.pipeline:

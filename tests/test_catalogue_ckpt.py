@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdk import checkpoint
+from mdk.checkpoint import files as checkpoint
 from helpers.catalogue import assert_intact, cli, one_error_line, snapshot
 
 
@@ -77,8 +77,10 @@ def test_foreign_pretrained_file_in_step0(run_dir, capsys):
     shutil.rmtree(run_dir / "ck" / "step1")
     before = snapshot(run_dir / "ck")
     status, _, err = cli(run_dir, capsys=capsys)
-    one_error_line(status, err, f"checkpoint {d / 'imagenet.pth'} is not an mdk checkpoint (a bare "
-                   "state_dict (1 tensors)", "pretrained starting point of step1")
+    one_error_line(status, err, f"checkpoint {d / 'imagenet.pth'} is none of the files mdk starts "
+                   "from (a state_dict of 1 tensors named like ['backbone.weight'])",
+                   "a GTI MDK checkpoint (features.conv{i}...) or a torchvision VGG file",
+                   "pretrained starting point of step1 (step0/)")
     assert_intact(before)
 
 

@@ -1,5 +1,5 @@
 """Catalogue entries of resuming: one run per checkpoint folder (the lock), and a checkpoint that
-knows what it means and what it was trained with (mdk/checkpoint_meaning.py). Through the real
+knows what it means and what it was trained with (mdk/checkpoint/meaning.py). Through the real
 command: in this process (``cli``), and as a separate ``python run.py`` where a second process
 must hold the folder (or die holding it)."""
 from __future__ import annotations

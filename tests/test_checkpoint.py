@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdk.checkpoint import (CheckpointError, NonFiniteWeightsError, atomic_save, load_checkpoint,
+from mdk.checkpoint.files import (CheckpointError, NonFiniteWeightsError, atomic_save, load_checkpoint,
                             load_model_weights, save_checkpoint)
-from mdk.stage_checkpoint import find_resume, iteration
+from mdk.checkpoint.layout import find_resume, iteration
 
 
 def _state(it: int, value: float = 1.0) -> dict:

@@ -1,5 +1,5 @@
 """What a checkpoint means and was trained with, against a later run's config
-(mdk/checkpoint_meaning.py): which keys count for which start, and when a done stage refuses."""
+(mdk/checkpoint/meaning.py): which keys count for which start, and when a done stage refuses."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, compose
-from mdk.checkpoint_meaning import (check_input, check_resume, hparams_of, meaning_of,
+from mdk.checkpoint.meaning import (check_input, check_resume, hparams_of, meaning_of,
                                     nothing_left, resume_changes, unfit_parts)
 from mdk.errors import CheckpointError
 from mdk.stage import StageSpec, stage_config

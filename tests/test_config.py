@@ -18,7 +18,7 @@ from mdk.quant.chips import chip_takes
 from mdk.schema import SCHEMAS, schema_name
 
 GROUPS = {
-    "model": ["gnetdet", "gnetdet_small"],
+    "model": ["gnetdet", "gnetdet_224", "gnetdet_small"],
     "dataset": ["shapes", "shapes_hard", "voc", "coco"],
     "step": ["step1", "step2", "cal", "step3", "step4", "quant_report"],
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
@@ -51,7 +51,9 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         b, c = m.head.boxes_per_cell, cfg.dataset.num_classes
         width = b * (5 + c) if option == "anchors" else 5 * b + c
         assert out.shape == (1, width, m.grid, m.grid)
-        assert m.grid == cfg.model.image_size // 32
+        pools = list(cfg.model.net.channels).count("M")
+        assert m.grid == cfg.model.image_size // 2 ** pools == (14 if option == "gnetdet_224"
+                                                                else cfg.model.image_size // 32)
     if group == "optim":
         opt = instantiate(cfg.optim)([torch.nn.Parameter(torch.zeros(2))])
         assert opt.param_groups[0]["lr"] == cfg.optim.lr
@@ -114,6 +116,19 @@ def test_gnetdet_448_matches_the_published_layout():
     assert convs[-1].out_channels == 10 + cfg.dataset.num_classes
     assert sum(l.pool for l in m.layers) == 5 and m.grid == 14
     assert [l.mask_bits for l in m.layers] == [3] * 13 + [8] * 3
+
+
+def test_gnetdet_224_is_the_gti_mdks_224_structure():
+    """Four pools after convs 1, 3, 6 and 9 (the first two convs at 224 px): a 14x14 grid, and
+    every tensor the shape of GNetDet-448's (the preset says which structure a file has)."""
+    m = instantiate(compose(["model=gnetdet_224"]).model.net)
+    m448 = instantiate(compose(["model=gnetdet"]).model.net)
+    assert [i for i, l in enumerate(m.layers) if l.pool] == [1, 3, 6, 9]
+    assert [i for i, l in enumerate(m448.layers) if l.pool] == [0, 1, 3, 6, 9]
+    assert m.grid == 14 and m.image_size == 224
+    assert {k: v.shape for k, v in m.state_dict().items()} == \
+        {k: v.shape for k, v in m448.state_dict().items()}
+    assert m(torch.zeros(1, 3, 224, 224, dtype=torch.uint8)).shape == (1, 10 + 5, 14, 14)
 
 
 @pytest.mark.parametrize("override,key", [

@@ -52,7 +52,7 @@ def test_a_sample_does_not_depend_on_the_rest_of_its_batch():
 
 @pytest.mark.slow
 def test_device_augmentation_run_is_deterministic_and_resumes_bit_identically(tiny_cfg, tmp_path):
-    from mdk.checkpoint import load_checkpoint
+    from mdk.checkpoint.files import load_checkpoint
     from mdk.engine.runner import run_stage
 
     dev = ("dataset.augment_on=device", "trainer.epochs=2")

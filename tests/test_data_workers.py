@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.engine import build
 from mdk.engine.runner import run_stage
 

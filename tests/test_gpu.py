@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, run_cmd_env
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.runner import run_stage
 
 pytestmark = pytest.mark.gpu

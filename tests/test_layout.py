@@ -33,12 +33,12 @@ FLOORS = [
      "mdk.trainer_config", "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
-     "mdk.checkpoint", "mdk.atomic_file", "mdk.folder_lock", "mdk.progress"],
+     "mdk.checkpoint.files", "mdk.checkpoint.atomic", "mdk.folder_lock", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
-    # checks and checkpoints of a run
-    ["mdk.stage_checkpoint", "mdk.checkpoint_meaning", "mdk.saved_models", "mdk.config",
-     "mdk.preflight"],
+    # checks and checkpoints of a run: the rest of mdk/checkpoint/ (where a stage starts, what a
+    # checkpoint means, files of other tools read and written)
+    ["mdk.checkpoint", "mdk.config", "mdk.preflight"],
     ["mdk.engine"],                                       # one stage in one process
     # command-line tools on the library; the quantization report's measures (they reuse the
     # evaluate tool's loaders)
@@ -123,7 +123,7 @@ def test_package_faces_import_nothing():
      ["mdk/compose.py"]),
     (r"[\"'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|SLURM_PROCID|SLURM_NTASKS)[\"']",
      ["launchers/processes/env.py"]),
-    (r"[\"'](best|last)\.pth[\"']", ["mdk/stage_checkpoint.py"]),
+    (r"[\"'](best|last)\.pth[\"']", ["mdk/checkpoint/layout.py"]),
     (r"[\"'](step[0-4]|cal)[\"']", []),
 ], ids=["composition", "process-environment", "checkpoint-names", "stage-names"])
 def test_one_owner_per_concept(pattern, owner):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mdk.stage import stage_config
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import MissingStageInput
 

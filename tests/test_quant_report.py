@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, compose, run_cmd_env
 from helpers.events import read_events
-from mdk.checkpoint import load_checkpoint, save_checkpoint
+from mdk.checkpoint.files import load_checkpoint, save_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import ConfigError
 from mdk.models.build import build_model

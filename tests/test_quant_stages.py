@@ -11,7 +11,7 @@ from mdk.quant import calibrate
 from mdk.quant.bn_fold import fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
 from mdk.stage import apply_stage
-from mdk.stage_checkpoint import load_into
+from mdk.checkpoint.loading import load_into
 
 CFG = dict(num_classes=3, channels=[8, "M", 8, "M", 16, 16, "M", 16, "M", 16, "M", 16],
            mask_bits=[3] * 6 + [8, 8], image_size=64, batch_norm=True)

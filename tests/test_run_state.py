@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mdk.checkpoint import atomic_save, load_checkpoint
+from mdk.checkpoint.files import atomic_save, load_checkpoint
 from mdk.engine.hooks import CheckpointHook
 from mdk.engine.loop import HookBase, Trainer
 from mdk.engine.run_state import ConfiguredOptimizer, HookStates, RankRNG, RunState

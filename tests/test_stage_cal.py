@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mdk.stage import stage_config
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.data.dataset import DetectionDataset
 from mdk.engine.runner import run_stage
 from mdk.quant.bn_fold import chip_layers

@@ -15,7 +15,7 @@ from PIL import Image
 
 from conftest import TINY, compose
 from mdk.stage import stage_config
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.models.yolo_codec import decode
 from mdk.quant.integer_ref import float32_is_exact

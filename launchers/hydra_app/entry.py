@@ -29,7 +29,7 @@ from mdk.folder_lock import one_run
 from mdk.paths import register_resolvers
 from mdk.preflight import preflight, train_images
 from mdk.stage import StageSpec, stage_config
-from mdk.stage_checkpoint import checkpoint_root
+from mdk.checkpoint.layout import checkpoint_root
 from mdk.stage_config import running_stages
 from mdk.stop import StopRequested, stop_requested
 

@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from mdk.stage import StageSpec
-from mdk.stage_checkpoint import StageCheckpointer, Start
+from mdk.checkpoint.layout import StageCheckpointer, Start
 from mdk.world import World
 
 

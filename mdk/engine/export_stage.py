@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 from mdk.quant.chips import allow_any_size
 from mdk.quant.export import export_chip_model
 from mdk.quant.integer_ref import count_mismatches
-from mdk.stage_checkpoint import StageCheckpointer, load_model_for
+from mdk.checkpoint.layout import StageCheckpointer
+from mdk.checkpoint.loading import load_model_for
 
 log = logging.getLogger(__name__)
 

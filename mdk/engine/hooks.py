@@ -11,7 +11,7 @@ from mdk import dist, faults
 from mdk.engine.device_io import DeferredRead
 from mdk.engine.loop import HookBase
 from mdk.progress import bars_on, progress_bar
-from mdk.stage_checkpoint import BEST, LAST
+from mdk.checkpoint.layout import BEST, LAST
 from mdk.sinks.base import NullSink
 
 log = logging.getLogger(__name__)

@@ -64,7 +64,10 @@ class RankRNG:
         self.world = world
 
     def state_dict(self) -> dict[int, Any]:
-        s = {"python": random.getstate(), "numpy": np.random.get_state(),
+        kind, key, *rest = np.random.get_state()
+        # numpy's key as a list of ints: a checkpoint holds plain data only (read back with
+        # torch's safe unpickler); set_state takes the list as it took the array
+        s = {"python": random.getstate(), "numpy": (kind, key.tolist(), *rest),
              "torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             s["cuda"] = torch.cuda.get_rng_state_all()

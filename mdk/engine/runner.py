@@ -20,7 +20,7 @@ from mdk.engine.result import StageResult
 from mdk.engine.train import train_stage
 from mdk.eval.distributed import evaluate
 from mdk.stage import StageSpec, apply_stage
-from mdk.stage_checkpoint import StageCheckpointer
+from mdk.checkpoint.layout import StageCheckpointer
 from mdk.world import World, alone
 
 WORK: dict[str, Callable[[StageContext], Mapping[str, Any]]] = {

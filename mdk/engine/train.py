@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mdk import dist, faults
-from mdk.checkpoint_meaning import unfit_parts
+from mdk.checkpoint.meaning import unfit_parts
 from mdk.data.augment import BatchAugment
 from mdk.engine import build, precision
 from mdk.engine.context import StageContext
@@ -30,7 +30,7 @@ from mdk.engine.run_state import ConfiguredOptimizer, HookStates, RankRNG, RunSt
 from mdk.engine.stop_hook import StopOnRequestHook
 from mdk.sched.curve import plot_lr_curve
 from mdk.sinks.build import build_sinks
-from mdk.stage_checkpoint import BEST, iteration
+from mdk.checkpoint.layout import BEST, iteration
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,14 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from mdk.checkpoint import load_checkpoint
+from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.export_stage import CHIP_MODEL_DIR
 from mdk.errors import ConfigError, MissingStageInput
 from mdk.quant.bn_fold import chip_layers, fold_bn
-from mdk.saved_models import ChipModelNet, with_checkpoint_model
+from mdk.checkpoint.saved_models import ChipModelNet, with_checkpoint_model
 from mdk.stage import StageSpec, chain, stage_names, stage_spec
-from mdk.stage_checkpoint import BEST, checkpoint_root, load_model_for
+from mdk.checkpoint.layout import BEST, checkpoint_root
+from mdk.checkpoint.loading import load_model_for
 
 INTEGER = "integer"  # the waterfall's row of the exported chip model under the integer reference
 

@@ -3,6 +3,7 @@ float64 with one final rounding (the formula: docs/gti-compat.md, 8)."""
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 from torch import nn
@@ -18,6 +19,22 @@ def chip_layers(model: nn.Module) -> list[ChipConv]:
 
 
 @torch.no_grad()
+def folded(weight: torch.Tensor, bias: torch.Tensor, running_mean: torch.Tensor,
+           running_var: torch.Tensor, gamma: Optional[torch.Tensor] = None,
+           beta: Optional[torch.Tensor] = None, eps: float = 1e-5
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conv's (weight, bias) with the BatchNorm after it folded in, in float64 with one final
+    rounding to the weight's dtype: ``W g/s``, ``(b - mu) g/s + beta``, ``s = sqrt(var + eps)``."""
+    mu = running_mean.to(torch.float64)
+    s = torch.sqrt(running_var.to(torch.float64) + eps)
+    g = gamma.to(torch.float64) if gamma is not None else torch.ones_like(mu)
+    bb = beta.to(torch.float64) if beta is not None else torch.zeros_like(mu)
+    w = weight.to(torch.float64) * (g / s).view(-1, 1, 1, 1)
+    b = (bias.to(torch.float64) - mu) * g / s + bb
+    return w.to(weight.dtype), b.to(bias.dtype)
+
+
+@torch.no_grad()
 def fold_bn(model: nn.Module) -> int:
     """Fold every ChipConv's BN into its conv and remove it; returns how many. Call it after
     loading the float checkpoint and before building the optimizer / DDP wrapper: the BN
@@ -30,14 +47,10 @@ def fold_bn(model: nn.Module) -> int:
         if bn.running_mean is None or bn.running_var is None:
             raise ValueError("cannot fold a BatchNorm built with track_running_stats=False: it has "
                              "no running statistics to fold")
-        mu = bn.running_mean.to(torch.float64)
-        s = torch.sqrt(bn.running_var.to(torch.float64) + bn.eps)
-        g = bn.weight.to(torch.float64) if bn.weight is not None else torch.ones_like(mu)
-        beta = bn.bias.to(torch.float64) if bn.bias is not None else torch.zeros_like(mu)
-        w = conv.weight.to(torch.float64) * (g / s).view(-1, 1, 1, 1)
-        b = (conv.bias.to(torch.float64) - mu) * g / s + beta
-        conv.weight.copy_(w.to(conv.weight.dtype))
-        conv.bias.copy_(b.to(conv.bias.dtype))
+        w, b = folded(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                      bn.eps)
+        conv.weight.copy_(w)
+        conv.bias.copy_(b)
         layer.bn = None
         n += 1
     if n:

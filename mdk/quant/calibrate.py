@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from mdk import dist
-from mdk.atomic_file import write_json
+from mdk.checkpoint.atomic import write_json
 from mdk.checks import build
 from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers

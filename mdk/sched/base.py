@@ -142,7 +142,7 @@ class WarmupScheduler(LRScheduler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the iteration counter and re-apply the closed-form lr to the optimizer. This
         config's schedule and base lrs win (docs/pipeline.md, changed hyper-parameters on resume):
-        a mismatch is only logged at info here, as mdk/checkpoint_meaning.py warns once."""
+        a mismatch is only logged at info here, as mdk/checkpoint/meaning.py warns once."""
         saved = state_dict.get("schedule")
         if saved is not None and saved != self._schedule_params():
             log.info(

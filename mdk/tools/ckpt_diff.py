@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from mdk.checkpoint import CheckpointError, load_checkpoint
+from mdk.checkpoint.files import CheckpointError, load_checkpoint
 
 
 @dataclass(frozen=True)

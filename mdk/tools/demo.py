@@ -22,7 +22,8 @@ from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
 from mdk.models.build import build_head
-from mdk.tools.evaluate import ToolError, add_model_args, load_any
+from mdk.checkpoint.sources import Want
+from mdk.tools.evaluate import ToolError, add_model_args, gti_args, load_any
 
 MIN_DRAW_SIZE = 384  # enlarge smaller images so the default bitmap font is legible
 PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
@@ -74,10 +75,11 @@ def draw(image: torch.Tensor, det: dict[str, torch.Tensor], class_names: Sequenc
 
 def run_demo(path: str | Path, image_path: str | Path, out: str | Path,
              overrides: Sequence[str] = (), runtime: str = "integer",
-             score_thresh: float = 0.3) -> dict[str, torch.Tensor]:
-    """Detect on ``image_path`` with the model at ``path`` and write the drawing to ``out``."""
+             score_thresh: float = 0.3, gti: Optional[Want] = None) -> dict[str, torch.Tensor]:
+    """Detect on ``image_path`` with the model at ``path`` and write the drawing to ``out``
+    (``gti``: what the command line says of a GTI MDK checkpoint)."""
     image = read_image(Path(image_path))
-    loaded = load_any(path, overrides, runtime)
+    loaded = load_any(path, overrides, runtime, gti)
     cfg = loaded.cfg
     det = detect(loaded.model, image, int(cfg.model.image_size), build_head(cfg),
                  score_thresh, float(cfg.trainer.nms_iou), loaded.device)
@@ -102,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         det = run_demo(args.path, args.image, args.out, args.overrides, args.runtime,
-                       args.score_thresh)
+                       args.score_thresh, gti_args(args))
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -7,16 +7,18 @@ mean loss, the numbers of the stage table of ``python run.py pipeline=[...]``.
     python -m mdk.tools.evaluate outputs/checkpoints/gnetdet_small_shapes/step1/best.pth --reports out/
 
 A checkpoint runs in its stage's evaluation mode with the model config saved in it (unless
-``model...``/``chip`` overrides are given); a chip model directory through the integer reference
-(bit-exact with step4) or onnxruntime, on the CPU. Hydra overrides compose the real ``conf/``.
-Details: docs/pipeline.md, "Tools".
+``model...``/``chip`` overrides are given); a GTI MDK checkpoint in its GTI step's mode, with the
+preset the overrides name (``--gti-step``, ``--caps``, ``--channels``: docs/gti-compat.md,
+"Checkpoints"); a chip model directory through the integer reference (bit-exact with step4) or
+onnxruntime, on the CPU. Hydra overrides compose the real ``conf/``. Details: docs/pipeline.md,
+"Tools".
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -24,17 +26,24 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from mdk.checkpoint import CheckpointError, load_checkpoint
+from mdk.checkpoint.files import CheckpointError
+from mdk.checkpoint.gti_mdk import STEPS as GTI_MODES
+from mdk.checkpoint.loading import load_model_for, spec_of
+from mdk.checkpoint.saved_models import (RUNTIMES, ChipModelNet, ToolError, head_kind,
+                                         with_checkpoint_model)
+from mdk.checkpoint.sources import Source, Want, read_source
+from mdk.checkpoint.transfer import load_all
 from mdk.compose import compose
 from mdk.engine.build import build_data, build_loss
 from mdk.engine.reports import EvalReporter
 from mdk.errors import ConfigError
 from mdk.eval.config import METRICS
 from mdk.eval.distributed import evaluate
-from mdk.saved_models import RUNTIMES, ChipModelNet, ToolError, head_kind, with_checkpoint_model
+from mdk.models.build import build_model
+from mdk.quant.modes import apply_mode
 from mdk.sinks.base import NullSink
 from mdk.stage import stage_spec
-from mdk.stage_checkpoint import load_model_for, spec_of
+from mdk.stage_config import CHANNEL_ORDERS, GTI_STEPS
 from mdk.world import World, single_process
 
 
@@ -56,9 +65,19 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
         raise ToolError(f"bad override in {list(overrides)}: {e}") from None
 
 
-def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
-    """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant)."""
-    ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
+def load_checkpoint_model(path: Path, overrides: Sequence[str] = (),
+                          gti: Optional[Want] = None) -> Loaded:
+    """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant);
+    a GTI MDK checkpoint in its GTI step's mode (``gti``: what the user said of it)."""
+    cfg = compose_config(overrides)
+    probe = build_model(cfg)
+    want = replace(gti or Want(), as_written=True, preset=str(cfg.model.name))
+    src = read_source(path, probe, want,
+                      advice="pass a best.pth/last.pth written by `python run.py`, or a GTI MDK "
+                             "checkpoint with the model= of its structure")
+    if src.kind != "mdk":
+        return _foreign_model(src, probe, cfg)
+    ck = src.ck
     cfg = with_checkpoint_model(compose_config(overrides), ck, overrides)
     model, _ = load_model_for(cfg, path)
     spec = spec_of(ck)
@@ -70,6 +89,20 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = ()) -> Loaded:
     return Loaded(model.to(device).eval(), cfg, device,
                   f"checkpoint {path} (stage {spec.name}, evaluated as {_mode_name(spec)})",
                   spec.name)
+
+
+def _foreign_model(src: Source, model: nn.Module, cfg: DictConfig) -> Loaded:
+    """A GTI MDK checkpoint in the mode of the GTI step that wrote it, in ``cfg``'s preset."""
+    if src.kind != "gti":
+        raise ToolError(f"{src.path} is {src.what}, which records no stage to evaluate it in "
+                        "(a VGG file has no detection layer at all); start a stage from it with "
+                        "step.init_weights=PATH and evaluate that stage's checkpoint")
+    said = load_all(model, src, str(cfg.model.name))
+    apply_mode(model, GTI_MODES[src.mode_step], str(cfg.chip), f"GTI step {src.mode_step}")
+    device = single_process(cfg.trainer.device).device
+    return Loaded(model.to(device).eval(), cfg, device,
+                  f"GTI MDK checkpoint {src.path} (read as model={cfg.model.name}: {said})",
+                  f"gti_step{src.mode_step}")
 
 
 def _mode_name(spec: Any) -> str:
@@ -112,7 +145,8 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
                   f"{runtime} runtime)", "chip_model")
 
 
-def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer") -> Loaded:
+def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer",
+             gti: Optional[Want] = None) -> Loaded:
     """A checkpoint file or an exported chip model directory, with a clear error otherwise."""
     p = Path(path).expanduser()
     try:
@@ -122,7 +156,7 @@ def load_any(path: str | Path, overrides: Sequence[str] = (), runtime: str = "in
             raise ToolError(f"{p} does not exist: pass a stage checkpoint (<paths.checkpoints>/"
                             "<stage>/best.pth) or an exported chip model directory (.../step4/"
                             "chip_model)")
-        return load_checkpoint_model(p, overrides)
+        return load_checkpoint_model(p, overrides, gti)
     except (CheckpointError, FileNotFoundError) as e:
         raise ToolError(str(e)) from None
     except (ValueError, KeyError) as e:  # malformed chip_model.json, mismatching weights, ...
@@ -146,11 +180,11 @@ def build_split(cfg: DictConfig, model: nn.Module, split: Optional[str] = None) 
 
 
 def evaluate_path(path: str | Path, overrides: Sequence[str] = (), runtime: str = "integer",
-                  split: Optional[str] = None, reports: Optional[str | Path] = None
-                  ) -> dict[str, Any]:
+                  split: Optional[str] = None, reports: Optional[str | Path] = None,
+                  gti: Optional[Want] = None) -> dict[str, Any]:
     """mAP@0.5 and mean loss of a checkpoint / chip model on a split (single process);
     ``reports``: a folder for its PR curves and detection grid (``res["reports"]``: the files)."""
-    loaded = load_any(path, overrides, runtime)
+    loaded = load_any(path, overrides, runtime, gti)
     cfg = loaded.cfg
     ds = build_split(cfg, loaded.model, split)
     loss_fn = build_loss(cfg)
@@ -174,6 +208,20 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. dataset=voc trainer.batch_size=32")
     ap.add_argument("--runtime", choices=RUNTIMES, default="integer",
                     help="how a chip model runs: integer reference (exact) or onnxruntime")
+    ap.add_argument("--gti-step", type=int, choices=GTI_STEPS, default=None,
+                    help="a GTI MDK checkpoint: the GTI step that wrote it (default: its folder "
+                         "checkpoint/step<N>/, else 1, float)")
+    ap.add_argument("--caps", default=None, metavar="RELU_CAP_TXT",
+                    help="a GTI MDK checkpoint: its relu_cap.txt (default: beside it, or <GTI "
+                         "root>/model/relu_cap.txt)")
+    ap.add_argument("--channels", choices=CHANNEL_ORDERS, default=None,
+                    help="a GTI MDK checkpoint: its image_format (default BGR, the GTI MDK's)")
+
+
+def gti_args(args: argparse.Namespace) -> Want:
+    """What the command line says of a GTI MDK checkpoint (the fields of Want it sets)."""
+    return Want(gti_step=args.gti_step, caps_file=args.caps, channels=args.channels,
+                gti_default=(1, "neither --gti-step nor its folder says; float assumed"))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -190,7 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.overrides = [*args.overrides, f"eval.metric={args.metric}"]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        res = evaluate_path(args.path, args.overrides, args.runtime, args.split, args.reports)
+        res = evaluate_path(args.path, args.overrides, args.runtime, args.split, args.reports,
+                            gti_args(args))
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mdk.atomic_file import write_json
+from mdk.checkpoint.atomic import write_json
 from mdk.compose import compose
 from mdk.errors import error_line
 from mdk.engine.build import build_data
@@ -24,7 +24,7 @@ from mdk.quant.bit_plan import BitPlan, MajorLayer, plan_bits, plan_within_cost
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
 from mdk.stage import chain, stage_names, stage_spec
-from mdk.stage_checkpoint import BEST, checkpoint_root
+from mdk.checkpoint.layout import BEST, checkpoint_root
 from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoint_model
 
 TOOL_KEYS = {"budget_kb": None, "budget": None, "max_cost": None, "images": "200", "by": "loss",

@@ -1,7 +1,7 @@
 """The one owner of stage checkpoints: the layout ``<paths.checkpoints>/<stage>/{best,last}.pth``,
-what a checkpoint holds, where a stage starts (docs/pipeline.md, "Where a stage's weights come
-from"), and loading any checkpoint into a model in a chosen mode. A finished checkpoint of a
-stage that does not train means "done": a rerun reports it and does not redo the work.
+what a checkpoint holds, and where a stage starts (docs/pipeline.md, "Where a stage's weights come
+from"; loading them: mdk/checkpoint/loading.py). A finished checkpoint of a stage that does not
+train means "done": a rerun reports it and does not redo the work.
 """
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import torch
 from omegaconf import DictConfig
 
 from mdk import dist
-from mdk.checkpoint import (CheckpointError, atomic_save, load_checkpoint, load_model_weights,
-                            remove_stale_temps, save_checkpoint)
-from mdk.checkpoint_meaning import (check_input, check_resume, hparams_of, log_changes, meaning_of,
-                                    plain)
+from mdk.checkpoint.files import (CheckpointError, atomic_save, load_checkpoint,
+                                  remove_stale_temps, save_checkpoint)
+from mdk.checkpoint.loading import input_advice, load_into, load_start, want_for
+from mdk.checkpoint.meaning import check_resume, hparams_of, log_changes, meaning_of, plain
+from mdk.checkpoint.sources import read_source
 from mdk.errors import MissingStageInput
-from mdk.models.build import build_model
 from mdk.paths import resolve_path
-from mdk.quant.modes import drop_bn
-from mdk.stage import StageSpec, apply_stage, chain, stage_names, stage_spec
+from mdk.stage import StageSpec, chain
 from mdk.world import World
 
 log = logging.getLogger(__name__)
@@ -31,14 +30,6 @@ log = logging.getLogger(__name__)
 BEST, LAST = "best.pth", "last.pth"
 RESUME_NAMES = (LAST, BEST)
 FORMAT = 2  # 1: training state in flat keys (iter, epoch, best_metric, ...), read through _upgrade
-
-
-def input_advice(spec: StageSpec) -> str:
-    if spec.init_from is None:
-        return ("it is the pretrained starting point of {0}: put an mdk checkpoint (a dict with a "
-                "'model' entry) there, or remove it to start {0} from random weights").format(spec.name)
-    return (f"it is the input of {spec.name}: run `python run.py step={spec.init_from}` again to "
-            "rebuild it, or restore it")
 
 
 def _upgrade(ck: dict[str, Any]) -> dict[str, Any]:
@@ -96,15 +87,6 @@ def checkpoint_root(cfg: DictConfig) -> Path:
     return resolve_path(cfg.paths.checkpoints, os.getcwd())
 
 
-def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
-    """The record of the stage that wrote ``ck``; None for weights from elsewhere."""
-    saved = ck.get("stage_spec")
-    if isinstance(saved, dict):
-        return StageSpec.from_node(saved)
-    name = ck.get("stage")
-    return stage_spec(str(name)) if name in stage_names() else None
-
-
 @dataclass
 class Start:
     """Where a stage's weights came from: its own state, an input checkpoint, or nothing."""
@@ -133,8 +115,16 @@ class StageCheckpointer:
 
     # --- where the stage starts -----------------------------------------------------------
     def input_path(self) -> Optional[Path]:
-        """The checkpoint this stage starts from: its input stage's best.pth, else the record's
-        ``pretrained`` folder's best.pth or newest *.pth; None: random init, where allowed."""
+        """The file this stage starts from: ``step.init_weights``, else its input stage's
+        best.pth, else the record's ``pretrained`` folder's best.pth or newest *.pth; None: random
+        init, where allowed."""
+        if self.spec.init_weights:
+            path = resolve_path(self.spec.init_weights, os.getcwd())
+            if not path.is_file():
+                raise MissingStageInput(f"step.init_weights={self.spec.init_weights}: {path} does "
+                                        "not exist; name an existing .pth (an mdk or GTI MDK "
+                                        "checkpoint, a torchvision VGG file)")
+            return path
         src = self.spec.init_from
         if src is not None:
             path = self.root / src / BEST
@@ -181,18 +171,17 @@ class StageCheckpointer:
         init = self.input_path()
         if init is None:
             return Start()
-        ck = load_checkpoint(init, advice=input_advice(self.spec))
-        if self.spec.init_from is not None:  # (pretrained weights may come from anywhere)
-            check_input(ck, init, self.cfg, self.spec)
-        # pretrained files may lack buffers the model has (caps, fused flags)
-        load_into(model, ck, init, strict=ck.get("stage") is not None)
-        log.info("%s starts from %s", self.spec.name, init)
+        src = read_source(init, model, want_for(self.cfg, self.spec), input_advice(self.spec))
+        said = load_start(model, src, self.cfg, self.spec)
+        if self.world.is_main:
+            log.info("%s starts from %s (%s)%s", self.spec.name, init, src.what,
+                     f": {said}" if said else "")
         return Start(None, init)
 
     # --- what a checkpoint holds ----------------------------------------------------------
     def contents(self, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
         """A checkpoint of this stage: its record (so a loader needs no lookup), ``meaning`` and
-        ``hparams`` (mdk/checkpoint_meaning.py), and ``extra`` (the parts of
+        ``hparams`` (mdk/checkpoint/meaning.py), and ``extra`` (the parts of
         mdk/engine/run_state.py, metrics...)."""
         return {"format": FORMAT, "model": model.state_dict(), "stage": self.spec.name,
                 # the record is what loaders need, not the work's parameters (calibration)
@@ -211,30 +200,3 @@ class StageCheckpointer:
         state = {**state, "finished": True}
         for n in (BEST, LAST):
             atomic_save(state, self.dir / n)
-
-
-def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bool = True,
-              prefer_ema: bool = True) -> None:
-    """Load ``ck``'s weights into a freshly built model, giving it the checkpoint's structure
-    (BN folded) first. ``prefer_ema``: the EMA weights when there are (what chose best.pth)."""
-    spec = spec_of(ck)
-    if spec is not None and spec.folds_bn:
-        drop_bn(model)
-    weights = ck.get("model_ema") if prefer_ema and ck.get("model_ema") else ck["model"]
-    load_model_weights(model, weights, path, strict=strict)
-
-
-def load_model_for(cfg: DictConfig, path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """(model in eval(), checkpoint): ``cfg``'s model with ``path`` loaded, in its stage's
-    evaluation mode."""
-    ck = load_checkpoint(path)
-    model = build_model(cfg)
-    load_into(model, ck, path)
-    spec = spec_of(ck)
-    if spec is None:
-        raise CheckpointError(f"checkpoint {path} was not written by a stage declared here (its "
-                              f"stage: {ck.get('stage')!r}); move it away (or restore it) and run "
-                              "again")
-    apply_stage(model, spec, str(cfg.chip), evaluate=True)
-    return model.eval(), ck
-

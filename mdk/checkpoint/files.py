@@ -1,9 +1,11 @@
-"""Checkpoint files: atomic writes (temp file, fsync, rename: a kill or full disk leaves the old
-file or the new, never half of one) and loads that name the path and the defect. Which files a
-stage has is mdk/stage_checkpoint.py's.
+"""Checkpoint files: atomic writes (mdk/checkpoint/atomic.py, durable: a kill or a full disk
+leaves the old file or the new, never half of one) and reads that run no code and name the path
+and the defect. Which files a stage has is mdk/checkpoint/layout.py's.
 
-Checkpoints are trusted local files (``weights_only=False``: they hold RNG states and the config);
-do not load files from untrusted sources.
+Every ``.pth`` is read with torch's safe unpickler (``weights_only=True``): tensors, numbers,
+strings and containers only, so a file from elsewhere cannot run code. mdk's own checkpoints hold
+nothing more; those written before 2026-11-28 also hold numpy's RNG state as an array, and the
+few numpy types that rebuild one are allowed (``OLD_RNG_TYPES``), nothing else.
 """
 from __future__ import annotations
 
@@ -11,19 +13,30 @@ import errno
 import io
 import logging
 import os
-import secrets
+import pickle
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
+import numpy as np
 import torch
 
 from mdk import faults
+from mdk.checkpoint.atomic import replacing
 from mdk.errors import CheckpointError, NonFiniteWeightsError
 
 log = logging.getLogger(__name__)
 
 ZIP_MAGIC = b"PK\x03\x04"      # torch.save's default (zip) format
 PICKLE_MAGIC = b"\x80"          # legacy torch.save / plain pickle protocol >= 2
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's array rebuilder (its module moved in 2.0)
+# What numpy's legacy RNG state (an uint32 array) needs to unpickle, under both module names numpy
+# has used; ``(obj, name)`` allows ``obj`` where a file names it ``name``.
+OLD_RNG_TYPES = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _RECONSTRUCT,
+                 (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
+                 (_RECONSTRUCT, "numpy._core.multiarray._reconstruct")]
+CONVERT = ("if you trust the file, keep only its tensors: python -c \"import torch; "
+           "o = torch.load('IN', weights_only=False); torch.save(o.state_dict() if "
+           "hasattr(o, 'state_dict') else o, 'OUT')\" (that load runs its code), then use OUT")
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -33,28 +46,15 @@ def _write_all(fd: int, data: memoryview) -> None:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """Write ``obj`` to ``path`` atomically; CheckpointError on any OS error."""
+    """Write ``obj`` to ``path`` atomically and durably; CheckpointError on any OS error."""
     path = Path(path)
     buf = io.BytesIO()
     torch.save(obj, buf)  # serialise first: an OS error below is then always an OSError
-    tmp: Optional[Path] = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's usual mode
-        try:
-            _write_all(fd, buf.getbuffer())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        faults.at("save")  # test hook: a kill here leaves only the temp file behind
-        os.replace(tmp, path)
-        tmp = None
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # make the rename itself durable
-        finally:
-            os.close(dfd)
+        # faults: a kill between the write and the rename leaves only the temp file behind
+        with replacing(path, binary=True, durable=True,
+                       before_replace=lambda: faults.at("save")) as f:
+            _write_all(f.fileno(), buf.getbuffer())
     except OSError as e:
         what = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror or str(e)
         prev = f"the previous {path.name} is intact" if path.is_file() else f"no {path.name} was written"
@@ -62,9 +62,6 @@ def atomic_save(obj: Any, path: Path) -> None:
             f"could not write checkpoint {path}: {what} ({type(e).__name__}: {e}); {prev}. Free "
             "space there or point paths.checkpoints at another disk, then run the same command "
             "again to resume") from e
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
 
 
 def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
@@ -97,26 +94,61 @@ def _diagnose(path: Path, exc: Exception) -> str:
     return f"is not a PyTorch checkpoint (it starts with {head!r}, {size} bytes)"
 
 
-def load_checkpoint(path: Path, advice: str = "move it away (or restore it) and run again"
-                    ) -> dict[str, Any]:
-    """Load an mdk checkpoint; CheckpointError names the file and the defect."""
+def _code_it_needs(path: Path) -> list[str]:
+    """The Python objects a file's pickle would call or build beyond plain data (zip files)."""
+    try:
+        allowed = {f"{o.__module__}.{o.__name__}" for o in OLD_RNG_TYPES if not isinstance(o, tuple)}
+        allowed |= {name for o in OLD_RNG_TYPES if isinstance(o, tuple) for name in o[1:]}
+        return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path)
+                if g not in allowed]
+    except Exception:  # a legacy (non-zip) file: torch cannot list them without loading
+        return []
+
+
+def read_pth(path: Path, advice: str = "move it away (or restore it) and run again") -> Any:
+    """The object a ``.pth`` holds, read with torch's safe unpickler (no code runs);
+    CheckpointError names the file and the defect: missing, empty, damaged, not a checkpoint, or
+    a pickle that would run code (refused, with how to convert a file you trust)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(OLD_RNG_TYPES):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise CheckpointError(f"checkpoint {path} {_diagnose(path, e)}; {advice}") from None
+        needs = _code_it_needs(path)
+        what = f"it would call or build {', '.join(needs[:3])}" if needs else \
+            "it holds objects other than tensors, numbers, strings and containers"
+        raise CheckpointError(
+            f"checkpoint {path} was refused: {what}, and mdk reads checkpoints with torch's safe "
+            f"unpickler (weights_only=True), which never runs code from a file; {CONVERT}"
+        ) from None
     except Exception as e:  # truncated zip, pickle garbage, foreign format...
         raise CheckpointError(f"checkpoint {path} {_diagnose(path, e)}; {advice}") from None
+
+
+def check_finite(state: dict[str, Any], path: Path, advice: str) -> None:
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise CheckpointError(f"checkpoint {path} holds NaN/Inf weights ({', '.join(bad[:3])}); "
+                              f"{advice}")
+
+
+def load_checkpoint(path: Path, advice: str = "move it away (or restore it) and run again"
+                    ) -> dict[str, Any]:
+    """Load an mdk checkpoint (a dict with a ``model`` entry); CheckpointError names the file and
+    the defect. Weights from other tools: mdk/checkpoint/sources.py."""
+    path = Path(path)
+    obj = read_pth(path, advice)
     if not isinstance(obj, dict) or "model" not in obj:
         if isinstance(obj, dict) and obj and all(torch.is_tensor(v) for v in obj.values()):
             what = f"a bare state_dict ({len(obj)} tensors) without training state"
         else:
             what = f"a {type(obj).__name__} without a 'model' entry"
         raise CheckpointError(f"checkpoint {path} is not an mdk checkpoint ({what}); {advice}")
-    bad = nonfinite_tensors(obj["model"])
-    if bad:
-        raise CheckpointError(f"checkpoint {path} holds NaN/Inf weights ({', '.join(bad[:3])}); "
-                              f"{advice}")
+    check_finite(obj["model"], path, advice)
     return obj
 
 

@@ -1,0 +1,136 @@
+"""A starting file, whatever wrote it, as tensors in mdk's names: an mdk checkpoint, a bare mdk
+``state_dict``, a GTI MDK checkpoint (mdk/checkpoint/gti_mdk.py) or a torchvision VGG file
+(mdk/checkpoint/vgg.py), recognised by its keys (docs/pipeline.md, "Start from weights"). Every
+file is read with torch's safe unpickler (mdk/checkpoint/files.py).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from mdk.checkpoint import gti_mdk, vgg
+from mdk.checkpoint.files import check_finite, read_pth
+from mdk.errors import CheckpointError
+
+LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+KINDS = {"mdk": "an mdk checkpoint", "weights": "an mdk state_dict", "gti": "a GTI MDK checkpoint",
+         "vgg": "a torchvision VGG file"}
+
+
+@dataclass
+class Want:
+    """What the stage (or tool) that starts from a file needs of it. ``caps``: its mode reads
+    activation caps; ``as_written``: the file runs in its own GTI step's mode (a tool evaluating
+    it), so that step's caps are needed; ``gti_step``/``caps_file``/``channels``: the user's word on
+    a GTI file (``step.init_*``); ``gti_default``: the GTI step to assume when neither the user
+    nor the file's folder says, and why; ``preset``: the model's name, for messages."""
+    caps: bool = False
+    as_written: bool = False
+    gti_step: Optional[int] = None
+    caps_file: Optional[str] = None
+    channels: Optional[str] = None
+    gti_default: tuple[int, str] = (1, "a float starting point")
+    preset: str = "this preset"
+
+
+@dataclass
+class Source:
+    """A file's tensors in mdk's names (``state``), what wrote it (``kind``, ``ck``: the whole
+    mdk checkpoint), what its output layer predicts where known, and what was assumed or
+    converted on the way (``notes``, said in the log line)."""
+    path: Path
+    kind: str
+    state: dict[str, torch.Tensor]
+    ck: Optional[dict[str, Any]] = None
+    classes: Optional[int] = None
+    boxes: Optional[int] = None
+    notes: list[str] = field(default_factory=list)
+    mode_step: Optional[int] = None  # a GTI file: the GTI step whose mode it holds
+
+    @property
+    def what(self) -> str:
+        return KINDS[self.kind]
+
+
+def chip_layer_count(state: dict[str, Any]) -> int:
+    """How many chip layers a state in mdk's names has (``layers.{i}.conv.weight``)."""
+    idx = [int(m.group(1)) for k in state if (m := LAYER_KEY.match(k)) and k.endswith("conv.weight")]
+    return max(idx) + 1 if idx else 0
+
+
+def _mdk_output(ck: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
+    """(classes, boxes per cell) an mdk checkpoint's output layer predicts, from its config."""
+    net = ((ck.get("config") or {}).get("model") or {}).get("net") or {}
+    head = net.get("head") if isinstance(net.get("head"), dict) else {}
+    classes = head.get("num_classes", net.get("num_classes"))
+    boxes = head.get("boxes_per_cell", net.get("boxes_per_cell"))
+    if isinstance(head.get("anchors"), list):
+        boxes = len(head["anchors"])
+    return (int(classes) if isinstance(classes, int) else None,
+            int(boxes) if isinstance(boxes, int) else None)
+
+
+def read_source(path: Path, model: torch.nn.Module, want: Want, advice: str,
+                prefer_ema: bool = True) -> Source:
+    """The file at ``path`` as a Source for ``model``; CheckpointError (one line) for a file
+    that is none of the four kinds, or a GTI/VGG file that cannot fit the model at all."""
+    path = Path(path)
+    obj = read_pth(path, advice)
+    own = model.state_dict()
+    n = chip_layer_count(own)
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        weights = obj.get("model_ema") if prefer_ema and obj.get("model_ema") else obj["model"]
+        classes, boxes = _mdk_output(obj)
+        src = Source(path, "mdk", dict(weights), obj, classes, boxes)
+    elif gti_mdk.is_gti(obj):
+        src = _gti(obj, path, model, want, n)
+    elif vgg.is_vgg(obj):
+        state, notes = vgg.to_mdk(obj, path, own, n, want.preset)
+        src = Source(path, "vgg", state, notes=notes)
+    elif isinstance(obj, dict) and obj and all(torch.is_tensor(v) for v in obj.values()) and \
+            chip_layer_count(obj):
+        src = Source(path, "weights", dict(obj))
+    else:
+        what = (f"a state_dict of {len(obj)} tensors named like {list(obj)[:2]}"
+                if isinstance(obj, dict) and obj else f"a {type(obj).__name__}")
+        raise CheckpointError(
+            f"checkpoint {path} is none of the files mdk starts from ({what}): an mdk checkpoint, "
+            "an mdk state_dict (layers.{i}...), a GTI MDK checkpoint (features.conv{i}...) or a "
+            f"torchvision VGG file; {advice}")
+    check_finite(src.state, path, advice)
+    return src
+
+
+def _gti(obj: dict[str, Any], path: Path, model: torch.nn.Module, want: Want, n: int) -> Source:
+    """A GTI MDK file: its tensors mapped, its step said (given, its folder, or assumed), its
+    caps read where the stage needs them or the file is gain-fused."""
+    f = gti_mdk.parse(obj, path)
+    channels = want.channels or "BGR"  # the GTI MDK's default image_format
+    model_bn = any(".bn." in k for k in model.state_dict())
+    state, notes = gti_mdk.to_mdk(f, path, n, model_bn, channels)
+    if want.gti_step is not None:
+        step, why = int(want.gti_step), "step.init_gti_step"
+    elif (by_folder := gti_mdk.step_from_path(path)) is not None:
+        step, why = by_folder, f"its folder {path.parent.name}/"
+    else:
+        step, why = want.gti_default
+    fused = gti_mdk.STEPS[step].fuse_gains
+    said = f"GTI step {step}, {gti_mdk.STEP_WORDS[step]} ({why})"
+    caps_at = gti_mdk.caps_path(path, want.caps_file)
+    need = want.caps or fused or (want.as_written and gti_mdk.STEPS[step].activations)
+    if need and caps_at is None:
+        raise CheckpointError(
+            f"GTI MDK checkpoint {path} ({said}) needs its activation caps, and there is no "
+            f"{gti_mdk.CAP_FILE} beside it or in the GTI MDK's model/ folder; name it with "
+            "step.init_caps=PATH (python -m mdk.tools.evaluate: --caps PATH)")
+    if caps_at is not None and (need or gti_mdk.STEPS[step].activations):
+        caps = gti_mdk.read_caps(caps_at, n)
+        state.update(gti_mdk.cap_state(caps, fused))
+        said += f", caps from {caps_at}"
+    classes = int(f.convs[n - 1]["weight"].shape[0]) - 5 * gti_mdk.BOXES
+    return Source(path, "gti", state, classes=classes, boxes=gti_mdk.BOXES,
+                  notes=[said, *notes], mode_step=step)
