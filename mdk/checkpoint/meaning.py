@@ -22,7 +22,7 @@ _ABSENT = object()
 MEANING_KEYS = ("dataset.class_names", "model.image_size", "model.net", "step.name", "step.quant")
 HPARAM_KEYS = ("optim", "scheduler", "loss", "seed", "trainer.epochs", "trainer.batch_size",
                "trainer.limit_train_batches", "trainer.grad_clip", "trainer.ema", "dataset.augment",
-               "model.freeze", "step.calibration")
+               "model.freeze", "model.freeze_epochs", "step.calibration")
 MASK_BITS = "model.net.mask_bits"  # not a meaning of float weights
 _OWN_STAGE = ("step.",)  # meaning keys that describe the stage itself, not its input's
 _SKIP = ("_partial_",)   # how a node is instantiated, not what it is
@@ -106,8 +106,10 @@ def resume_changes(ck: Mapping[str, Any], cfg: DictConfig) -> Optional[list[Chan
     if saved is None:
         return None
     now = hparams_of(cfg)
+    # a key the checkpoint predates, left at null here, changes nothing (keys come with null)
     return [(k, saved.get(k, _ABSENT), now.get(k, _ABSENT)) for k in dict.fromkeys([*saved, *now])
-            if saved.get(k, _ABSENT) != now.get(k, _ABSENT)]
+            if saved.get(k, _ABSENT) != now.get(k, _ABSENT)
+            and not (k not in saved and now.get(k) is None)]
 
 
 def nothing_left(ck: Mapping[str, Any], cfg: DictConfig, spec: StageSpec) -> bool:

@@ -118,7 +118,10 @@ def loader_workers(cfg: DictConfig, world: World) -> int:
 
 
 def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: int):
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The optimizer over the trained parameters (and those ``model.freeze_epochs`` releases
+    later: without a gradient the optimizer skips them, decay included) and its scheduler."""
+    later = cfg.model.get("freeze_epochs") is not None
+    params = [p for p in model.parameters() if p.requires_grad or later]
     optimizer = build(cfg.optim, "optim", params)
     scheduler = build(cfg.scheduler, "scheduler", optimizer=optimizer,
                       iters_per_epoch=iters_per_epoch)

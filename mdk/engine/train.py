@@ -21,6 +21,7 @@ from mdk.engine import build, precision
 from mdk.engine.context import StageContext
 from mdk.engine.ema import EMAHook, ema_from_config
 from mdk.engine.extra_hooks import build_extra_hooks
+from mdk.engine.freeze import ReleaseFrozenHook
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
                               ProgressHook, sampler_epoch_hook)
 from mdk.engine.nan_guard import NanGuardHook
@@ -41,15 +42,21 @@ def _training_net(ctx: StageContext, channels_last: bool) -> torch.nn.Module:
     model, world, cfg = ctx.model, ctx.world, ctx.cfg
     if channels_last:
         model.to(memory_format=torch.channels_last)
+    if world.distributed and cfg.dist.sync_bn:
+        ctx.model = dist.convert_sync_bn(model, world.device)
+    return _wrapped(ctx, log_compile=True)
+
+
+def _wrapped(ctx: StageContext, log_compile: bool = False) -> torch.nn.Module:
+    """``ctx.model`` DDP-wrapped over the parameters that need a gradient now, and compiled."""
+    model, world, cfg = ctx.model, ctx.world, ctx.cfg
     net = model
-    if world.distributed:
-        if cfg.dist.sync_bn:
-            net = model = ctx.model = dist.convert_sync_bn(model, world.device)
-        if any(p.requires_grad for p in model.parameters()):
-            net = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+    if world.distributed and any(p.requires_grad for p in model.parameters()):
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
     if cfg.trainer.get("compile"):
-        log.info("trainer.compile=true: the first iterations compile the model")
+        if log_compile:
+            log.info("trainer.compile=true: the first iterations compile the model")
         net = torch.compile(net)
     return net
 
@@ -119,10 +126,13 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                           before_save=guard.check)
     extra = build_extra_hooks(cfg.trainer.get("hooks"), stage=ctx.spec.name, run_dir=ctx.run_dir,
                               is_main=world.is_main, so_far=lambda: _so_far(ckpt, metrics))
+    frozen_for = cfg.model.get("freeze_epochs")
+    release = ReleaseFrozenHook(model, cfg.model.freeze, frozen_for, lambda: _wrapped(ctx),
+                                world.is_main) if frozen_for is not None else None
     # Order matters: the guard sees a bad loss before anything reads or saves it; metrics read
     # the LR before it steps; the EMA is updated before the evaluation reads it; checkpoints
     # see the evaluated metric; reports know whether it was a new best.
-    trainer.register_hooks([FaultHook() if faults.enabled() else None,
+    trainer.register_hooks([FaultHook() if faults.enabled() else None, release,
                             sampler_epoch_hook(sampler, ctx.train_ds), guard, metrics,
                             LRSchedulerHook(scheduler), progress,
                             EMAHook(ema, world.distributed) if ema is not None else None,

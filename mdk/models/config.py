@@ -33,6 +33,7 @@ class ModelConf:
     name: str = MISSING
     image_size: int = MISSING
     freeze: list[str] = field(default_factory=list)  # fnmatch patterns of frozen parameters
+    freeze_epochs: Optional[int] = None  # they train from this epoch of a stage on (null: never)
     net: GNetDetConf = field(default_factory=GNetDetConf)
 
 
@@ -127,6 +128,14 @@ def check_model(cfg: DictConfig) -> None:
     """Build the model on the meta device, so a value its class refuses is one line before any
     stage."""
     check_min(cfg, "model.image_size", 32)
+    n = cfg.model.get("freeze_epochs")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"model.freeze_epochs={n!r} must be an integer >= 1 (the epochs the "
+                              "layers of model.freeze stay frozen), or null (frozen throughout)")
+        if not cfg.model.get("freeze"):
+            raise ConfigError(f"model.freeze_epochs={n} but model.freeze is empty: name the "
+                              "layers to freeze first, e.g. 'model.freeze=[layers.0.*,layers.1.*]'")
     import torch  # here: this module must load torch-free
 
     try:

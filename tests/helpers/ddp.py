@@ -142,3 +142,29 @@ def _plain(x: object) -> object:
     if torch.is_tensor(x):
         return x.tolist()
     return [_plain(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
+def release_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
+    """A net whose first layer is frozen for one epoch (model.freeze_epochs' hook), trained under
+    DDP on different data per rank: every parameter, gathered from each rank at the end."""
+    from torch import nn
+
+    from mdk import dist
+    from mdk.engine.freeze import ReleaseFrozenHook
+    from mdk.engine.loop import Trainer
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    start = [p.detach().clone().tolist() for p in net[0].parameters()]
+    for p in net[0].parameters():
+        p.requires_grad_(False)
+    wrap = lambda: nn.parallel.DistributedDataParallel(net)  # noqa: E731
+    g = torch.Generator().manual_seed(10 + world.rank)  # different data per rank
+    data = [(torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)) for _ in range(3)]
+    t = Trainer(wrap(), lambda p, y: {"total": (p - y).square().mean()},
+                torch.optim.SGD(net.parameters(), lr=0.1), data, torch.device("cpu"), epochs=2,
+                iters_per_epoch=3)
+    t.register_hooks([ReleaseFrozenHook(net, ["0.*"], 1, wrap, world.is_main)])
+    t.train()
+    return {"start": start,
+            "params": dist.all_gather_object([p.detach().tolist() for p in net.parameters()])}
