@@ -276,3 +276,26 @@ def test_ranks_agree_on_parameters_and_buffers_follow_rank0(tmp_path):
     assert before[0][buffers[0]] != before[1][buffers[0]]
     for k in buffers:
         assert after[1][k] == before[0][k] and after[0][k] == before[0][k]
+
+
+def test_an_ema_checkpoint_holds_the_ema_once_and_every_loader_reads_it(tmp_path, shared_data):
+    """The EMA weights are the run state's ``ema`` only (no second copy as before 2026-11-28);
+    what best.pth was chosen by is what the evaluate tool and the next stage load."""
+    from mdk.checkpoint.files import load_checkpoint
+    from mdk.checkpoint.sources import weights_of
+    from mdk.engine.runner import run_stage
+    from mdk.stage import stage_config
+    from mdk.tools.evaluate import evaluate_path
+
+    common = [*TINY, f"paths.data={shared_data}", f"paths.checkpoints={tmp_path}/ck",
+              "trainer.ema.enabled=true", "trainer.ema.tau=0", "trainer.ema.decay=0.5"]
+    run_stage(stage_config(compose(common), "step1"), tmp_path / "run")
+    ck = load_checkpoint(tmp_path / "ck" / "step1" / "best.pth")
+    assert "model_ema" not in ck and ck["ema"]["updates"] > 0
+    ema = weights_of(ck)
+    assert ema.keys() == ck["model"].keys() and not all(
+        torch.equal(ema[k], ck["model"][k]) for k in ema)
+    res = evaluate_path(tmp_path / "ck" / "step1" / "best.pth", common)
+    assert (res["map50"], res["loss"]) == (ck["metric"]["map50"], ck["metric"]["loss"])
+    # a file of the old layout keeps its second copy and reads the same
+    assert all(torch.equal(weights_of({**ck, "model_ema": ema})[k], ema[k]) for k in ema)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from mdk.checkpoint.files import CheckpointError, load_checkpoint, load_model_weights
 from mdk.checkpoint.gti_mdk import STEPS as GTI_MODES
 from mdk.checkpoint.meaning import check_input
-from mdk.checkpoint.sources import Source, Want
+from mdk.checkpoint.sources import Source, Want, weights_of
 from mdk.checkpoint.transfer import load_all, transfer
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
@@ -39,8 +39,7 @@ def load_into(model: torch.nn.Module, ck: dict[str, Any], path: Path, strict: bo
     spec = spec_of(ck)
     if spec is not None and spec.folds_bn:
         drop_bn(model)
-    weights = ck.get("model_ema") if prefer_ema and ck.get("model_ema") else ck["model"]
-    load_model_weights(model, weights, path, strict=strict)
+    load_model_weights(model, weights_of(ck, prefer_ema), path, strict=strict)
 
 
 def load_model_for(cfg: DictConfig, path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:

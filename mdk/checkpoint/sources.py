@@ -62,6 +62,20 @@ def chip_layer_count(state: dict[str, Any]) -> int:
     return max(idx) + 1 if idx else 0
 
 
+def weights_of(ck: dict[str, Any], prefer_ema: bool = True) -> dict[str, torch.Tensor]:
+    """An mdk checkpoint's weights as a model ``state_dict``: with ``prefer_ema`` its EMA
+    weights where it has them (what was evaluated and chose best.pth), in the model's dtypes.
+    The EMA is stored once, as the run state's ``ema.shadow``; files written before 2026-11-28
+    also hold it as ``model_ema``."""
+    if prefer_ema and ck.get("model_ema"):
+        return ck["model_ema"]
+    shadow = (ck.get("ema") or {}).get("shadow") if prefer_ema else None
+    if not shadow:
+        return ck["model"]
+    model = ck["model"]
+    return {k: v.to(model[k].dtype) if k in model else v for k, v in shadow.items()}
+
+
 def _mdk_output(ck: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
     """(classes, boxes per cell) an mdk checkpoint's output layer predicts, from its config."""
     net = ((ck.get("config") or {}).get("model") or {}).get("net") or {}
@@ -83,9 +97,8 @@ def read_source(path: Path, model: torch.nn.Module, want: Want, advice: str,
     own = model.state_dict()
     n = chip_layer_count(own)
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
-        weights = obj.get("model_ema") if prefer_ema and obj.get("model_ema") else obj["model"]
         classes, boxes = _mdk_output(obj)
-        src = Source(path, "mdk", dict(weights), obj, classes, boxes)
+        src = Source(path, "mdk", dict(weights_of(obj, prefer_ema)), obj, classes, boxes)
     elif gti_mdk.is_gti(obj):
         src = _gti(obj, path, model, want, n)
     elif vgg.is_vgg(obj):

@@ -1,8 +1,8 @@
 """The ``train`` kind of work: the training loop with its hooks, for any training stage.
 
 With ``trainer.ema.enabled`` the averaged weights are evaluated, choose best.pth and are what the
-next stage, the tools and the export load (``model_ema`` in the checkpoint, beside the raw
-``model`` weights a resume continues from).
+next stage, the tools and the export load (the run state's ``ema`` in the checkpoint, beside the
+raw ``model`` weights a resume continues from; mdk.checkpoint.sources.weights_of reads them).
 """
 from __future__ import annotations
 
@@ -149,8 +149,7 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                       "hooks": HookStates(trainer.hooks), "rng": RankRNG(world)})
 
     def checkpoint(epoch_done: bool) -> dict[str, Any]:
-        shown = {"model_ema": ema.model_state_dict()} if ema is not None else {}
-        return ctx.checkpoints.contents(model, **state.state_dict(), **shown,
+        return ctx.checkpoints.contents(model, **state.state_dict(),
                                         metric=getattr(trainer, "metrics", {}),
                                         epoch_done=epoch_done)
 

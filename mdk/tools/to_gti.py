@@ -22,7 +22,7 @@ from mdk.checkpoint.files import atomic_save, load_checkpoint
 from mdk.checkpoint.layout import BEST
 from mdk.checkpoint.loading import spec_of
 from mdk.checkpoint.saved_models import ToolError
-from mdk.checkpoint.sources import chip_layer_count
+from mdk.checkpoint.sources import chip_layer_count, weights_of
 from mdk.errors import CheckpointError
 from mdk.stage_config import CHANNEL_ORDERS
 
@@ -68,7 +68,7 @@ def to_gti(path: str | Path, out_dir: str | Path, channels: str = "BGR") -> tupl
     if why:
         raise ToolError(f"{path} (model={model_cfg.get('name')}) cannot be written for the GTI "
                         f"MDK: {why}")
-    state = ck.get("model_ema") or ck["model"]
+    state = weights_of(ck)
     n = chip_layer_count(state)
     step = next(k for k, m in gti_mdk.STEPS.items() if m == spec.quant)
     out_dir = Path(out_dir)
