@@ -35,14 +35,59 @@ class EvalHook(HookBase):
 
     def after_epoch(self) -> None:
         t = self.trainer
-        if (t.epoch + 1) % self.every == 0 or t.epoch + 1 == t.epochs:
+        if evaluates(t.epoch, self.every, t.epochs):
             t0 = time.perf_counter()
             t.metrics = self.eval_fn()
+            t.last_eval_s = time.perf_counter() - t0
             log.info("epoch %d/%d  val mAP@0.5 %.4f  val loss %.4f  (%s, %.1fs)", t.epoch + 1,
                      t.epochs, t.metrics["map50"], t.metrics.get("loss", float("nan")),
                      t.metrics.get("metric", "mAP@0.5"), time.perf_counter() - t0)
         else:
             t.metrics = {}
+
+
+def evaluates(epoch: int, every: int, epochs: int) -> bool:
+    """Whether epoch ``epoch`` (0-based) ends with an evaluation (every ``every``, and the last)."""
+    return (epoch + 1) % max(1, every) == 0 or epoch + 1 == epochs
+
+
+class TimeLeftHook(HookBase):
+    """After this process's first epoch (and again after its first evaluation, when that came
+    later), one line with the time to the end of the stage: the epochs left times the measured
+    epoch, plus the evaluations left times the measured evaluation. Register it last."""
+
+    def __init__(self, stage: str, eval_every: int, is_main: bool) -> None:
+        self.stage, self.every, self.is_main = stage, max(1, eval_every), is_main
+        self.epoch_s: Optional[float] = None  # a training epoch, evaluation excluded
+        self.said_eval = False
+
+    def before_epoch(self) -> None:
+        self._t0 = time.perf_counter()
+        self.trainer.last_eval_s = None
+
+    def after_epoch(self) -> None:
+        t = self.trainer
+        took = time.perf_counter() - self._t0
+        eval_s = getattr(t, "last_eval_s", None)
+        first = self.epoch_s is None
+        if first:
+            self.epoch_s = took - (eval_s or 0.0)
+        if not self.is_main or not (first or (eval_s is not None and not self.said_eval)):
+            return
+        epochs_left = t.epochs - t.epoch - 1
+        evals_left = sum(evaluates(e, self.every, t.epochs) for e in range(t.epoch + 1, t.epochs))
+        left = epochs_left * self.epoch_s + evals_left * (eval_s or 0.0)
+        done = f"epoch {t.epoch + 1} took {took:.0f} s" + (
+            f" (its evaluation {eval_s:.0f} s)" if eval_s is not None else "")
+        more = f"; {evals_left} evaluations not timed yet" if eval_s is None and evals_left else ""
+        log.info("%s: %s; %d epochs and %d evaluations left: about %s to the end of the stage%s",
+                 self.stage, done, epochs_left, evals_left, _duration(left), more)
+        self.said_eval = self.said_eval or eval_s is not None
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
 class CheckpointHook(HookBase):

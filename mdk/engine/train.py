@@ -23,7 +23,7 @@ from mdk.engine.ema import EMAHook, ema_from_config
 from mdk.engine.extra_hooks import build_extra_hooks
 from mdk.engine.freeze import ReleaseFrozenHook
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
-                              ProgressHook, sampler_epoch_hook)
+                              ProgressHook, TimeLeftHook, sampler_epoch_hook)
 from mdk.engine.nan_guard import NanGuardHook
 from mdk.engine.loop import Trainer
 from mdk.engine.reports import ReportHook, maybe_reporter
@@ -141,7 +141,9 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                                        ctx.checkpoints.dir / BEST) if reporter else None,
                             *extra,  # trainer.hooks: after the epoch's checkpoints are written
                             # after ckpt: a stop request writes last.pth and leaves the loop
-                            StopOnRequestHook(ckpt.save_last, world.distributed)])
+                            StopOnRequestHook(ckpt.save_last, world.distributed),
+                            # last: the epoch's evaluation and checkpoints are part of its time
+                            TimeLeftHook(ctx.spec.name, cfg.trainer.eval_every, world.is_main)])
     # What last.pth holds, saved and resumed by walking the same names (RNG last: restored
     # right before the loop starts drawing).
     state = RunState({"optimizer": ConfiguredOptimizer(optimizer), "scheduler": scheduler,
