@@ -85,6 +85,38 @@ def test_other_chip_masks_2803_exact_in_float64():
     assert integer_ref.count_mismatches(model, cm, _u8(3, 8)) == [0] * len(cm.layers)
 
 
+def _random_chip_model(weight_max: int, bias_max: int, seed: int):
+    """Chip layers of random mantissas, shifts and pools (no training behind them)."""
+    from mdk.quant.chip_model import ChipLayer, ChipModel
+
+    g = torch.Generator().manual_seed(seed)
+    layers, c_in = [], 3
+    for i, (c, pool) in enumerate([(16, True), (64, False), (32, True), (8, False)]):
+        w = torch.randint(-weight_max, weight_max + 1, (c, c_in, 3, 3), generator=g)
+        b = torch.randint(-bias_max, bias_max + 1, (c,), generator=g)
+        layers.append(ChipLayer(w, b, int(torch.randint(0, 13, (1,), generator=g)), pool, 8, 12,
+                                20))
+        c_in = c
+    return ChipModel(layers, out_scale=0.25, chip="2803", meta={"image_size": 32})
+
+
+@pytest.mark.parametrize("weight_max, bias_max, fast", [(127, 2 ** 19, "float32"),
+                                                        (2047, 2 ** 19, "float64")])
+def test_the_fast_integer_reference_equals_the_int64_one(weight_max, bias_max, fast):
+    """The accumulators in float32 where the bound allows it (8-bit weights), else float64
+    (12-bit weights times 31 over 576 inputs pass 2^24): the same integers as int64 arithmetic."""
+    cm = _random_chip_model(weight_max, bias_max, seed=weight_max)
+    assert integer_ref.float32_is_exact(cm) == (fast == "float32")
+    x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8,
+                      generator=torch.Generator().manual_seed(5))
+    out, acts = integer_ref.integer_forward(cm, x)
+    ref, ref_acts = integer_ref.integer_forward(cm, x, arithmetic="int64")
+    assert torch.equal(out, ref) and all(torch.equal(a, b) for a, b in zip(acts, ref_acts))
+    assert all(0 < int((a > 0).sum()) < a.numel() for a in acts)  # neither all 0 nor all 31
+    lean, none = integer_ref.integer_forward(cm, x, keep=False)
+    assert torch.equal(lean, out) and none == []
+
+
 def test_export_files_load_and_onnx(fused, tmp_path):
     # 64 px is no chip input size: a simulation-only chip model (no GTI hand-off)
     cm = export_chip_model(fused, tmp_path / "chip", "5801", allow_any_size=True)
