@@ -17,15 +17,15 @@ from mdk.models.config import check_loss, check_model
 from mdk.quant.chips import check_chip
 from mdk.sched.base import check_config as check_scheduler_node
 from mdk.sinks.config import check_logger
-from mdk.stage import StageSpec, check_pipeline, stage_config
-from mdk.stage_config import running_stages
+from mdk.stage import check_pipeline, stage_config
+from mdk.stage_config import StageConf, running_stages
 
 
 def check_schedulers(cfg: DictConfig) -> None:
     """The ``scheduler`` node as each training stage builds it (its ``epochs`` reach T_max)."""
     for s in running_stages(cfg):
         scfg = stage_config(cfg, s)
-        if StageSpec.from_node(scfg.step).trains:
+        if StageConf.from_node(scfg.step).trains:
             check_scheduler_node(scfg.scheduler)
 
 

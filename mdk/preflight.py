@@ -24,9 +24,8 @@ from mdk.data import shapes, shapes_hard
 from mdk.errors import CheckpointError, ConfigError, DataError, DiskError
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
-from mdk.stage import StageSpec
 from mdk.checkpoint.layout import RESUME_NAMES, StageCheckpointer
-from mdk.stage_config import KINDS, running_stages
+from mdk.stage_config import KINDS, StageConf, running_stages
 from mdk.world import backend_for, check_local_size
 
 MB = 1 << 20
@@ -136,7 +135,7 @@ def train_images(cfg: DictConfig) -> int:
 def _check_dataset(cfg: DictConfig) -> None:
     n_train = train_images(cfg)
     batch = int(cfg.trainer.batch_size)
-    if n_train and n_train < batch and StageSpec.from_node(cfg.step).kind in KINDS:
+    if n_train and n_train < batch and StageConf.from_node(cfg.step).kind in KINDS:
         where = ("dataset.generate.num_train" if cfg.dataset.get("generate")
                  else f"the {cfg.dataset.train_split!r} split of {cfg.dataset.root}")
         raise DataError(f"{where} has {n_train} images, fewer than one global batch "
@@ -148,7 +147,7 @@ def _check_start(cfg: DictConfig) -> None:
     """The first stage's starting point (its resumable files, else its input checkpoint) means
     what this config means (mdk/checkpoint/meaning.py) and fits the model. The meaning is checked
     first, so a changed class list is named as such rather than as a shape mismatch."""
-    spec = StageSpec.from_node(cfg.step)
+    spec = StageConf.from_node(cfg.step)
     checkpoints = StageCheckpointer(cfg, spec)
     own = [checkpoints.dir / n for n in RESUME_NAMES if (checkpoints.dir / n).is_file()]
     if cfg.trainer.resume and own:

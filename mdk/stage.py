@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -18,64 +17,11 @@ from mdk.compose import compose, group_options, running_app
 from mdk.errors import ConfigError
 from mdk.quant.calibrate import check_calibration
 from mdk.quant.chips import check_export_size
-from mdk.quant.modes import ModeReport, QuantMode, apply_mode
-from mdk.stage_config import (check_init, check_kind, check_schedule, check_stages,
+from mdk.quant.modes import ModeReport, apply_mode
+from mdk.stage_config import (StageConf, check_init, check_kind, check_schedule, check_stages,
                               running_stages)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    name: str
-    kind: str
-    init_from: Optional[str]
-    init_required: bool
-    pretrained: Optional[str]
-    next: Optional[str]
-    export: bool
-    quant: QuantMode
-    eval_quant: QuantMode
-    epochs: Optional[int]
-    lr_scale: float
-    bar: Optional[dict[str, Any]]
-    min_iters: Optional[int] = None
-    init_weights: Optional[str] = None
-    init_caps: Optional[str] = None
-    init_gti_step: Optional[int] = None
-    init_channels: Optional[str] = None
-
-    @classmethod
-    def from_node(cls, node: Mapping[str, Any] | DictConfig) -> "StageSpec":
-        d = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-        quant = QuantMode.from_mapping(d.get("quant") or {})
-        ev = d.get("eval_quant")
-        return cls(name=str(d["name"]), kind=_kind(d), init_from=d.get("init_from"),
-                   init_required=bool(d.get("init_required", False)),
-                   pretrained=d.get("pretrained"), next=d.get("next"),
-                   export=bool(d.get("export", False)), quant=quant,
-                   eval_quant=QuantMode.from_mapping(ev) if ev else quant,
-                   epochs=d.get("epochs"), lr_scale=float(d.get("lr_scale", 1.0)),
-                   bar=dict(d["bar"]) if d.get("bar") else None,
-                   min_iters=d.get("min_iters"), init_weights=d.get("init_weights"),
-                   init_caps=d.get("init_caps"), init_gti_step=d.get("init_gti_step"),
-                   init_channels=d.get("init_channels"))
-
-    @property
-    def trains(self) -> bool:
-        return self.kind == "train"
-
-    @property
-    def folds_bn(self) -> bool:
-        """Its checkpoints hold BN-folded weights."""
-        return self.quant.fold_bn
-
-
-def _kind(d: dict[str, Any]) -> str:
-    """The record's kind; records in older checkpoints have ``calibrate`` / ``work`` instead."""
-    if "kind" in d:
-        return check_kind(d["kind"], str(d["name"]))
-    return d.get("work") or ("calibrate" if d.get("calibrate") else "train")
 
 
 def stage_names() -> list[str]:
@@ -95,8 +41,8 @@ def stage_record(name: str) -> DictConfig:
     return _record(str(name), tuple(running_app()[0])).copy()
 
 
-def stage_spec(name: str) -> StageSpec:
-    return StageSpec.from_node(stage_record(name))
+def stage_spec(name: str) -> StageConf:
+    return StageConf.from_node(stage_record(name))
 
 
 def chain(name: str) -> list[str]:
@@ -109,11 +55,11 @@ def chain(name: str) -> list[str]:
     return out
 
 
-def apply_stage(model: nn.Module, stage: str | StageSpec, chip: str = "5801",
+def apply_stage(model: nn.Module, stage: str | StageConf, chip: str = "5801",
                 evaluate: bool = False) -> ModeReport:
     """Switch the chip layers into ``stage``'s mode (its ``eval_quant`` mode with ``evaluate``)."""
-    spec = stage if isinstance(stage, StageSpec) else stage_spec(stage)
-    return apply_mode(model, spec.eval_quant if evaluate else spec.quant, str(chip), spec.name)
+    spec = stage if isinstance(stage, StageConf) else stage_spec(stage)
+    return apply_mode(model, spec.eval_mode if evaluate else spec.quant, str(chip), spec.name)
 
 
 def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
@@ -170,7 +116,7 @@ def check_pipeline(cfg: DictConfig) -> None:
     (each chunk would normalise with its own statistics)."""
     check_stages(cfg, stage_names())
     check_calibration(cfg.step, str(cfg.step.name))
-    specs = {s: StageSpec.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}
+    specs = {s: StageConf.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}
     if any(spec.export for spec in specs.values()):
         check_export_size(cfg)
     chunk = cfg.dist.get("exact_chunk")

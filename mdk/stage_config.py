@@ -44,25 +44,62 @@ class BarConf:
 
 @dataclass
 class StageConf:
+    """A stage's record: the schema of ``conf/step/<stage>.yaml`` and the one type every part of
+    mdk reads a stage as (``from_node``: a composed record, or one a checkpoint saved)."""
     name: str = MISSING
     kind: str = "train"               # train | calibrate | pkg.module.fn (a function of the context)
     init_from: Optional[str] = None   # the stage whose best.pth this one starts from
     init_required: bool = False       # that input must exist (else: random weights)
     pretrained: Optional[str] = None  # a folder under paths.checkpoints, when no init_from
+    next: Optional[str] = None
+    export: bool = False              # export the best checkpoint as a chip model afterwards
+    quant: QuantMode = field(default_factory=QuantMode)
+    eval_quant: Optional[QuantMode] = None  # the mode its checkpoint is evaluated in (None: quant)
+    epochs: Optional[int] = None
+    lr_scale: float = 1.0
+    min_iters: Optional[int] = None   # train at least this many optimizer steps (more epochs)
+    bar: Optional[BarConf] = None     # read by from_node as a plain mapping (results carry it)
     # A file of the user's to start from instead (docs/pipeline.md, "Start from weights"): an mdk
     # checkpoint, a GTI MDK checkpoint or a torchvision VGG file; and what a GTI file needs said
     init_weights: Optional[str] = None
     init_caps: Optional[str] = None        # its relu_cap.txt (null: beside it, or <root>/model/)
     init_gti_step: Optional[int] = None    # the GTI MDK step that wrote it, 1-4
     init_channels: Optional[str] = None    # its first layer's channel order: BGR | RGB
-    next: Optional[str] = None
-    export: bool = False              # export the best checkpoint as a chip model afterwards
-    quant: QuantMode = field(default_factory=QuantMode)
-    eval_quant: Optional[QuantMode] = None
-    epochs: Optional[int] = None
-    lr_scale: float = 1.0
-    min_iters: Optional[int] = None   # train at least this many optimizer steps (more epochs)
-    bar: Optional[BarConf] = None
+
+    @classmethod
+    def from_node(cls, node: Mapping[str, Any] | DictConfig) -> "StageConf":
+        """The record of a config node or a plain mapping (a checkpoint's): every field it
+        holds, the rest at their defaults; keys of other nodes (a stage's ``calibration``) and of
+        older records are left out, an older record's ``calibrate``/``work`` read as its kind."""
+        d = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+        known = {f.name for f in fields(cls)}
+        out = {k: v for k, v in d.items() if k in known}
+        out["kind"] = _kind(d)
+        out["quant"] = QuantMode.from_mapping(d.get("quant") or {})
+        out["eval_quant"] = QuantMode.from_mapping(d["eval_quant"]) if d.get("eval_quant") else None
+        out["bar"] = dict(d["bar"]) if d.get("bar") else None  # plain: a result carries it
+        return cls(**out)
+
+    @property
+    def trains(self) -> bool:
+        return self.kind == "train"
+
+    @property
+    def folds_bn(self) -> bool:
+        """Its checkpoints hold BN-folded weights."""
+        return self.quant.fold_bn
+
+    @property
+    def eval_mode(self) -> QuantMode:
+        """The chip layers' mode its checkpoint is evaluated in."""
+        return self.eval_quant if self.eval_quant is not None else self.quant
+
+
+def _kind(d: Mapping[str, Any]) -> str:
+    """A record's kind; records in older checkpoints have ``calibrate`` / ``work`` instead."""
+    if "kind" in d:
+        return check_kind(d["kind"], str(d.get("name")))
+    return d.get("work") or ("calibrate" if d.get("calibrate") else "train")
 
 
 @dataclass

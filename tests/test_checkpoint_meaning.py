@@ -10,7 +10,8 @@ from conftest import TINY, compose
 from mdk.checkpoint.meaning import (check_input, check_resume, hparams_of, meaning_of,
                                     nothing_left, resume_changes, unfit_parts)
 from mdk.errors import CheckpointError
-from mdk.stage import StageSpec, stage_config
+from mdk.stage import stage_config
+from mdk.stage_config import StageConf
 
 PATH = Path("/ck/stage/last.pth")
 
@@ -20,12 +21,12 @@ def _cfg(stage: str, *extra: str):
 
 
 def _ck(cfg, **state) -> dict:
-    spec = StageSpec.from_node(cfg.step)
+    spec = StageConf.from_node(cfg.step)
     return {"meaning": meaning_of(cfg, spec), "hparams": hparams_of(cfg), **state}
 
 
-def _spec(cfg) -> StageSpec:
-    return StageSpec.from_node(cfg.step)
+def _spec(cfg) -> StageConf:
+    return StageConf.from_node(cfg.step)
 
 
 def test_the_chip_is_part_of_the_meaning_of_quantized_stages_only():

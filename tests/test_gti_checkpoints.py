@@ -5,6 +5,8 @@ files; ``python -m mdk.tools.to_gti`` and the round trips. At 64 px: the structu
 MDK's, the input small (the convs do not care)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,7 +22,8 @@ from mdk.errors import CheckpointError
 from mdk.models.build import build_model
 from mdk.models.heads import YoloV1Head
 from mdk.quant.modes import apply_mode
-from mdk.stage import StageSpec, apply_stage, stage_config
+from mdk.stage import apply_stage, stage_config
+from mdk.stage_config import StageConf
 from mdk.tools import to_gti
 
 C = 3
@@ -36,8 +39,8 @@ def _cfg(preset: str, bn: bool = False, size: int = SIZE):
 def _start(cfg, stage: str, path, **init):
     """``stage``'s model with ``path`` loaded the way the stage loads its starting file."""
     st = stage_config(cfg, stage)
-    spec = StageSpec.from_node(st.step)
-    spec = StageSpec(**{**spec.__dict__, **init})
+    spec = StageConf.from_node(st.step)
+    spec = dataclasses.replace(spec, **init)
     model = build_model(cfg)
     src = read_source(path, model, want_for(cfg, spec), "advice")
     said = load_start(model, src, cfg, spec)
@@ -169,7 +172,7 @@ def test_to_gti_round_trips(tmp_path, bn, capsys):
     p1 = save_gti(feats, tmp_path / "gti", 1)
     model, spec, _ = _start(cfg, "step1", p1)
     sc = stage_config(cfg, "step1")
-    ck = StageCheckpointer(sc, StageSpec.from_node(sc.step)).contents(model)
+    ck = StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model)
     mine = tmp_path / "mdk" / "step1" / "best.pth"
     atomic_save(ck, mine)
     assert to_gti.main([str(mine), str(tmp_path / "back")]) == 0
@@ -197,7 +200,7 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
     apply_stage(model, spec4, "5801")  # fuses
     sc = stage_config(cfg, "step4")
     mine = tmp_path / "mdk" / "step4" / "best.pth"
-    atomic_save(StageCheckpointer(sc, StageSpec.from_node(sc.step)).contents(model), mine)
+    atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
     files, settings = to_gti.to_gti(mine, tmp_path / "out")
     assert [f.relative_to(tmp_path / "out").as_posix() for f in files] == [
         "checkpoint/step4/best.pth", "model/relu_cap.txt"]
@@ -214,14 +217,14 @@ def test_to_gti_refuses_what_the_gti_mdk_cannot_build(tmp_path, capsys):
     model = build_model(cfg)
     sc = stage_config(cfg, "step1")
     mine = tmp_path / "step1" / "best.pth"
-    atomic_save(StageCheckpointer(sc, StageSpec.from_node(sc.step)).contents(model), mine)
+    atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
     assert to_gti.main([str(mine), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot be written for the GTI MDK: its layer list [16, 'M'" in err[0]
     assert not (tmp_path / "out").exists()
     cfg = compose(["model=gnetdet_224", "model.net.boxes_per_cell=1"])  # one box per cell
     sc = stage_config(cfg, "step1")
-    atomic_save(StageCheckpointer(sc, StageSpec.from_node(sc.step)).contents(build_model(cfg)),
+    atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(build_model(cfg)),
                 mine)
     assert to_gti.main([str(mine), str(tmp_path / "out")]) == 1
     assert "YOLOv1 grid with 2 boxes per cell" in capsys.readouterr().err

@@ -192,7 +192,7 @@ def test_default_step1_trains_in_bf16_on_a_bf16_cpu_and_step2_does_not(monkeypat
     from mdk.compose import compose
     from mdk.engine import precision
     from mdk.engine.precision import amp_dtype
-    from mdk.stage import StageSpec
+    from mdk.stage_config import StageConf
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     cfg = compose(["trainer.device=cpu"])
@@ -200,7 +200,7 @@ def test_default_step1_trains_in_bf16_on_a_bf16_cpu_and_step2_does_not(monkeypat
     assert cfg.trainer.amp == "auto" and cfg.trainer.epochs == 40
     kinds = {}
     for name in ("step1", "step2", "step3", "step4"):
-        spec = StageSpec.from_node(compose([f"step={name}"]).step)
+        spec = StageConf.from_node(compose([f"step={name}"]).step)
         kinds[name] = amp_dtype(cfg.trainer, cpu, spec.quant.is_float)
     assert kinds == {"step1": torch.bfloat16, "step2": None, "step3": None, "step4": None}
 

@@ -78,3 +78,30 @@ def test_a_stage_declared_outside_mdk_runs_in_a_pipeline(tmp_path):
     out = json.loads((run / "measure.json").read_text())
     assert out["stage"] == "measure" and out["from"] == "polish"
     assert (out["map50"], out["loss"]) == (polish["metric"]["map50"], polish["metric"]["loss"])
+
+
+def test_one_record_type_read_field_by_field():
+    """A stage record is one type (mdk.stage_config.StageConf): its reader takes each field it
+    declares from the node, so a new stage key is one field; a checkpoint's older record (a
+    ``calibrate`` flag for its kind, keys of other nodes) reads too."""
+    from dataclasses import dataclass, fields
+
+    from conftest import compose
+    from mdk.stage_config import QuantMode, StageConf
+
+    @dataclass
+    class WithANewKey(StageConf):
+        warmup_from: str = "none"
+
+    rec = WithANewKey.from_node({"name": "x", "warmup_from": "step0", "calibration": {"a": 1}})
+    assert rec.warmup_from == "step0" and rec.kind == "train" and not hasattr(rec, "calibration")
+    old = StageConf.from_node({"name": "cal", "calibrate": True, "init_from": "step2",
+                               "quant": {"fold_bn": True, "weights": True}})
+    assert old.kind == "calibrate" and old.quant == QuantMode(fold_bn=True, weights=True)
+    assert old.eval_mode == old.quant and not old.trains
+    for name in ("step1", "step2", "cal", "step3", "step4"):
+        node = compose([f"step={name}"]).step
+        rec = StageConf.from_node(node)
+        plain = {f.name: getattr(rec, f.name) for f in fields(rec)}
+        assert plain["quant"] == QuantMode.from_mapping(node.quant)
+        assert all(plain[k] == node[k] for k in plain if k not in ("quant", "eval_quant", "bar"))

@@ -21,7 +21,8 @@ from mdk.checkpoint.sources import chip_layer_count, read_source
 from mdk.data.shapes import ensure_shapes_dataset
 from mdk.engine.runner import run_stage
 from mdk.models.build import build_model
-from mdk.stage import StageSpec, stage_config
+from mdk.stage import stage_config
+from mdk.stage_config import StageConf
 from mdk.tools import evaluate
 
 pytestmark = pytest.mark.slow  # a chain and ~10 tiny stage runs: ~1 min on 2 cores
@@ -80,7 +81,7 @@ def test_a_5_class_model_in_step0_starts_a_step1_of_another_class_count(chain, t
     assert load_checkpoint(tmp_path / "ck" / "step1" / "last.pth")["trainer"]["iter"] == 2
     # every tensor that came over equals the file's; the output layer kept its initialisation
     cfg = compose(argv_of(tmp_path, tuple(data)))
-    spec = StageSpec.from_node(stage_config(cfg, "step1").step)
+    spec = StageConf.from_node(stage_config(cfg, "step1").step)
     torch.manual_seed(0)
     model = build_model(cfg)
     torch.manual_seed(0)

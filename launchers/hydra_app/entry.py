@@ -28,9 +28,9 @@ from mdk.engine.runner import stage_on_rank
 from mdk.folder_lock import one_run
 from mdk.paths import register_resolvers
 from mdk.preflight import preflight, train_images
-from mdk.stage import StageSpec, stage_config
+from mdk.stage import stage_config
 from mdk.checkpoint.layout import checkpoint_root
-from mdk.stage_config import running_stages
+from mdk.stage_config import StageConf, running_stages
 from mdk.stop import StopRequested, stop_requested
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def _run(cfg: DictConfig) -> list[StageResult]:
         offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
         group = Path(str(HydraConfig.get().sweep.dir)).name if is_multirun() else None
         for s, scfg in zip(stages, configs):
-            if StageSpec.from_node(scfg.step).trains:
+            if StageConf.from_node(scfg.step).trains:
                 log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
             else:
                 log.info("=== %s ===  one pass, no training", s)

@@ -22,7 +22,8 @@ from mdk.checkpoint.meaning import check_resume, hparams_of, log_changes, meanin
 from mdk.checkpoint.sources import read_source
 from mdk.errors import MissingStageInput
 from mdk.paths import resolve_path
-from mdk.stage import StageSpec, chain
+from mdk.stage import chain
+from mdk.stage_config import StageConf
 from mdk.world import World
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Start:
 
 
 class StageCheckpointer:
-    def __init__(self, cfg: DictConfig, spec: StageSpec, world: Optional[World] = None) -> None:
+    def __init__(self, cfg: DictConfig, spec: StageConf, world: Optional[World] = None) -> None:
         self.cfg, self.spec = cfg, spec
         self.world = world or World()
         self.root = checkpoint_root(cfg)

@@ -20,14 +20,15 @@ from mdk.checkpoint.transfer import load_all, transfer
 from mdk.models.build import build_model
 from mdk.paths import resolve_path
 from mdk.quant.modes import drop_bn
-from mdk.stage import StageSpec, apply_stage, stage_names, stage_spec
+from mdk.stage import apply_stage, stage_names, stage_spec
+from mdk.stage_config import StageConf
 
 
-def spec_of(ck: dict[str, Any]) -> Optional[StageSpec]:
+def spec_of(ck: dict[str, Any]) -> Optional[StageConf]:
     """The record of the stage that wrote ``ck``; None for weights from elsewhere."""
     saved = ck.get("stage_spec")
     if isinstance(saved, dict):
-        return StageSpec.from_node(saved)
+        return StageConf.from_node(saved)
     name = ck.get("stage")
     return stage_spec(str(name)) if name in stage_names() else None
 
@@ -57,7 +58,7 @@ def load_model_for(cfg: DictConfig, path: Path) -> tuple[torch.nn.Module, dict[s
     return model.eval(), ck
 
 
-def input_advice(spec: StageSpec) -> str:
+def input_advice(spec: StageConf) -> str:
     """What to do about a stage's starting file that cannot be used."""
     if spec.init_weights:
         return (f"it is step.init_weights of {spec.name}: name another file, or drop the key to "
@@ -71,13 +72,13 @@ def input_advice(spec: StageSpec) -> str:
             "rebuild it, or restore it")
 
 
-def transfers(spec: StageSpec) -> bool:
+def transfers(spec: StageConf) -> bool:
     """A stage whose starting file comes from elsewhere takes what fits (a float starting point:
     no input stage); a stage that continues a chain takes all of its input."""
     return spec.init_from is None
 
 
-def want_for(cfg: DictConfig, spec: StageSpec) -> Want:
+def want_for(cfg: DictConfig, spec: StageConf) -> Want:
     """What ``spec`` needs of its starting file; a GTI file is assumed to hold what the stage's
     input stage would have written (its mode), unless its folder or the user says."""
     default = (1, "a float starting point")
@@ -90,7 +91,7 @@ def want_for(cfg: DictConfig, spec: StageSpec) -> Want:
                 channels=spec.init_channels, gti_default=default, preset=str(cfg.model.name))
 
 
-def load_start(model: torch.nn.Module, src: Source, cfg: DictConfig, spec: StageSpec) -> str:
+def load_start(model: torch.nn.Module, src: Source, cfg: DictConfig, spec: StageConf) -> str:
     """Load a stage's starting file into ``model`` (before the stage's mode is applied); the
     log line's body: what came over and what was assumed. An mdk checkpoint that is the input of
     a chain stage must mean what this run means (mdk/checkpoint/meaning.py)."""

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mdk.errors import CheckpointError
-from mdk.stage import StageSpec
+from mdk.stage_config import StageConf
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _flat(cfg: DictConfig, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def meaning_of(cfg: DictConfig, spec: StageSpec) -> dict[str, Any]:
+def meaning_of(cfg: DictConfig, spec: StageConf) -> dict[str, Any]:
     out = _flat(cfg, MEANING_KEYS)
     if spec.quant.weights or spec.quant.activations:
         out["chip"] = str(cfg.chip)  # the chip's bit widths are in the weights
@@ -112,7 +112,7 @@ def resume_changes(ck: Mapping[str, Any], cfg: DictConfig) -> Optional[list[Chan
             and not (k not in saved and now.get(k) is None)]
 
 
-def nothing_left(ck: Mapping[str, Any], cfg: DictConfig, spec: StageSpec) -> bool:
+def nothing_left(ck: Mapping[str, Any], cfg: DictConfig, spec: StageConf) -> bool:
     """The checkpoint has done all this run would do (one-pass work finished, or training at the
     end of ``trainer.epochs``)."""
     if not spec.trains:
@@ -132,7 +132,7 @@ def _differs(key: str, then: Any, now: Any) -> str:
 
 
 def check_resume(ck: Mapping[str, Any], path: Path, cfg: DictConfig,
-                 spec: StageSpec) -> Optional[list[Change]]:
+                 spec: StageConf) -> Optional[list[Change]]:
     """Refuse to resume ``spec`` from its own checkpoint under another meaning, or when nothing is
     left to do and a hyper-parameter changed; else ``resume_changes``."""
     where = (f"use the checkpoint's value, give this run another paths.checkpoints, or "
@@ -153,7 +153,7 @@ def check_resume(ck: Mapping[str, Any], path: Path, cfg: DictConfig,
     return changes
 
 
-def check_input(ck: Mapping[str, Any], path: Path, cfg: DictConfig, spec: StageSpec) -> None:
+def check_input(ck: Mapping[str, Any], path: Path, cfg: DictConfig, spec: StageConf) -> None:
     """Refuse to start ``spec`` from its input stage's checkpoint ``ck`` of another meaning."""
     diff = meaning_difference(ck, cfg, own=False)
     if diff is not None:

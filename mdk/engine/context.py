@@ -8,8 +8,8 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import DictConfig
 
-from mdk.stage import StageSpec
 from mdk.checkpoint.layout import StageCheckpointer, Start
+from mdk.stage_config import StageConf
 from mdk.world import World
 
 
@@ -18,7 +18,7 @@ class StageContext:
     cfg: DictConfig
     run_dir: Path
     world: World
-    spec: StageSpec
+    spec: StageConf
     model: torch.nn.Module          # in the stage's mode, on world.device (not DDP-wrapped)
     train_ds: Any
     val_ds: Any

@@ -19,7 +19,8 @@ from mdk.engine.export_stage import export_best
 from mdk.engine.result import StageResult
 from mdk.engine.train import train_stage
 from mdk.eval.distributed import evaluate
-from mdk.stage import StageSpec, apply_stage
+from mdk.stage import apply_stage
+from mdk.stage_config import StageConf
 from mdk.checkpoint.layout import StageCheckpointer
 from mdk.world import World, alone
 
@@ -35,7 +36,7 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
     t_start = time.perf_counter()
     world = alone(world, cfg.trainer.device)
     faults.set_rank(world.rank)
-    spec = StageSpec.from_node(cfg.step)
+    spec = StageConf.from_node(cfg.step)
     precision.configure(cfg.trainer, world.device)
     build.seed_everything(cfg.seed + world.rank)
     model = build_model(cfg)

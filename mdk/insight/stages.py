@@ -19,7 +19,8 @@ from mdk.engine.export_stage import CHIP_MODEL_DIR
 from mdk.errors import ConfigError, MissingStageInput
 from mdk.quant.bn_fold import chip_layers, fold_bn
 from mdk.checkpoint.saved_models import ChipModelNet, with_checkpoint_model
-from mdk.stage import StageSpec, chain, stage_names, stage_spec
+from mdk.stage import chain, stage_names, stage_spec
+from mdk.stage_config import StageConf
 from mdk.checkpoint.layout import BEST, checkpoint_root
 from mdk.checkpoint.loading import load_model_for
 
@@ -38,8 +39,8 @@ class Present:
         return self.stage == INTEGER
 
 
-def mode_words(spec: StageSpec) -> str:
-    q = spec.eval_quant
+def mode_words(spec: StageConf) -> str:
+    q = spec.eval_mode
     if q.fuse_gains:
         return "chip model (fused, integer activations)"
     parts = [w for w, on in (("weights", q.weights), ("5-bit activations", q.activations)) if on]
@@ -89,7 +90,7 @@ def per_layer_of(rows: list[Present]) -> PerLayer:
     subject = weights = None
     for r in rows:
         if not r.is_chip_model:
-            q = stage_spec(r.stage).eval_quant
+            q = stage_spec(r.stage).eval_mode
             if q.activations and not q.fuse_gains:
                 subject = r
             if q.is_float:

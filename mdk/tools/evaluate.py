@@ -107,11 +107,11 @@ def _foreign_model(src: Source, model: nn.Module, cfg: DictConfig) -> Loaded:
 
 def _mode_name(spec: Any) -> str:
     """The stage whose mode a checkpoint is evaluated in: its own, or (cal) the next stage's."""
-    if spec.eval_quant == spec.quant:
+    if spec.eval_mode == spec.quant:
         return spec.name
-    if spec.next and stage_spec(spec.next).quant == spec.eval_quant:
+    if spec.next and stage_spec(spec.next).quant == spec.eval_mode:
         return spec.next
-    return str(spec.eval_quant)
+    return str(spec.eval_mode)
 
 
 def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
