@@ -23,9 +23,11 @@ from omegaconf import DictConfig, OmegaConf
 from launchers.processes.spawn import run_ranks
 from mdk.compose import compose
 from mdk.config import validate
+from mdk.dist_config import check_split
 from mdk.engine import build
 from mdk.models.build import build_model
 from mdk.engine.align_rank import alignment_config, perturb, train_rank
+from mdk.errors import ConfigError
 from mdk.tools.ckpt_diff import diff_state_dicts, format_table
 from mdk.world import World
 
@@ -46,13 +48,11 @@ def run_alignment(cfg: DictConfig, worlds: list[int], batch_size: int, iters: in
     ``exact_chunk``: world-size-invariant gradients; None: DDP's all-reduce. ``noise_floor > 0``
     adds ``"floor"``: world 1 from weights times (1 + noise_floor * N(0, 1)), how far training
     carries a rounding-sized change (no split can end closer)."""
-    for w in worlds:
-        if batch_size % w:
-            raise SystemExit(f"align: --batch-size {batch_size} does not divide by world {w}")
-        if exact_chunk and (batch_size // w) % exact_chunk:
-            raise SystemExit(f"align: --exact-chunk {exact_chunk} does not divide the per-process "
-                             f"batch {batch_size // w} of world {w}; use a divisor of "
-                             f"{batch_size // max(worlds)}")
+    for w in worlds:  # (--batch-size is trainer.batch_size, --exact-chunk dist.exact_chunk)
+        try:
+            check_split(batch_size, w, exact_chunk, "world")
+        except ConfigError as e:
+            raise SystemExit(f"align: {e}") from None
     out = Path(out or tempfile.mkdtemp(prefix="mdk-align-"))
     out.mkdir(parents=True, exist_ok=True)
     acfg = alignment_config(cfg, batch_size, iters, dtype, out, exact_chunk)

@@ -40,10 +40,16 @@ def check_positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
         raise ConfigError(f"{key}={v} must be > 0" + (" (or null to turn it off)" if optional else ""))
 
 
+def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """``value`` of ``key`` if it is one of ``allowed`` words: the one check of a word list, for
+    the config check and for the code that takes the value (the same line from either)."""
+    if str(value) not in allowed:
+        raise ConfigError(f"{key}={value!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}")
+    return str(value)
+
+
 def check_one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    v = get(cfg, key)
-    if str(v) not in allowed:
-        raise ConfigError(f"{key}={v!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}")
+    one_of(key, get(cfg, key), allowed)
 
 
 def build(node: Any, key: str, *args: Any, error: type[Exception] = ConfigError,

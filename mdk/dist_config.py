@@ -1,5 +1,5 @@
-"""The ``dist`` config group: its schema, the device and backend words (mdk/world.py resolves
-them) and its checks. Torch-free: the schema loads before Hydra composes.
+"""The ``dist`` config group: its schema, the backend words (mdk/world.py resolves them) and its
+checks. Torch-free: the schema loads before Hydra composes.
 """
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from mdk.checks import check_min, check_one_of, check_positive
+from mdk.checks import check_min, check_positive, one_of
 from mdk.errors import ConfigError
 
-DEVICES = ("auto", "cpu", "cuda")      # trainer.device
 BACKENDS = ("auto", "gloo", "nccl")    # dist.backend
 
 
@@ -40,10 +39,26 @@ def parse_dist_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_backend(backend: Any) -> str:
+    return one_of("dist.backend", backend, BACKENDS)
+
+
 def check_batch_divides(batch: int, world: int, where: str = "the world size") -> None:
     if batch % world:
         raise ConfigError(f"trainer.batch_size={batch} is the global batch and must divide by "
                           f"{where}={world}")
+
+
+def check_split(batch: int, world: int, chunk: Optional[int],
+                where: str = "the world size") -> None:
+    """The global batch splits over ``world`` processes, and each part into ``chunk``s
+    (``dist.exact_chunk``): for a run's config and for the alignment tool's worlds."""
+    check_batch_divides(batch, world, where)
+    if chunk is not None and (batch // world) % chunk:
+        raise ConfigError(
+            f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
+            f"world = {batch}/{world} = {batch // world}; "
+            f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
 
 
 def check_world(cfg: DictConfig, world_size: Optional[int] = None) -> None:
@@ -52,13 +67,7 @@ def check_world(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     world = int(world_size or cfg.dist.gpus * cfg.dist.nodes)
     where = ("the world size dist.gpus*dist.nodes" if world_size is None
              else "the world size (processes started by the launcher)")
-    check_batch_divides(int(cfg.trainer.batch_size), world, where)
-    chunk = cfg.dist.get("exact_chunk")
-    if chunk is not None and (cfg.trainer.batch_size // world) % chunk:
-        raise ConfigError(
-            f"dist.exact_chunk={chunk} must divide the per-process batch trainer.batch_size/"
-            f"world = {cfg.trainer.batch_size}/{world} = {cfg.trainer.batch_size // world}; "
-            f"to compare world sizes up to W use exact_chunk = batch_size/W or a divisor of it")
+    check_split(int(cfg.trainer.batch_size), world, cfg.dist.get("exact_chunk"), where)
 
 
 def check_dist(cfg: DictConfig, world_size: Optional[int] = None) -> None:
@@ -68,7 +77,7 @@ def check_dist(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     check_positive(cfg, "dist.timeout_s")
     if str(d.dist_url) != "auto":
         parse_dist_url(str(d.dist_url))
-    check_one_of(cfg, "dist.backend", BACKENDS)
+    check_backend(d.backend)
     if d.rank >= d.nodes:
         raise ConfigError(f"dist.rank={d.rank} must be < dist.nodes={d.nodes} "
                           "(machine ranks count from 0)")

@@ -8,10 +8,10 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
 
-from mdk.checks import check_min, check_one_of, check_positive, get
-from mdk.dist_config import DEVICES
+from mdk.checks import check_min, check_one_of, check_positive, get, one_of
 from mdk.errors import ConfigError
 
+DEVICES = ("auto", "cpu", "cuda")  # trainer.device (mdk/world.py resolves auto)
 AMP_DTYPES = ("auto", "float16", "bfloat16")
 EMA_DTYPES = ("float32", "float64")
 
@@ -91,7 +91,7 @@ def check_trainer(cfg: DictConfig) -> None:
     if get(cfg, "trainer.num_workers") != "auto":
         check_min(cfg, "trainer.num_workers", 0, optional=True)
     check_positive(cfg, "trainer.grad_clip", optional=True)
-    check_one_of(cfg, "trainer.device", DEVICES)
+    check_device(cfg.trainer.device)
     check_one_of(cfg, "trainer.amp_dtype", AMP_DTYPES)
     _true_false_auto(cfg, "trainer.amp", "bfloat16 autocast for float stages trained on the CPU")
     _true_false_auto(cfg, "trainer.channels_last", "on the CPU, and on CUDA with trainer.amp")
@@ -103,6 +103,10 @@ def check_trainer(cfg: DictConfig) -> None:
     ema = cfg.trainer.get("ema")
     if ema is not None and ema.enabled:
         check_ema(ema.decay, ema.tau, ema.dtype)
+
+
+def check_device(device: Any) -> str:
+    return one_of("trainer.device", device, DEVICES)
 
 
 def check_ema(decay: Any, tau: Any, dtype: Any) -> None:

@@ -11,8 +11,9 @@ from typing import Optional
 import torch
 import torch.distributed as tdist
 
-from mdk.dist_config import BACKENDS, DEVICES
+from mdk.dist_config import check_backend
 from mdk.errors import ConfigError
+from mdk.trainer_config import check_device
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,8 @@ class World:
 
 def uses_cuda(device: str) -> bool:
     """Whether ``trainer.device`` means CUDA on this machine (``auto``: when there is a GPU)."""
+    device = check_device(device)
     cuda = torch.cuda.is_available()
-    if device not in DEVICES:
-        raise ConfigError(f"trainer.device={device!r} must be one of {', '.join(DEVICES)}")
     if device == "cuda" and not cuda:
         raise ConfigError("trainer.device=cuda but this machine has no usable CUDA GPU; use "
                           "trainer.device=auto (CPU here) or run on a GPU machine")
@@ -50,8 +50,7 @@ def uses_cuda(device: str) -> bool:
 
 
 def backend_for(device: str, backend: str = "auto") -> str:
-    if backend not in BACKENDS:
-        raise ConfigError(f"dist.backend={backend!r} must be one of {', '.join(BACKENDS)}")
+    backend = check_backend(backend)
     cuda = uses_cuda(device)
     if backend == "nccl" and not cuda:
         raise ConfigError("dist.backend=nccl needs CUDA GPUs; use dist.backend=auto (gloo on CPU)")

@@ -152,7 +152,7 @@ def test_chip_bits_table_and_errors():
     assert chip_bits("2803", 12) == (12, 20) and chip_bits(5801, 8) == (8, 20)
     with pytest.raises(ValueError, match="chip 2801 does not support 8-bit"):
         chip_bits("2801", 8)
-    with pytest.raises(ValueError, match="chip='9999' is unknown"):
+    with pytest.raises(ValueError, match="chip='9999' must be 5801, 2801 or 2803"):
         chip_bits("9999", 3)
     with pytest.raises(ValueError, match="mask_bits=4"):
         quantize_conv(torch.randn(1, 1, 3, 3), torch.zeros(1), 4, 8, 20)

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from mdk.eval.coco_ap import coco_map
-from mdk.eval.config import BOX_RULES, METRICS
+from mdk.eval.config import check_box_rule, check_metric
 from mdk.eval.inputs import GroundTruth, as_numpy
 from mdk.eval.voc_ap import voc_ap
 
@@ -21,9 +21,7 @@ def evaluate_detections(detections: Mapping[int, Mapping[str, Any]], ground_trut
                         pixel_offset: float = 0.0) -> dict[str, Any]:
     """``metric`` of the boxes as given, ground truth in the same frame (``pixel_offset``: VOC's
     +1 on widths and heights)."""
-    if metric not in METRICS:
-        raise ValueError(f"eval.metric={metric!r}: choose one of {list(METRICS)}")
-    if metric == "coco":
+    if check_metric(metric) == "coco":
         return coco_map(detections, ground_truth, num_classes)
     return voc_ap(detections, ground_truth, num_classes, metric=metric, pixel_offset=pixel_offset)
 
@@ -33,8 +31,7 @@ def evaluate_dataset(detections: Mapping[int, Mapping[str, Any]], dataset: Any,
     """``metric`` of ``detections`` in ``dataset``'s model-input frame under ``box_rule``.
     ``dataset`` needs ``image_size``, ``class_names``, ``gt(i)``, and for the devkit rule
     ``original_size(i)`` and ``gt_original(i)``."""
-    if box_rule not in BOX_RULES:
-        raise ValueError(f"eval.box_rule={box_rule!r}: choose one of {list(BOX_RULES)}")
+    check_box_rule(box_rule)
     num_classes = len(dataset.class_names)
     if metric != "coco" and box_rule == "devkit":  # the detections in each image's own pixels
         size = float(dataset.image_size)

@@ -17,9 +17,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from mdk.eval.config import VOC_METRICS, check_metric
 from mdk.eval.inputs import Flat, GroundTruth, flatten
 
-VOC_METRICS = {"voc07": "VOC07 11-point mAP@0.5", "voc12": "VOC12 area mAP@0.5"}
+NAMES = dict(zip(VOC_METRICS, ("VOC07 11-point mAP@0.5", "VOC12 area mAP@0.5")))
 _CHUNK = 1 << 20  # IoU matrix elements per block: bounds memory to ~50 MB whatever the input
 VOC07_THRESHOLDS = np.arange(0.0, 1.1, 0.1)  # the devkit ports' 11 recall points (k * 0.1)
 
@@ -100,8 +101,7 @@ def voc_ap(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTrut
     "recall": [C arrays] (after each counted detection), "num_gt" [C] (non-difficult objects),
     "num_det" [C], "images"}``.
     """
-    if metric not in VOC_METRICS:
-        raise ValueError(f"metric={metric!r}: choose one of {sorted(VOC_METRICS)}")
+    check_metric(metric, VOC_METRICS)
     if not 0.0 < iou_threshold <= 1.0:
         raise ValueError(f"iou_threshold={iou_threshold} must be in (0, 1]")
     flat = flatten(detections, ground_truth, num_classes)
@@ -134,7 +134,7 @@ def voc_ap(detections: Mapping[int, Mapping[str, Any]], ground_truth: GroundTrut
         if npos[c]:
             ap[c] = ap_fn(rec, prec)
     valid = ~np.isnan(ap)
-    return {"metric": metric, "name": VOC_METRICS[metric],
+    return {"metric": metric, "name": NAMES[metric],
             "map": float(ap[valid].mean()) if valid.any() else float("nan"),
             "ap": ap, "precision": precision, "recall": recall, "num_gt": npos,
             "num_det": np.bincount(flat.det_labels, minlength=num_classes),

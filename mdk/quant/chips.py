@@ -9,6 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mdk.checks import one_of
 from mdk.errors import ConfigError
 
 CHIP_BITS: dict[str, dict[int, tuple[int, int]]] = {
@@ -16,16 +17,14 @@ CHIP_BITS: dict[str, dict[int, tuple[int, int]]] = {
     "2801": {1: (12, 12), 3: (12, 18)},
     "2803": {2: (12, 12), 5: (12, 16), 12: (12, 20)},
 }
+CHIPS = tuple(CHIP_BITS)  # the top-level ``chip`` key's words
 CHIP_INPUT_SIZES: dict[str, tuple[int, ...]] = {chip: (224, 320, 448, 640) for chip in CHIP_BITS}
 SUPPORTED_MASKS = (1, 2, 3, 5, 8, 12)
 
 
 def chip_bits(chip: str, mask_bits: int) -> tuple[int, int]:
     """(weight bits, bias bits) of ``mask_bits`` on ``chip``; a clear error if the chip lacks it."""
-    chip = str(chip)
-    if chip not in CHIP_BITS:
-        raise ValueError(f"chip={chip!r} is unknown; choose one of {sorted(CHIP_BITS)}")
-    table = CHIP_BITS[chip]
+    table = CHIP_BITS[one_of("chip", str(chip), CHIPS)]
     if int(mask_bits) not in table:
         raise ValueError(f"chip {chip} does not support {mask_bits}-bit conv masks (it supports "
                          f"{sorted(table)}); change model mask_bits or pick another chip")
@@ -57,9 +56,7 @@ def allow_any_size(cfg: DictConfig) -> bool:
 
 
 def check_chip(cfg: DictConfig) -> None:
-    if str(cfg.chip) not in CHIP_BITS:
-        raise ConfigError(f"chip={cfg.chip} is not a supported chip; use one of "
-                          f"{', '.join(CHIP_BITS)}")
+    one_of("chip", str(cfg.chip), CHIPS)
     flag = OmegaConf.select(cfg, "export.allow_any_size", default=False)
     if not isinstance(flag, bool):
         raise ConfigError(f"export.allow_any_size={flag!r} must be true or false")
