@@ -106,9 +106,9 @@ def main() -> None:
 def compare(args: argparse.Namespace, out: Path) -> None:
     """Time each world on the same global batch, data generated under ``out``; print the ratios."""
     from launchers.processes.spawn import run_ranks
-    from launchers.align import compose_config
+    from launchers.align import validated_config
 
-    base = compose_config([*DEFAULTS, f"paths.data={out}/data", *args.overrides])
+    base = validated_config([*DEFAULTS, f"paths.data={out}/data", *args.overrides])
     cfg = OmegaConf.merge(base, {"trainer": {"batch_size": args.batch_size},
                                  "bench": {"iters": args.iters, "warmup": args.warmup}})
     runs = {"1": (1, args.batch_size), "W": (args.world, args.batch_size),

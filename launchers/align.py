@@ -34,7 +34,7 @@ from mdk.world import World
 log = logging.getLogger("launchers.align")
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
+def validated_config(overrides: list[str]) -> DictConfig:
     """The real conf/ plus ``overrides``, validated and resolved."""
     cfg = compose(overrides)
     validate(cfg)
@@ -115,7 +115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         1e-7 if args.dtype == "float32" and allreduce else 0.0)
     how = (f"world-size-invariant gradients, chunks of {chunk} images, 1 CPU thread per process"
            if chunk else "DDP all-reduce")
-    report = run_alignment(compose_config(args.overrides), worlds, args.batch_size, args.iters,
+    report = run_alignment(validated_config(args.overrides), worlds, args.batch_size, args.iters,
                            args.dtype, args.out, floor, chunk)
     ok = True
     floor_diffs = report.pop("floor", None)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from mdk.checkpoint.files import load_checkpoint
-from mdk.checks import build
+from mdk.targets import build
 from mdk.checkpoint.loading import input_advice, load_into, load_start, want_for
 from mdk.checkpoint.meaning import check_resume
 from mdk.checkpoint.sources import read_source

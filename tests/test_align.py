@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from mdk.tools import ckpt_diff
-from launchers.align import alignment_config, compose_config, run_alignment
+from launchers.align import alignment_config, validated_config, run_alignment
 from helpers.ddp import TINY
 
 
 def _tiny(tmp_path, *extra):
-    return compose_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
+    return validated_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
                            f"paths.data={tmp_path}/data", *extra])
 
 

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from mdk.quant.bit_plan import MajorLayer, memory_bits, plan_bits, plan_within_cost
+from mdk.quant.bit_plan import PlanLayer, memory_bits, plan_bits, plan_within_cost
 from mdk.quant.chips import CHIP_BITS
 
 
-def brute_force(layers: list[MajorLayer], budget: int) -> tuple[float, int, tuple[int, ...]]:
+def brute_force(layers: list[PlanLayer], budget: int) -> tuple[float, int, tuple[int, ...]]:
     """(sensitivity, memory, widths) of the best plan that fits, by trying every combination,
     with the planner's tie rule: less memory, then narrower widths first in layer order."""
     best = None
@@ -27,7 +27,7 @@ def brute_force(layers: list[MajorLayer], budget: int) -> tuple[float, int, tupl
     return best
 
 
-def brute_force_within(layers: list[MajorLayer], max_cost: float
+def brute_force_within(layers: list[PlanLayer], max_cost: float
                        ) -> tuple[int, float, tuple[int, ...]] | None:
     """(memory, sensitivity, widths) of the least-memory plan costing at most ``max_cost``."""
     best = None
@@ -41,7 +41,7 @@ def brute_force_within(layers: list[MajorLayer], max_cost: float
     return best
 
 
-def random_net(rng: random.Random) -> list[MajorLayer]:
+def random_net(rng: random.Random) -> list[PlanLayer]:
     """1-8 major layers of one chip's widths; a wider width costs less, now and then two widths
     cost the same (ties)."""
     chip = rng.choice(sorted(CHIP_BITS))
@@ -50,7 +50,7 @@ def random_net(rng: random.Random) -> list[MajorLayer]:
     for _ in range(rng.randint(1, 8)):
         costs = sorted((round(rng.uniform(0, 0.05), rng.choice([2, 6])) for _ in widths),
                        reverse=True)
-        layers.append(MajorLayer(weights=rng.choice([27, 144, 576, 1152, 2304, 4608]),
+        layers.append(PlanLayer(weights=rng.choice([27, 144, 576, 1152, 2304, 4608]),
                                  sensitivity=dict(zip(widths, costs))))
     return layers
 
@@ -85,8 +85,8 @@ def test_equals_brute_force_on_random_nets(seed: int) -> None:
 def test_the_sensitive_layer_gets_the_wider_width() -> None:
     """Room to widen one of four equal-sized layers: it goes to the one that suffers most."""
     plain = {1: 0.02, 3: 0.01, 8: 0.0}
-    layers = [MajorLayer(1000, plain) for _ in range(4)]
-    layers[2] = MajorLayer(1000, {1: 0.30, 3: 0.20, 8: 0.0})
+    layers = [PlanLayer(1000, plain) for _ in range(4)]
+    layers[2] = PlanLayer(1000, {1: 0.30, 3: 0.20, 8: 0.0})
     budget = memory_bits(layers, [3, 3, 8, 3])
     plan = plan_bits(layers, budget)
     assert plan.bits == (3, 3, 8, 3)
@@ -94,7 +94,7 @@ def test_the_sensitive_layer_gets_the_wider_width() -> None:
 
 
 def test_a_budget_below_the_narrowest_plan_says_so() -> None:
-    layers = [MajorLayer(100, {1: 0.1, 3: 0.0}), MajorLayer(50, {1: 0.2, 3: 0.0})]
+    layers = [PlanLayer(100, {1: 0.1, 3: 0.0}), PlanLayer(50, {1: 0.2, 3: 0.0})]
     with pytest.raises(ValueError, match="below the narrowest plan's 150 bits"):
         plan_bits(layers, 149)
     assert plan_bits(layers, 150).bits == (1, 1)

@@ -95,10 +95,10 @@ def test_ordered_sum_adds_in_global_order_for_every_world_size(tmp_path, world):
 def test_align_exact_mode_is_bit_identical_for_worlds_1_2_4(tmp_path):
     """The alignment bar in float32: 1x8, 2x4 and 4x2 end with the same bits (difference 0)."""
     from mdk.tools import ckpt_diff
-    from launchers.align import compose_config, run_alignment
+    from launchers.align import validated_config, run_alignment
     from helpers.ddp import TINY
 
-    cfg = compose_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
+    cfg = validated_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
                           f"paths.data={tmp_path}/data"])
     report = run_alignment(cfg, [2, 4], batch_size=8, iters=6, out=tmp_path / "al", exact_chunk=2)
     for w in (2, 4):

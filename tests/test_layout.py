@@ -29,7 +29,7 @@ CODE = LIBRARY + LAUNCHERS + [REPO / "run.py"]
 # From the ground up; a module's floor is the first whose patterns match it or its package.
 FLOORS = [
     # leaves: the errors, the stop flag, and each config group's words, schema and checks
-    ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.paths", "mdk.dist_config",
+    ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.targets", "mdk.paths", "mdk.dist_config",
      "mdk.trainer_config", "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",

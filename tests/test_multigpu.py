@@ -29,9 +29,9 @@ def test_ordered_sum_over_nccl_adds_in_global_order(tmp_path: Path):
 
 
 def test_exact_mode_alignment_on_two_gpus_is_bit_identical(tmp_path: Path):
-    from launchers.align import compose_config, run_alignment
+    from launchers.align import validated_config, run_alignment
 
-    cfg = compose_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
+    cfg = validated_config([*TINY, "dataset.generate.num_val=8", "dataset.generate.num_train=48",
                           f"paths.data={tmp_path}/data", *CUDA])
     report = run_alignment(cfg, [2], batch_size=8, iters=6, out=tmp_path / "al", exact_chunk=4)
     assert all(d.max_abs == 0.0 for d in report[2]), [d for d in report[2] if d.max_abs]

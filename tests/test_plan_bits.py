@@ -11,7 +11,7 @@ import torch
 from conftest import TINY
 from mdk.engine.build import build_data
 from mdk.engine.runner import run_stage
-from mdk.insight.bit_sensitivity import (coefficients, fisher_cost, fisher_diagonal, major_layers,
+from mdk.insight.bit_sensitivity import (coefficients, fisher_cost, fisher_diagonal, pool_groups,
                                          memory_of, width_costs)
 from mdk.insight.layer_modes import quantized_only
 from mdk.insight.scoring import EvalSet
@@ -39,7 +39,7 @@ def test_major_layers_end_at_each_pool_and_the_tail_is_one(step1_done):
     _, overrides = step1_done
     model = load_checkpoint_model(step1_done[0] / "ck" / "step1" / "best.pth", overrides).model
     # TINY: channels [8,M,8,M,8,M,8,M,8,M,8] + the output conv: 5 pools, then 2 layers
-    assert major_layers(model) == [[0], [1], [2], [3], [4], [5, 6]]
+    assert pool_groups(model) == [[0], [1], [2], [3], [4], [5, 6]]
     assert coefficients(model, [5, 6]) == 8 * 8 * 9 + chip_layers(model)[6].conv.weight.numel()
     assert memory_of(model, [3] * 7) == 3 * sum(l.conv.weight.numel() for l in chip_layers(model))
 

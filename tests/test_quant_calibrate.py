@@ -103,7 +103,7 @@ class _Tee:
         self.obs(y)
 
 
-def test_attach_finalize_save_load_caps(tmp_path):
+def test_attach_finalize_save_caps(tmp_path):
     model = _tiny_model().eval()
     apply_stage(model, "cal", "5801")
     images = [torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8) for _ in range(3)]
@@ -129,12 +129,6 @@ def test_attach_finalize_save_load_caps(tmp_path):
     path = calibrate.save_caps(model, tmp_path / "caps.json", meta={"method": "percentile"})
     doc = json.loads(path.read_text())
     assert [e["cap"] for e in doc["layers"]] == caps and doc["meta"]["method"] == "percentile"
-    fresh = _tiny_model()
-    assert calibrate.load_caps(fresh, path) == caps
-    assert [float(layer.cap) for layer in fresh.layers] == caps
-    other = GNetDet(num_classes=3, channels=[8, "M", 8], mask_bits=[3, 3, 8], image_size=32)
-    with pytest.raises(ValueError, match="has 5 layer caps but the model has 3"):
-        calibrate.load_caps(other, path)
 
 
 def test_nonpositive_statistic_falls_back():

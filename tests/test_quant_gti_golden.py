@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from mdk.quant.chip_model import ChipLayer, ChipModel
-from mdk.quant.gti_sdk import dat_json, major_layers, model_json, write_gti_files
+from mdk.quant.gti_sdk import dat_json, sdk_major_layers, model_json, write_gti_files
 from helpers.gti import FILTER, NZ, Z, _layer, model_text, tiny_chip_model
 
 # filter.txt by hand: values / 2^shift in %.16e, C order, layer after layer; the last layer is
@@ -102,7 +102,7 @@ def test_gnetdet448_layout_is_the_published_gti_layer_spec():
     input_channels, output_channels, pooling, sublayer_number); the 30-channel output conv is
     padded to 256."""
     cm = gnetdet448()
-    doc = dat_json(cm, major_layers(cm, 448))
+    doc = dat_json(cm, sdk_major_layers(cm, 448))
     got = [(m["coef_bits"], m["image_size"], m["input_channels"], m["output_channels"],
             m["pooling"], m["sublayer_number"]) for m in doc["layer"]]
     assert got == [(3, 448, 3, 64, True, 1), (3, 224, 64, 64, True, 1), (3, 112, 64, 128, True, 2),
@@ -111,7 +111,7 @@ def test_gnetdet448_layout_is_the_published_gti_layer_spec():
     assert [s for m in doc["layer"] for s in m["scaling"]] == [k % 5 for k in range(15)] + [7]
     assert doc["model"] == [{"ChipType": 5801, "MajorLayerNumber": 7}]
     # the model JSON: 14x14x256 output, tile 14*14 = 196, 14*14*256*32 // 49 = 32768 bytes
-    text = json.dumps(model_json(cm, major_layers(cm, 448), 448, "/x/chip.dat"), indent=4,
+    text = json.dumps(model_json(cm, sdk_major_layers(cm, 448), 448, "/x/chip.dat"), indent=4,
                       separators=(",", ": "), sort_keys=True)
     assert text == model_text("/x/chip.dat", 448, 14, 256, 196, 32768)
 
@@ -122,11 +122,11 @@ def test_layout_errors():
                     _layer(z(1, 3), [0], 0, False, 8)], 1.0, "5801", {"image_size": 8})
     with pytest.raises(ValueError, match=r"sublayers of major layer 1 \(layers 0..2\) have different "
                                          r"output channels \[2, 3\]"):
-        major_layers(cm, 8)
+        sdk_major_layers(cm, 8)
     cm = ChipModel([_layer(z(2, 1), [0, 0], 0, False, 8), _layer(z(3, 2), [0] * 3, 0, False, 8)],
                    1.0, "5801", {"image_size": 8})
     with pytest.raises(ValueError, match="output layer has 3 channels, more than the 2"):
-        major_layers(cm, 8)
+        sdk_major_layers(cm, 8)
     cm, _ = tiny_chip_model()
     cm.chip = "2803"
     with pytest.raises(ValueError, match="chip 5801 only .* not chip 2803"):

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from launchers.reports.sweep_results import RESULT
 from mdk.checkpoint.atomic import write_json
-from mdk.checks import build
+from mdk.targets import build
 from mdk.compose import CONF_DIR
 from mdk.errors import ConfigError
 

@@ -27,7 +27,7 @@ from launchers.hydra_app.optuna_study import (JOB_DIR, claim_sweep_dir, directio
                                               write_best)
 from launchers.reports.stop_line import SEARCH_RERUN
 from launchers.reports.sweep_results import RESULT
-from mdk.checks import build
+from mdk.targets import build
 from mdk.errors import ConfigError
 from mdk.stop import StopRequested
 

@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from mdk.checks import build
+from mdk.targets import build
 from mdk.errors import ConfigError
 from mdk.quant.chip_model import load_chip_model
 from mdk.quant.export import ONNX_FILE

@@ -16,7 +16,7 @@ from mdk.data.config import VOC_READER, check, plain
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records, fresh_count
 from mdk.data.records import READER_METHODS, Reader
-from mdk.checks import build
+from mdk.targets import build
 from mdk.errors import DataError
 from mdk.paths import resolve_path
 

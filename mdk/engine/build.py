@@ -1,4 +1,4 @@
-"""Build the objects of a run from the composed config (``_target_`` nodes: mdk.checks.build)."""
+"""Build the objects of a run from the composed config (``_target_`` nodes: mdk.targets.build)."""
 from __future__ import annotations
 
 import ctypes
@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mdk import dist
-from mdk.checks import build
+from mdk.targets import build
 from mdk.data.build import build_datasets
 from mdk.data.loader import SafeLoader
 from mdk.data.samplers import EpochTagged, GlobalBatchSampler

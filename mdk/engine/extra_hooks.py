@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mdk.checks import build, target_nodes
+from mdk.targets import build, target_nodes
 from mdk.engine.loop import HookBase
 from mdk.errors import ConfigError
 

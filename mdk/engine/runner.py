@@ -10,11 +10,12 @@ from typing import Any, Callable, Mapping, Optional
 
 from omegaconf import DictConfig
 
-from mdk import checks, faults
+from mdk import faults
 from mdk.engine import build, precision
 from mdk.models.build import build_model
 from mdk.engine.calibration import calibrate_stage
 from mdk.engine.context import StageContext
+from mdk import targets
 from mdk.engine.export_stage import export_best
 from mdk.engine.result import StageResult
 from mdk.engine.train import train_stage
@@ -60,7 +61,7 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
         result = StageResult.from_dict({**done, "stage": spec.name})
     else:
         # a built-in kind, or the function a stage record's ``kind: pkg.module.fn`` names
-        work = WORK.get(spec.kind) or checks.build(
+        work = WORK.get(spec.kind) or targets.build(
             spec.kind, "step.kind", check=True, hint="name a function as package.module.function")
         result = StageResult.from_work(spec.name, work(ctx))
     # a stage that saves nothing (the quantization report) names no folder

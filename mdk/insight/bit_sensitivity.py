@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from mdk.insight.layer_modes import measure_quantized, quantized_only
 from mdk.insight.scoring import EvalSet, Score
-from mdk.quant.bit_plan import MajorLayer
+from mdk.quant.bit_plan import PlanLayer
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.chips import CHIP_BITS, chip_bits
 from mdk.quant.weights import quantize_conv
@@ -23,8 +23,10 @@ from mdk.quant.weights import quantize_conv
 BY = ("loss", "map", "fisher")
 
 
-def major_layers(model: nn.Module) -> list[list[int]]:
-    """The chip layers' indices grouped into major layers (each ends at a pool or the end)."""
+def pool_groups(model: nn.Module) -> list[list[int]]:
+    """The chip layers' indices grouped by their pools (each group ends at a pool or the end):
+    the major layers a width plan gives one width each (the GTI SDK's own grouping also splits
+    where mask widths change: mdk.quant.gti_sdk.sdk_major_layers)."""
     groups: list[list[int]] = [[]]
     for i, layer in enumerate(chip_layers(model)):
         groups[-1].append(i)
@@ -57,9 +59,9 @@ class WidthCosts:
     by: str
     scores: list[dict[int, Score]] = field(default_factory=list)  # measured (loss, map): the scores
 
-    def major(self, model: nn.Module) -> list[MajorLayer]:
+    def major(self, model: nn.Module) -> list[PlanLayer]:
         """The planner's input (mdk.quant.bit_plan)."""
-        return [MajorLayer(coefficients(model, g), dict(self.costs[k]))
+        return [PlanLayer(coefficients(model, g), dict(self.costs[k]))
                 for k, g in enumerate(self.groups)]
 
 
@@ -101,7 +103,7 @@ def width_costs(model: nn.Module, chip: str, data: EvalSet, by: str = "loss") ->
     model's score."""
     if by not in BY:
         raise ValueError(f"by={by!r}: measure the cost by one of {BY}")
-    groups = major_layers(model)
+    groups = pool_groups(model)
     reference = measure_quantized(model, {}, data, chip)
     if by == "fisher":
         fisher, layers = fisher_diagonal(model, data, chip), chip_layers(model)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from mdk.checks import build
+from mdk.targets import build
 from mdk.models.heads import YoloV1Head
 
 log = logging.getLogger(__name__)

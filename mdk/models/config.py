@@ -12,7 +12,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
 
-from mdk.checks import build, check_min
+from mdk.checks import check_min
+from mdk.targets import build
 from mdk.errors import ConfigError, UserError
 
 

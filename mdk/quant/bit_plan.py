@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
-class MajorLayer:
+class PlanLayer:
     """One major layer: its coefficient count and its sensitivity at each width it may take."""
 
     weights: int
@@ -26,12 +26,12 @@ class BitPlan:
     memory_bits: int       # coefficient memory the plan takes, in bits
 
 
-def memory_bits(layers: Sequence[MajorLayer], bits: Sequence[int]) -> int:
+def memory_bits(layers: Sequence[PlanLayer], bits: Sequence[int]) -> int:
     """Coefficient memory of ``bits`` (one width per major layer), in bits."""
     return sum(layer.weights * b for layer, b in zip(layers, bits))
 
 
-def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
+def plan_bits(layers: Sequence[PlanLayer], budget_bits: int) -> BitPlan:
     """The widths of least summed sensitivity whose coefficients fit ``budget_bits``.
 
     Ties go to less memory, then to narrower widths first in layer order (independent of dict
@@ -42,7 +42,7 @@ def plan_bits(layers: Sequence[MajorLayer], budget_bits: int) -> BitPlan:
     return BitPlan(bits, cost, used)
 
 
-def plan_within_cost(layers: Sequence[MajorLayer], max_cost: float) -> BitPlan:
+def plan_within_cost(layers: Sequence[PlanLayer], max_cost: float) -> BitPlan:
     """The widths of least memory whose summed sensitivity is at most ``max_cost`` (e.g. the mAP
     a user accepts to lose); ties as :func:`plan_bits`. ValueError when no plan is that cheap."""
     if not layers:
@@ -57,7 +57,7 @@ def plan_within_cost(layers: Sequence[MajorLayer], max_cost: float) -> BitPlan:
                      f"{least:.6g}; raise the bound")
 
 
-def _front(layers: Sequence[MajorLayer], budget_bits: int | None
+def _front(layers: Sequence[PlanLayer], budget_bits: int | None
            ) -> dict[int, tuple[float, tuple[int, ...]]]:
     """Memory used -> (sensitivity, widths) of every undominated whole plan within the budget
     (None: any memory), by dynamic programming over the layers."""

@@ -8,7 +8,6 @@ as the conv outputs are the same bits.
 """
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,7 @@ from torch import nn
 
 from mdk import dist
 from mdk.checkpoint.atomic import write_json
-from mdk.checks import build
+from mdk.targets import build
 from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, MSE_SAMPLE, histogram, kl_threshold, mse_cap,
@@ -209,17 +208,3 @@ def save_caps(model: nn.Module, path: str | Path, meta: Optional[dict] = None) -
     return write_json(path, {"meta": meta or {}, "layers": [
         {"index": i, "mask_bits": int(l.mask_bits), "pool": bool(l.pool), "cap": float(l.cap)}
         for i, l in enumerate(chip_layers(model))]}, indent=2)
-
-
-@torch.no_grad()
-def load_caps(model: nn.Module, path: str | Path) -> list[float]:
-    """Read caps written by ``save_caps`` into the model (layer count must match)."""
-    doc = json.loads(Path(path).read_text())
-    layers = chip_layers(model)
-    entries = doc.get("layers", [])
-    if len(entries) != len(layers):
-        raise ValueError(f"{path}: has {len(entries)} layer caps but the model has {len(layers)} "
-                         "chip layers; was it written for another model config?")
-    for layer, e in zip(layers, entries):
-        layer.cap.fill_(float(e["cap"]))
-    return [float(e["cap"]) for e in entries]

@@ -30,7 +30,9 @@ TILE = 14  # the SDK's default output tile size
 
 
 @dataclass
-class MajorLayer:
+class SdkMajorLayer:
+    """A major layer as the GTI SDK's layer spec describes it (sublayers of one width, mask
+    width and pooling; a new one after a pool or where the mask width changes)."""
     first: int  # index of its first sublayer in ChipModel.layers
     sublayers: int
     coef_bits: int
@@ -40,16 +42,17 @@ class MajorLayer:
     pooling: bool
 
 
-def major_layers(cm: ChipModel, image_size: int) -> list[MajorLayer]:
-    """Group the chip layers into GTI major layers; ValueError for what the layout cannot express."""
-    out: list[MajorLayer] = []
+def sdk_major_layers(cm: ChipModel, image_size: int) -> list[SdkMajorLayer]:
+    """Group the chip layers into the GTI SDK's major layers; ValueError for what the layout
+    cannot express."""
+    out: list[SdkMajorLayer] = []
     size = int(image_size)
     for i, L in enumerate(cm.layers):
         if tuple(L.weight.shape[2:]) != (3, 3):
             raise ValueError(f"GTI layout: layer {i} has a {tuple(L.weight.shape[2:])} kernel; the "
                              "chip runs 3x3 convolutions only")
         if not out or out[-1].pooling or cm.layers[i - 1].mask_bits != L.mask_bits:  # a new one
-            out.append(MajorLayer(i, 0, L.mask_bits, size, int(L.weight.shape[1]), 0, False))
+            out.append(SdkMajorLayer(i, 0, L.mask_bits, size, int(L.weight.shape[1]), 0, False))
         m = out[-1]
         m.sublayers += 1
         m.output_channels = max(m.output_channels, int(L.weight.shape[0]))
@@ -94,7 +97,7 @@ def _format(values: np.ndarray, negzero: np.ndarray) -> str:
     return "\n".join(text.tolist())
 
 
-def layer_values(cm: ChipModel, majors: Sequence[MajorLayer],
+def layer_values(cm: ChipModel, majors: Sequence[SdkMajorLayer],
                  negzeros: Optional[Sequence[tuple[np.ndarray, np.ndarray]]] = None
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Per layer: (weights, their -0 mask, biases, their -0 mask) as the converter writes them."""
@@ -120,7 +123,7 @@ def _write_values(path: Path, pieces: Iterable[tuple[np.ndarray, np.ndarray]]) -
                 first = False
 
 
-def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
+def dat_json(cm: ChipModel, majors: Sequence[SdkMajorLayer]) -> dict:
     layers = [{"coef_bits": m.coef_bits, "image_size": m.image_size,
                "input_channels": m.input_channels, "last_layer_out": False, "learning": False,
                "major_layer": k + 1, "output_channels": m.output_channels, "pooling": m.pooling,
@@ -129,7 +132,7 @@ def dat_json(cm: ChipModel, majors: Sequence[MajorLayer]) -> dict:
     return {"layer": layers, "model": [{"ChipType": int(cm.chip), "MajorLayerNumber": len(majors)}]}
 
 
-def model_json(cm: ChipModel, majors: Sequence[MajorLayer], image_size: int, dat_path: str) -> dict:
+def model_json(cm: ChipModel, majors: Sequence[SdkMajorLayer], image_size: int, dat_path: str) -> dict:
     last = majors[-1]
     size, channels, tile = last.image_size, last.output_channels, min(last.image_size, TILE)
     if last.pooling:  # the SDK reads the pooled output; a 7x7 one in fc mode
@@ -172,7 +175,7 @@ def write_gti_files(cm: ChipModel, out_dir: str | Path, float_layers: Optional[F
         raise ValueError("write_gti_files needs the model's image size (meta['image_size'])")
     if check_size and not chip_takes(chip, size):
         raise ValueError(f"the GTI chip spec takes input sizes {CHIP_INPUT_SIZES[chip]}, not {size}")
-    majors = major_layers(cm, size)
+    majors = sdk_major_layers(cm, size)
     negz = None
     if float_layers is not None:
         negz = [negative_zeros(w, b, L.mask_bits, L.weight, L.bias)

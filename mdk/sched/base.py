@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from mdk.checks import build
+from mdk.targets import build
 
 log = logging.getLogger(__name__)
 

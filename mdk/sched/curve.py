@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch.optim.lr_scheduler import LRScheduler
 
-from mdk.checks import build
+from mdk.targets import build
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from mdk.checks import build
+from mdk.targets import build
 from mdk.errors import disk_reason
 from mdk.sinks.base import MultiSink, NullSink
 from mdk.sinks.config import sink_nodes

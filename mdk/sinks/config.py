@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
-from mdk.checks import build, check_min, target_nodes
+from mdk.checks import check_min
+from mdk.targets import build, target_nodes
 
 # What every sink's constructor gets besides its YAML options (mdk.sinks.build_sinks).
 SINK_ARGS = ("run_dir", "stage", "group", "resume_step", "config")

@@ -57,7 +57,7 @@ class Loaded:
     name: str = "model"      # what report files are named after: the stage, or chip_model
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+def tool_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The real ``conf/`` composed with ``overrides`` (mdk.compose), errors as ToolError."""
     try:
         return compose(list(overrides))
@@ -69,7 +69,7 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = (),
                           gti: Optional[Want] = None) -> Loaded:
     """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant);
     a GTI MDK checkpoint in its GTI step's mode (``gti``: what the user said of it)."""
-    cfg = compose_config(overrides)
+    cfg = tool_config(overrides)
     probe = build_model(cfg)
     want = replace(gti or Want(), as_written=True, preset=str(cfg.model.name))
     src = read_source(path, probe, want,
@@ -78,7 +78,7 @@ def load_checkpoint_model(path: Path, overrides: Sequence[str] = (),
     if src.kind != "mdk":
         return _foreign_model(src, probe, cfg)
     ck = src.ck
-    cfg = with_checkpoint_model(compose_config(overrides), ck, overrides)
+    cfg = with_checkpoint_model(tool_config(overrides), ck, overrides)
     model, _ = load_model_for(cfg, path)
     spec = spec_of(ck)
     if model.num_classes != int(cfg.dataset.num_classes):
@@ -123,7 +123,7 @@ def load_chip_model_net(directory: Path, overrides: Sequence[str] = (),
     kind = head_kind(head) if isinstance(head, dict) else None
     if kind and not any(o.split("=", 1)[0].lstrip("+~") == "head" for o in overrides):
         overrides = [*overrides, f"head={kind}"]  # its group also picks the head's loss
-    cfg = compose_config(overrides)
+    cfg = tool_config(overrides)
     patch: dict[str, Any] = {}
     if "image_size" in meta:
         patch["image_size"] = int(meta["image_size"])

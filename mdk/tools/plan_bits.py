@@ -20,12 +20,12 @@ from mdk.errors import error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
 from mdk.insight.scoring import EvalSet
-from mdk.quant.bit_plan import BitPlan, MajorLayer, plan_bits, plan_within_cost
+from mdk.quant.bit_plan import BitPlan, PlanLayer, plan_bits, plan_within_cost
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
 from mdk.stage import chain, stage_names, stage_spec
 from mdk.checkpoint.layout import BEST, checkpoint_root
-from mdk.tools.evaluate import Loaded, ToolError, compose_config, load_checkpoint_model
+from mdk.tools.evaluate import Loaded, ToolError, tool_config, load_checkpoint_model
 
 TOOL_KEYS = {"budget_kb": None, "budget": None, "max_cost": None, "images": "200", "by": "loss",
              "out": None}
@@ -102,7 +102,7 @@ def budget_bits(keys: dict[str, str], loaded: Loaded) -> int | None:
     return int(kb * KIB)
 
 
-def report(costs: WidthCosts, major: list[MajorLayer], plan: BitPlan, widths: list[int],
+def report(costs: WidthCosts, major: list[PlanLayer], plan: BitPlan, widths: list[int],
            budget: int | None, meta: dict[str, Any]) -> dict[str, Any]:
     return {**meta, "by": costs.by, "budget_bits": budget, "memory_bits": plan.memory_bits,
             "reference": costs.reference.numbers(), "widths": widths,
@@ -145,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         keys, overrides = split_args(sys.argv[1:] if argv is None else argv)
-        path = float_checkpoint(compose_config(overrides))
+        path = float_checkpoint(tool_config(overrides))
         loaded = load_checkpoint_model(path, overrides)
         chip = str(loaded.cfg.chip)
         budget = budget_bits(keys, loaded)
