@@ -65,6 +65,8 @@ def test_a_gti_float_file_gives_the_gti_grid_and_boxes(tmp_path, structure, pres
     model, _, said = _start(_cfg(preset), "step1", path)
     assert said.startswith("32 of 32 tensors copied")  # a preset without BN: the file's folded
     assert "GTI step 1, float (its folder step1/)" in said
+    size = 448 if preset == "gnetdet" else 224
+    assert f"read as the GTI MDK's {size} structure (model={preset})" in said
     assert "swapped from BGR" in said and ("saved from DDP" in said) == ddp
     if bn:
         assert "BatchNorm layers folded into their convs" in said

@@ -136,7 +136,8 @@ def test_gti_files_start_every_stage_and_evaluate(chain, gti_root, tmp_path, cap
     status, out, err = cli(tmp_path / "a", capsys=capsys)
     assert status == 0, err[-2000:]
     assert "(a GTI MDK checkpoint): 38 of 38 tensors copied; GTI step 1, float (a float " \
-           "starting point); its output conv's BatchNorm folded" in out + err
+           "starting point); read with model=gnetdet_small's layers (pools after layers " \
+           "[0, 1, 2, 3, 4]); its output conv's BatchNorm folded" in out + err
     for stage, gti_step in (("step2", 1), ("step3", 2)):
         status, out, err = cli(tmp_path / stage, f"step={stage}",
                                f"step.init_weights={gti_root}/checkpoint/step{gti_step}/best.pth",

@@ -163,6 +163,25 @@ def identity_bn(weight: torch.Tensor) -> dict[str, torch.Tensor]:
             "running_var": one - BN_EPS, "num_batches_tracked": torch.tensor(0)}
 
 
+def pools_of(layout: list) -> list[int]:
+    """The conv layers a channel list (``M``: a 2x2 pool) pools after."""
+    out, conv = [], -1
+    for c in layout:
+        if c == "M":
+            out.append(conv)
+        else:
+            conv += 1
+    return out
+
+
+def structure_words(pools: list[int], preset: str) -> str:
+    """Which structure a GTI file is read as: the preset's, named by where it pools."""
+    for size, layout in STRUCTURES.items():
+        if pools == pools_of(layout):
+            return f"read as the GTI MDK's {size} structure (model={preset})"
+    return f"read with model={preset}'s layers (pools after layers {pools})"
+
+
 def step_from_path(path: Path) -> Optional[int]:
     """The GTI step that wrote ``path`` by the GTI MDK's layout: ``checkpoint/step{N}/*.pth``
     (``cal-best.pth``: calibration, in step 2's folder), else None."""

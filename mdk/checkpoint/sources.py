@@ -15,6 +15,7 @@ import torch
 from mdk.checkpoint import gti_mdk, vgg
 from mdk.checkpoint.files import check_finite, read_pth
 from mdk.errors import CheckpointError
+from mdk.quant.bn_fold import chip_layers
 
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 KINDS = {"mdk": "an mdk checkpoint", "weights": "an mdk state_dict", "gti": "a GTI MDK checkpoint",
@@ -145,5 +146,7 @@ def _gti(obj: dict[str, Any], path: Path, model: torch.nn.Module, want: Want, n:
         state.update(gti_mdk.cap_state(caps, fused))
         said += f", caps from {caps_at}"
     classes = int(f.convs[n - 1]["weight"].shape[0]) - 5 * gti_mdk.BOXES
+    pools = [i for i, layer in enumerate(chip_layers(model)) if layer.pool]
     return Source(path, "gti", state, classes=classes, boxes=gti_mdk.BOXES,
-                  notes=[said, *notes], mode_step=step)
+                  notes=[said, gti_mdk.structure_words(pools, want.preset), *notes],
+                  mode_step=step)
