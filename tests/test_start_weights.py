@@ -120,8 +120,7 @@ def test_layers_that_do_not_fit_are_refused_in_one_line(chain, tmp_path, capsys)
     assert "step=None" not in err
     status, _, err = cli(tmp_path, "model.net.channels=[8,M,8,M,8,M,8,M,8]",
                          "model.net.mask_bits=[3,3,3,3,3,8]", capsys=capsys)
-    one_error_line(status, err, "the number of conv layers is (7,) in the file and (6,) in the "
-                   "model (another depth)")
+    one_error_line(status, err, "the file has 7 conv layers, the model 6 (another depth)")
     assert_intact(before)
     assert not (tmp_path / "ck" / "step1").exists()
 

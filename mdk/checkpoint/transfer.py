@@ -40,12 +40,16 @@ def _fold_extra_bn(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
     return out, count
 
 
-def _refuse(src: Source, key: str, theirs: tuple, mine: tuple, preset: str, what: str) -> None:
+def _refuse(src: Source, preset: str, why: str) -> None:
     hint = ("; model=gnetdet holds the GTI MDK's 448 structure, model=gnetdet_224 its 224"
             if src.kind in ("gti", "vgg") else "; use the file's own model=")
-    raise CheckpointError(
-        f"{src.what} {src.path} does not fit model={preset}: {key} is {theirs} in the file and "
-        f"{mine} in the model ({what}){hint}")
+    raise CheckpointError(f"{src.what} {src.path} does not fit model={preset}: {why}{hint}")
+
+
+def _check_depth(src: Source, state: dict[str, torch.Tensor], n: int, preset: str) -> None:
+    depth = chip_layer_count(state)
+    if depth != n:
+        _refuse(src, preset, f"the file has {depth} conv layers, the model {n} (another depth)")
 
 
 def _output_change(src: Source, model: torch.nn.Module, theirs: int, mine: int) -> str:
@@ -65,9 +69,8 @@ def transfer(model: torch.nn.Module, src: Source, preset: str) -> str:
     own = model.state_dict()
     n = chip_layer_count(own)
     state, n_folded = _fold_extra_bn(src.state, own, n)
-    depth = chip_layer_count(state)
-    if src.kind != "vgg" and depth != n:
-        _refuse(src, "the number of conv layers", (depth,), (n,), preset, "another depth")
+    if src.kind != "vgg":  # (a VGG file gives its leading layers only)
+        _check_depth(src, state, n, preset)
     last = f"layers.{n - 1}.conv."
     take: dict[str, torch.Tensor] = {}
     reinit: Optional[str] = None
@@ -81,8 +84,8 @@ def transfer(model: torch.nn.Module, src: Source, preset: str) -> str:
             elif k.startswith(last) and theirs[1:] == mine[1:]:
                 reinit = _output_change(src, model, theirs[0], mine[0])
             else:
-                _refuse(src, k, theirs, mine, preset, "another channel list" if i < n - 1
-                        else "the output layer's inputs differ")
+                _refuse(src, preset, f"{k} is {theirs} in the file and {mine} in the model (" + (
+                    "another channel list)" if i < n - 1 else "the output layer's inputs differ)"))
     rest = {k: v for k, v in state.items() if not k.startswith("layers.") and k in own and
             tuple(v.shape) == tuple(own[k].shape)}  # out_scale
     take.update(rest)
@@ -118,9 +121,7 @@ def load_all(model: torch.nn.Module, src: Source, preset: str) -> str:
         drop_bn(model)
     own = model.state_dict()
     n = chip_layer_count(own)
-    depth = chip_layer_count(src.state)
-    if depth != n:
-        _refuse(src, "the number of conv layers", (depth,), (n,), preset, "another depth")
+    _check_depth(src, src.state, n, preset)
     state = dict(src.state)
     if src.kind != "mdk":
         state, _ = _fold_extra_bn(state, own, n)
