@@ -1,5 +1,6 @@
 """A recipe (conf/experiment/) on a dataset folder, over seeds: per-stage and per-class mAP, wall time.
 
+    python benchmarks/bench_recipe.py --recipe none --time-to 0.90 --seeds 0 1 2  # python run.py
     python benchmarks/bench_recipe.py --recipe bccd --root ../shared/data/BCCD --seeds 0 1 2
     python benchmarks/bench_recipe.py --recipe bccd --root /data/MyVOC \\
         'dataset.class_names=[a,b]' dataset.num_classes=2          # any VOC folder
@@ -10,25 +11,56 @@ sweep folder under ``--out``: result.json per stage, checkpoints, logs), ``--par
 a time with the cores shared out (``dist.cpu_threads``); extra arguments are overrides of every
 run. The table gives each stage's mean +- std over seeds of the evaluation metric (the recipe's
 ``eval.metric``, VOC07 11-point mAP@0.5 by default), each class's mean AP, and the mean wall time
-of the stage. ``--smoke`` runs the bccd recipe's whole chain on a tiny generated VOC folder.
+of the stage. ``--recipe none``: the defaults of ``python run.py`` (the built-in data, no
+``--root``). ``--time-to MAP``: per seed, the time from the command's start to the first
+evaluation at or above MAP (the log's epoch lines), the first result a user waits for.
+``--smoke`` runs the bccd recipe's whole chain on a tiny generated VOC folder.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import common
 
 
-def run_seed(recipe: str, root: str, seed: int, out: Path, threads: int,
+EVAL_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\].*epoch (\d+)/\d+  val mAP@0\.5 "
+                       r"([0-9.]+)")
+
+
+def run_seed(recipe: str, root: Optional[str], seed: int, out: Path, threads: int,
              overrides: list[str]) -> dict:
-    """One seed's run of the recipe; its result.json (the sweep job's record)."""
-    return common.sweep_job([f"experiment={recipe}", f"dataset.root={root}", f"seed={seed}",
-                             *overrides], out / f"seed{seed}", threads)
+    """One seed's run of the recipe; its result.json (the sweep job's record), with ``started``:
+    the command's start (local time, as the log's)."""
+    args = ([] if recipe == "none" else [f"experiment={recipe}"]) + \
+        ([f"dataset.root={root}"] if root else [])
+    started = datetime.datetime.now()
+    rec = common.sweep_job([*args, f"seed={seed}", *overrides], out / f"seed{seed}", threads)
+    return {**rec, "started": started, "log": out / f"seed{seed}" / "bench.log"}
+
+
+def time_to(rec: dict, target: float) -> str:
+    """When a seed's evaluations first reached ``target`` (from its log's epoch lines)."""
+    seen = None
+    for line in Path(rec["log"]).read_text().splitlines():
+        m = EVAL_LINE.match(line)
+        if not m:
+            continue
+        at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        seen = (at, int(m.group(2)), float(m.group(3)))
+        if seen[2] >= target:
+            secs = (at - rec["started"]).total_seconds()
+            return (f"{target:g} reached at epoch {seen[1]}, {secs // 60:.0f} min {secs % 60:02.0f} s "
+                    f"after the command")
+    return f"{target:g} not reached (last evaluation: epoch {seen[1]}, {seen[2]:.4f})" if seen \
+        else "no evaluation in the log"
 
 
 def _mean_std(xs: list[float]) -> str:
@@ -61,7 +93,9 @@ def table(records: list[dict], class_names: list[str]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", default="bccd", help="a conf/experiment/ name")
+    ap.add_argument("--recipe", default="bccd", help="a conf/experiment/ name, or none")
+    ap.add_argument("--time-to", type=float, default=None, metavar="MAP",
+                    help="also print each seed's time to its first evaluation at or above MAP")
     ap.add_argument("--root", help="the dataset folder (dataset.root)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--parallel", type=int, default=1,
@@ -75,12 +109,13 @@ def main() -> None:
         root = ensure_shapes_dataset(common.smoke_dir() / "voc", num_train=32, num_val=8,
                                      image_size=64, seed=0)
         args.root, args.seeds, args.out = str(root), [0], str(common.smoke_dir() / "runs")
+        args.time_to = 0.0 if args.time_to is None else args.time_to  # the line, whatever mAP
         names = list(SHAPE_CLASSES)
         overrides = [f"dataset.class_names=[{','.join(names)}]", f"dataset.num_classes={len(names)}",
                      "debug=tiny_model", "trainer.epochs=1", "trainer.limit_train_batches=2",
                      "trainer.limit_val_batches=1", f"paths.data={common.smoke_dir()}/data",
                      *overrides]
-    if not args.root:
+    if not args.root and args.recipe != "none":
         ap.error("--root is required (the dataset folder the recipe runs on)")
     out = Path(args.out or common.REPO / "outputs" / "bench_recipe" / time.strftime("%Y%m%d-%H%M%S"))
     threads = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
@@ -92,11 +127,15 @@ def main() -> None:
         records = list(pool.map(lambda s: run_seed(args.recipe, args.root, s, out, threads,
                                                    overrides), args.seeds))
     total = time.perf_counter() - t0
-    cfg = common.compose([f"experiment={args.recipe}", f"dataset.root={args.root}", *overrides])
+    cfg = common.compose(([] if args.recipe == "none" else [f"experiment={args.recipe}"])
+                         + ([f"dataset.root={args.root}"] if args.root else []) + overrides)
     metric = records[0]["stages"][0].get("metric") or str(cfg.eval.metric)
     print(f"{metric} on the val split, {len(records)} seed(s):")
     for line in table(records, list(cfg.dataset.class_names)):
         print(line)
+    if args.time_to is not None:
+        for seed, rec in zip(args.seeds, records):
+            print(f"seed {seed}: {time_to(rec, args.time_to)}")
     print(f"all seeds: {total:.1f} s wall ({common.load()})")
 
 

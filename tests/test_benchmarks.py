@@ -46,7 +46,8 @@ RESULTS = {
                            rf"seed-to-seed Spearman of the measured losses .*: seeds 0/1 "
                            rf"(?:[+-]{NUM}|n/a)", rf"total: {NUM} s wall"],
     "bench_recipe.py": [rf"step1\s+{NUM} ± {NUM}(\s+{NUM})+", rf"step4\s+{NUM} ± {NUM}",
-                        rf"all seeds: {NUM} s wall"],
+                        rf"all seeds: {NUM} s wall",
+                        rf"seed 0: 0 reached at epoch 1, \d+ min \d\d s after the command"],
     "bench_startup.py": [rf"command -> first iteration: {NUM} s wall", rf"median {NUM} s",
                          r"slowest imports of `run\.py --help`"],
 }
