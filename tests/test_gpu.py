@@ -155,3 +155,29 @@ def test_prefetched_batches_equal_plain_copies():
     for (a, b, c), (x, y, z) in zip(batches, got):
         assert x.is_cuda and y.is_cuda and not z.is_cuda  # the indices stay on the host
         assert torch.equal(x.cpu(), a) and torch.equal(y.cpu(), b) and torch.equal(z, c)
+
+
+def _starts_from_weights(tiny_cfg, tmp_path: Path, caplog, device: list[str]) -> None:
+    """A CPU-trained checkpoint starts a step1 on ``device`` (tensors moved where the model is),
+    with its first layer frozen for one epoch and released for the next."""
+    src = tmp_path / "src"
+    run_stage(tiny_cfg("trainer.device=cpu", "trainer.epochs=1", f"paths.checkpoints={src}"), src)
+    start = src / "step1" / "last.pth"
+    frozen = (f"step.init_weights={start}", "model.freeze=[layers.0.*]", "model.freeze_epochs=1")
+    with caplog.at_level("INFO"):
+        run_stage(tiny_cfg(*device, *frozen, "trainer.epochs=1", f"paths.checkpoints={tmp_path}/a"),
+                  tmp_path / "a")
+        run_stage(tiny_cfg(*device, *frozen, "trainer.epochs=2", f"paths.checkpoints={tmp_path}/b"),
+                  tmp_path / "b")
+    assert f"step1 starts from {start} (an mdk checkpoint)" in caplog.text
+    assert "epoch 2: model.freeze released (layers.0.*)" in caplog.text
+    source, one, two = (_weights(p) for p in (start, tmp_path / "a" / "step1" / "last.pth",
+                                              tmp_path / "b" / "step1" / "last.pth"))
+    for k in ("layers.0.conv.weight", "layers.0.conv.bias"):
+        # frozen: still the source's values after the first epoch; trained after the release
+        assert torch.equal(one[k], source[k]) and not torch.equal(two[k], source[k]), k
+    assert not torch.equal(one["layers.2.conv.weight"], source["layers.2.conv.weight"])
+
+
+def test_a_cpu_checkpoint_starts_a_cuda_step1_frozen_then_released(tiny_cfg, tmp_path, caplog):
+    _starts_from_weights(tiny_cfg, tmp_path, caplog, CUDA)

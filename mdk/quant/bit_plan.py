@@ -48,9 +48,12 @@ def plan_within_cost(layers: Sequence[PlanLayer], max_cost: float) -> BitPlan:
     if not layers:
         return BitPlan((), 0.0, 0)
     front = _front(layers, None)
+    # A bound typed from a printed cost, or summed in another order (Python 3.12's sum()
+    # compensates), can sit an ulp below the plan's own sum: that plan still fits.
+    slack = 1e-9 * abs(max_cost)
     for used in sorted(front):
         cost, bits = front[used]
-        if cost <= max_cost:
+        if cost <= max_cost + slack:
             return BitPlan(bits, cost, used)
     least = min(cost for cost, _ in front.values())
     raise ValueError(f"no plan costs at most {max_cost:g}: the least sensitive plan costs "
