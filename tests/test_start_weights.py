@@ -191,15 +191,16 @@ def test_gti_inputs_that_cannot_be_used_are_one_line(chain, gti_root, tmp_path, 
     assert not (tmp_path / "ck" / "step3").exists()
 
 
-def test_the_transfer_recipe_starts_from_the_shapes_hard_recipes_step1():
-    """The recipe's two commands connect: experiment=bccd_224_transfer's step1 starts from the
+@pytest.mark.parametrize("recipe, size", [("bccd_224", 224), ("bccd", 448)])
+def test_the_transfer_recipe_starts_from_the_shapes_hard_recipes_step1(recipe, size):
+    """The recipe's two commands connect: experiment=<recipe>_transfer's step1 starts from the
     best.pth that experiment=shapes_hard 'pipeline=[step1]' leaves in its default folder, and
-    keeps its checkpoints apart from bccd_224's."""
-    transfer = compose(["experiment=bccd_224_transfer", "dataset.root=/data/BCCD"])
+    keeps its checkpoints apart from the scratch recipe's."""
+    transfer = compose([f"experiment={recipe}_transfer", "dataset.root=/data/BCCD"])
     source = compose(["experiment=shapes_hard", "pipeline=[step1]"])
-    scratch = compose(["experiment=bccd_224", "dataset.root=/data/BCCD"])
+    scratch = compose([f"experiment={recipe}", "dataset.root=/data/BCCD"])
     step1 = stage_config(transfer, "step1").step
     assert step1.init_weights == f"{source.paths.checkpoints}/step1/best.pth"
-    assert transfer.model.image_size == 224 and transfer.trainer.epochs == scratch.trainer.epochs
+    assert transfer.model.image_size == size and transfer.trainer.epochs == scratch.trainer.epochs
     assert transfer.paths.checkpoints != scratch.paths.checkpoints
     assert stage_config(transfer, "step2").step.init_weights is None  # the chain continues as before
