@@ -1,4 +1,4 @@
-"""Files written whole or not at all (mdk/checkpoint/atomic.py)."""
+"""Files written whole or not at all (mdk/atomic_file.py)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from mdk.checkpoint.atomic import replacing, write_json, write_text
+from mdk.atomic_file import replacing, write_json, write_text
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mdk.checkpoint import atomic as atomic_file
+from mdk import atomic_file
 from mdk.data.index import (build_meta, cached_records, content_key, ensure_meta, is_stale,
                             read_header, read_meta)
 from mdk.data.records import SplitRecords, make_record

@@ -33,7 +33,7 @@ FLOORS = [
      "mdk.trainer_config", "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
-     "mdk.checkpoint.files", "mdk.checkpoint.atomic", "mdk.folder_lock", "mdk.progress"],
+     "mdk.checkpoint.files", "mdk.atomic_file", "mdk.folder_lock", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
     # checks and checkpoints of a run: the rest of mdk/checkpoint/ (where a stage starts, what a

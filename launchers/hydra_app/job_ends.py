@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Collection, Optional
 
 from launchers.reports.stop_line import stop_line, stop_status
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.stop import StopRequested
 
 STOPS = Path(".submitit") / "stops"

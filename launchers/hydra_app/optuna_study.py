@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import OmegaConf
 
 from launchers.reports.sweep_results import RESULT
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.targets import build
 from mdk.compose import CONF_DIR
 from mdk.errors import ConfigError

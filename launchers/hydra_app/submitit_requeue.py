@@ -20,7 +20,7 @@ from launchers.hydra_app.job_ends import (JobsEndedError, forget_stopped_job, jo
                                           record_stopped_job)
 from launchers.hydra_app.optuna_study import SWEEPER
 from launchers.reports.stop_line import SEARCH_RERUN, sweep_rerun
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.stop import StopRequested, arm, clear_stop, request_stop
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from launchers.hydra_app.optuna_study import MARKER, SWEEPER
 from launchers.processes.env import detect
 from launchers.reports.sweep_results import RESULT, collect_results, format_table, job_record
 from launchers.reports.sweep_stats import aggregate, format_aggregate
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic writes (mdk/checkpoint/atomic.py, durable: a kill or a full disk
+"""Checkpoint files: atomic writes (mdk/atomic_file.py, durable: a kill or a full disk
 leaves the old file or the new, never half of one) and reads that run no code and name the path
 and the defect. Which files a stage has is mdk/checkpoint/layout.py's.
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mdk import faults
-from mdk.checkpoint.atomic import replacing
+from mdk.atomic_file import replacing
 from mdk.errors import CheckpointError, NonFiniteWeightsError
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from mdk.checkpoint.atomic import write_text
+from mdk.atomic_file import write_text
 from mdk.errors import CheckpointError
 from mdk.quant.activation import LEVELS
 from mdk.quant.bn_fold import folded

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.data.records import Record
 from mdk.data.voc import VOCReader, read_split
 

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from PIL import Image
 
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.data.config import check_bad_image_policy
 from mdk.errors import DataError
 from mdk.progress import bars_on, progress_bar

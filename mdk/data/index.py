@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mdk.checkpoint.atomic import write_text
+from mdk.atomic_file import write_text
 from mdk.data.records import Reader, Record
 from mdk.errors import DataError
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from mdk import dist
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.engine.context import StageContext
 from mdk.errors import ConfigError
 from mdk.eval.grid import save_png

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from mdk import dist
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.targets import build
 from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers

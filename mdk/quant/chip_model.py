@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.fusion import is_fused
 from mdk.quant.chips import chip_bits

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from mdk.checkpoint.atomic import replacing, write_text
+from mdk.atomic_file import replacing, write_text
 from mdk.quant.chip_model import ChipModel
 from mdk.quant.chips import CHIP_INPUT_SIZES, chip_takes
 from mdk.quant.gti_converter import FloatLayers, warn_where_the_converter_differs

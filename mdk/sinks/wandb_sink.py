@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.sinks.base import NullSink, check_image
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mdk.checkpoint.atomic import write_json
+from mdk.atomic_file import write_json
 from mdk.compose import compose
 from mdk.errors import error_line
 from mdk.engine.build import build_data
