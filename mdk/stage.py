@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from mdk.compose import compose, group_options, running_app
 from mdk.errors import ConfigError
-from mdk.quant.calibrate import check_calibration
+from mdk.quant.cal_node import check_calibration, with_calibration_node
 from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, apply_mode
 from mdk.stage_config import (StageConf, check_init, check_kind, check_schedule, check_stages,
@@ -81,10 +81,12 @@ def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None
                               f"use one of {sorted(k for k in new.step if k != 'name')}")
         if "name" in extra and extra.name != stage:
             raise ConfigError(f"stages.{stage}.name={extra.name} cannot rename the stage")
-        new = OmegaConf.merge(new, {"step": extra})
+        whole = _whole(new.step, extra)
+        rest = {k: v for k, v in extra.items() if k not in whole}
+        new = OmegaConf.merge(new, {"step": dict.fromkeys(whole)}, {"step": rest}, {"step": whole})
     check_kind(new.step.kind, stage)
     check_init(new.step, stage)
-    check_calibration(new.step, stage)
+    new = with_calibration_node(new, stage)  # checked, in the one spelling the stage records
     epochs, scale = check_schedule(new.step, stage)
     least = min_epochs(cfg, new.step, train_images)
     if least is not None and least > (epochs or int(cfg.trainer.epochs)):
@@ -100,6 +102,23 @@ def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None
         new.trainer.epochs = epochs
     new.optim.lr = float(cfg.optim.lr) * scale
     return new
+
+
+def _whole(record: DictConfig, extra: DictConfig) -> dict[str, Any]:
+    """The nodes of ``extra`` that replace the record's instead of merging into it, as a group
+    choice does: a word (an option's name) or a node of another ``_target_``; and a node in an
+    older record's words (``calibration: {method: kl}``), over the record's values, for the
+    stage's reader (mdk/quant/cal_node.py) to read."""
+    out: dict[str, Any] = {}
+    for k, v in extra.items():
+        mine = record.get(k)
+        if not OmegaConf.is_dict(mine):
+            continue
+        if not OmegaConf.is_dict(v) or v.get("_target_", mine.get("_target_")) != mine.get("_target_"):
+            out[k] = v
+        elif "method" in v and "method" not in mine:
+            out[k] = OmegaConf.merge(OmegaConf.to_container(mine), OmegaConf.to_container(v))
+    return out
 
 
 def min_epochs(cfg: DictConfig, stage_cfg: DictConfig, train_images: Optional[int]) -> Optional[int]:

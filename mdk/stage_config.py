@@ -14,7 +14,6 @@ from mdk.errors import ConfigError
 KINDS = ("train", "calibrate")  # built-in kinds of work; any other kind is a dotted function
 GTI_STEPS = (1, 2, 3, 4)  # step.init_gti_step: the GTI MDK's steps
 CHANNEL_ORDERS = ("BGR", "RGB")  # step.init_channels: a GTI MDK model's image_format
-MAX_VALUES = 1 << 20  # calibration reads a larger tensor at a stride (step.calibration.max_values)
 
 
 @dataclass
@@ -103,16 +102,10 @@ def _kind(d: Mapping[str, Any]) -> str:
 
 
 @dataclass
-class CalibrationConf:
-    method: str = "percentile"  # a word of mdk.quant.calibrate.METHODS or a class pkg.module.Name
-    percentile: float = 99.0
-    mse_candidates: int = 64
-    max_values: Optional[int] = MAX_VALUES
-
-
-@dataclass
 class CalibrationStageConf(StageConf):
-    calibration: CalibrationConf = field(default_factory=CalibrationConf)
+    # The method: a _target_ node of conf/step/calibration/ (its class owns and checks its keys;
+    # mdk/quant/cal_node.py reads every spelling of it, mdk/quant/calibrate.py builds it).
+    calibration: Any = None
 
 
 @dataclass

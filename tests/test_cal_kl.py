@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mdk.quant.cal_stats import KL_BINS, histogram, kl_threshold, pow2_range, rebin
-from mdk.quant.calibrate import observer
+from mdk.quant.calibrate import KlCap
 
 
 def _kl_loop(hist: np.ndarray, span: float) -> float:
@@ -60,7 +60,7 @@ def test_histograms_of_any_span_merge_exactly():
 def test_observer_counts_all_batches_and_clips_a_rare_tail():
     g = torch.Generator().manual_seed(1)
     batches = [torch.randn(2, 4, 32, 32, generator=g) * s for s in (1.0, 0.5, 2.0)]
-    obs = observer("kl")
+    obs = KlCap()
     for b in batches:
         obs(b)
     span, counts = obs.kl_counts()

@@ -12,7 +12,8 @@ from launchers.processes.spawn import run_ranks
 from mdk.config import validate
 from mdk.engine.runner import run_stage, stage_on_rank
 from mdk.errors import ConfigError
-from mdk.quant.calibrate import observer, rank_share
+from mdk.quant.cal_node import calibration_node
+from mdk.quant.calibrate import KlCap, MseCap, PercentileCap, rank_share
 from mdk.stage import stage_config
 from helpers.ddp import tiny_cfg
 
@@ -20,6 +21,8 @@ from helpers.ddp import tiny_cfg
 # larger layers and its positions fall across the boundary of the two ranks' slices
 CASES = [("percentile", 10007), ("percentile", None), ("max", None), ("mse", None),
          ("kl", 10007), ("kl", None)]
+CLASSES = {"percentile": "PercentileCap", "max": "MaxCap", "mse": "MseCap", "kl": "KlCap"}
+SAMPLED = ("percentile", "kl")  # the methods that take max_values (max reads all, mse its own)
 
 
 def test_rank_shares_are_the_global_positions():
@@ -52,35 +55,76 @@ def test_cal_caps_are_bit_identical_on_1_and_2_processes(step2_done, tmp_path, m
         ck = tmp_path / f"ck{world}"
         shutil.copytree(step2_done / "ck", ck)
         mv = "null" if max_values is None else max_values
+        sampled = [f"step.calibration.max_values={mv}"] if method in SAMPLED else []
         cfg = tiny_cfg(step2_done, "step=cal", f"paths.checkpoints={ck}", f"dist.gpus={world}",
-                       "dist.cpu_threads=1", f"step.calibration.method={method}",
-                       f"step.calibration.max_values={mv}")
+                       "dist.cpu_threads=1", f"step/calibration={method}", *sampled)
         run_ranks(stage_config(cfg, "cal"), tmp_path / f"run{world}", stage_on_rank)
         doc = json.loads((ck / "cal" / "caps.json").read_text())
-        assert doc["meta"]["world_size"] == world and doc["meta"]["method"] == method
+        assert doc["meta"]["world_size"] == world
+        assert doc["meta"]["method"] == f"mdk.quant.calibrate.{CLASSES[method]}"
+        assert doc["meta"].get("max_values", "absent") == (max_values if sampled else "absent")
         caps.append([layer["cap"] for layer in doc["layers"]])
     one, two = caps
     assert all(c > 0 for c in one)
     assert one == two  # exact float equality, every layer
 
 
-@pytest.mark.parametrize("key,value", [("method", "entropy"), ("percentile", "0"),
-                                       ("max_values", "0")])
-def test_a_bad_calibration_value_is_one_config_error_before_anything_runs(tmp_path, key, value):
-    for cmd in (["step=cal", f"step.calibration.{key}={value}"],
-                ["pipeline=[step1,step2,cal]", f"+stages.cal.calibration.{key}={value}"]):
+@pytest.mark.parametrize("word,cls,key,value", [("percentile", PercentileCap, "percentile", 0),
+                                                ("percentile", PercentileCap, "max_values", 0),
+                                                ("kl", KlCap, "max_values", 0),
+                                                ("mse", MseCap, "mse_candidates", 0)])
+def test_a_bad_calibration_value_is_one_config_error_before_anything_runs(tmp_path, word, cls, key,
+                                                                           value):
+    node = f"{{_target_:{cls.__module__}.{cls.__name__},{key}:{value}}}"  # a node inline
+    for cmd in (["step=cal", f"step/calibration={word}", f"step.calibration.{key}={value}"],
+                ["pipeline=[step1,step2,cal]", f"+stages.cal.calibration={node}"]):
         with pytest.raises(ConfigError) as e:
             validate(tiny_cfg(tmp_path, *cmd))
         assert f"step.calibration.{key}=" in str(e.value) and "(cal)" in str(e.value)
-    # the observers check with the same code: the same line, without the stage
-    with pytest.raises(ConfigError) as direct:
-        observer(**{key: value if key == "method" else int(value)})
+    # the default method's keys, set one by one
+    if cls is PercentileCap:
+        for cmd in (["step=cal", f"step.calibration.{key}={value}"],
+                    ["pipeline=[step1,step2,cal]", f"+stages.cal.calibration.{key}={value}"]):
+            with pytest.raises(ConfigError) as one:
+                validate(tiny_cfg(tmp_path, *cmd))
+            assert str(one.value) == str(e.value)
+    # the method's class checks with the same code: the same line, without the stage
+    with pytest.raises(ValueError) as direct:
+        cls(**{key: value})
     assert str(direct.value) == str(e.value).replace(" (cal)", "")
 
 
+def test_a_word_that_is_no_method_is_one_config_error_before_anything_runs(tmp_path):
+    for cmd, key in ((["step=cal", "step.calibration=entropy"], "step.calibration"),
+                     (["pipeline=[step1,step2,cal]", "+stages.cal.calibration=entropy"],
+                      "step.calibration"),
+                     (["step=cal", "+step.calibration.method=entropy"], "step.calibration.method"),
+                     (["pipeline=[step1,step2,cal]", "+stages.cal.calibration.method=entropy"],
+                      "step.calibration.method")):
+        with pytest.raises(ConfigError) as e:
+            validate(tiny_cfg(tmp_path, *cmd))
+        assert str(e.value) == (f"{key}='entropy' (cal) is not a calibration method; use one of "
+                                "kl, max, mse, percentile (step/calibration=<name>; in a pipeline "
+                                "+stages.<stage>.calibration=<name>) or step.calibration._target_="
+                                "pkg.module.Name of a mdk.quant.calibrate.CapObserver subclass")
+    with pytest.raises(ConfigError) as direct:  # the reader says the same, without the stage
+        calibration_node({"method": "entropy"})
+    assert str(direct.value) == str(e.value).replace(" (cal)", "")
+    with pytest.raises(ConfigError, match=r"^step.calibration._target_='builtins.dict' \(cal\) is "
+                       "not a calibration method; use one of kl, max"):
+        validate(tiny_cfg(tmp_path, "step=cal", "step.calibration._target_=builtins.dict"))
+    with pytest.raises(ConfigError, match=r"^In 'step/cal': Could not find 'step/calibration/entropy'; "
+                       "Available options in 'step/calibration': kl, max, mse, percentile$"):
+        tiny_cfg(tmp_path, "step=cal", "step/calibration=entropy")  # Hydra's own line
+
+
 def test_a_calibration_class_that_cannot_be_imported_is_one_config_error(tmp_path):
-    with pytest.raises(ConfigError) as e:
-        validate(tiny_cfg(tmp_path, "step=cal", "step.calibration.method=nosuch.Cap"))
-    assert str(e.value) == ("step.calibration.method='nosuch.Cap' cannot be imported (No module "
-                            "named 'nosuch'); use one of percentile, max, mse, kl or the path "
-                            "pkg.module.Name of a mdk.quant.calibrate.CapObserver subclass")
+    hint = ("use one of kl, max, mse, percentile (step/calibration=<name>; in a pipeline "
+            "+stages.<stage>.calibration=<name>) or step.calibration._target_=pkg.module.Name of a "
+            "mdk.quant.calibrate.CapObserver subclass")
+    for cmd, key in (("step.calibration._target_=nosuch.Cap", "step.calibration._target_"),
+                     ("+step.calibration.method=nosuch.Cap", "step.calibration.method")):
+        with pytest.raises(ConfigError) as e:
+            validate(tiny_cfg(tmp_path, "step=cal", cmd))
+        assert str(e.value) == (f"{key}='nosuch.Cap' cannot be imported (No module named "
+                                f"'nosuch'); {hint}")

@@ -8,7 +8,7 @@ import torch
 from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate
 from mdk.quant.cal_stats import mse_cap, nearest_rank, percentile_and_max
-from mdk.quant.calibrate import observer
+from mdk.quant.calibrate import MaxCap, MseCap, PercentileCap
 from mdk.stage import apply_stage
 
 
@@ -38,15 +38,15 @@ def test_large_tensors_use_documented_odd_stride_subsample():
     y = torch.randn(4, 8, 96, 96, generator=g)  # 294912 values
     sub = y.flatten()[::5]  # ceil(294912 / 65536) = 5, already odd
     def subsample(x, max_values):  # what one process's observer reads
-        return observer("percentile", 99, max_values=max_values).sample(x)
+        return PercentileCap(99, max_values=max_values).sample(x)
 
     assert torch.equal(subsample(y, 1 << 16), sub)
     assert torch.equal(subsample(y, 1 << 17)[:3], y.flatten()[[0, 3, 6]])  # 3 -> odd 3
     assert subsample(y, None).numel() == y.numel()
-    obs = observer("percentile", 99, max_values=1 << 16)
+    obs = PercentileCap(99, max_values=1 << 16)
     obs(y)
     assert float(obs.stat) == float(np.sort(sub.numpy())[nearest_rank(99, sub.numel()) - 1])
-    full = observer("percentile", 99, max_values=None)
+    full = PercentileCap(99, max_values=None)
     full(y)
     assert float(full.stat) == float(np.sort(y.flatten().numpy())[nearest_rank(99, y.numel()) - 1])
     assert abs(float(obs.stat) - float(full.stat)) < 0.05  # the subsample barely moves the cap
@@ -55,24 +55,24 @@ def test_large_tensors_use_documented_odd_stride_subsample():
 def test_observer_max_over_batches_and_methods():
     g = torch.Generator().manual_seed(1)
     batches = [torch.randn(2, 4, 32, 32, generator=g) * s for s in (1.0, 3.0, 2.0)]
-    obs = observer("percentile", 99)
+    obs = PercentileCap(99)
     for b in batches:
         obs(b)
     want = max(np.percentile(b.numpy(), 99, method="inverted_cdf") for b in batches)
     assert float(obs.stat) == float(want)
     assert float(obs.top) == max(float(b.max()) for b in batches)
-    mx = observer("max")
+    mx = MaxCap()
     for b in batches:
         mx(b)
     assert float(mx.stat) == max(float(b.max()) for b in batches)
-    mse = observer("mse")
+    mse = MseCap()
     for b in batches:
         mse(b)
     assert 0 < float(mse.stat) <= float(mx.stat)
-    with pytest.raises(ValueError, match="method='p99'"):
-        observer("p99")
     with pytest.raises(ValueError, match="percentile=0"):
-        observer("percentile", 0)
+        PercentileCap(0)
+    with pytest.raises(ValueError, match="mse_candidates=0"):
+        MseCap(0)
 
 
 def test_mse_cap_beats_max_and_tiny_caps():
@@ -112,7 +112,7 @@ def test_attach_finalize_save_caps(tmp_path):
             calibrate.finalize_caps(model)
     # independent reference: tee each layer's pre-activation output into a list
     seen = {i: [] for i in range(len(model.layers))}
-    with calibrate.observing(model, "percentile", 99.0), torch.no_grad():
+    with calibrate.observing(model, lambda: PercentileCap(99.0)), torch.no_grad():
         for i, layer in enumerate(model.layers):
             layer.observer = _Tee(layer.observer, seen[i])
         for im in images:

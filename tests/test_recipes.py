@@ -29,7 +29,7 @@ def test_the_bccd_recipes():
     assert big.head._target_.endswith("AnchorHead") and big.loss._target_.endswith("AnchorLoss")
     assert big.model.net.mask_bits[0] == 8
     assert stage_config(big, "step2", train_images=205).trainer.epochs == 30   # 360 steps / 12
-    assert stage_config(big, "cal").step.calibration.method == "kl"
+    assert stage_config(big, "cal").step.calibration._target_ == "mdk.quant.calibrate.KlCap"
     small = compose(["experiment=bccd_224", "dataset.root=/data/BCCD"])
     assert small.model.image_size == 224 and small.trainer.epochs == 120
     assert str(small.paths.checkpoints).endswith("gnetdet_small_bccd_224")

@@ -63,7 +63,7 @@ def test_cal_is_one_pass_without_optimizer_whatever_epochs_says(tiny_cfg, step2_
 
 
 def test_cal_max_caps_equal_the_max_of_the_conv_outputs(tiny_cfg, step2_ready, tmp_path):
-    cfg = tiny_cfg("step=cal", "step.calibration.method=max")
+    cfg = tiny_cfg("step=cal", "step/calibration=max")
     res = run_stage(stage_config(cfg, "cal"), tmp_path / "run")
     # Independent reference: the step2 model (quantized weights, float activations) on every
     # un-augmented training image; each layer's conv output = F.conv2d(its input, quantized W, b).
@@ -90,7 +90,7 @@ def test_cal_max_caps_equal_the_max_of_the_conv_outputs(tiny_cfg, step2_ready, t
     assert all(t > 0 for t in tops)
     assert res.caps == pytest.approx(tops, rel=1e-6)
     saved = json.loads((step2_ready / "cal" / "caps.json").read_text())
-    assert saved["meta"]["method"] == "max" and saved["meta"]["batches"] == 6
+    assert saved["meta"]["method"] == "mdk.quant.calibrate.MaxCap" and saved["meta"]["batches"] == 6
     assert [layer["cap"] for layer in saved["layers"]] == pytest.approx(tops, rel=1e-6)
 
 

@@ -17,6 +17,7 @@ from mdk.engine.context import StageContext
 from mdk.engine.reports import maybe_reporter
 from mdk.progress import progress_bar
 from mdk.quant import calibrate
+from mdk.quant.cal_node import calibration_node, observers
 from mdk.sinks.base import NullSink
 from mdk.stage import apply_stage
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     """Calibrate; returns StageResult fields (the val mAP at the new caps, the caps)."""
     cfg, model, train_ds, world = ctx.cfg, ctx.model, ctx.train_ds, ctx.world
-    c = cfg.step.calibration
+    c = calibration_node(cfg.step.calibration)  # the node stage_config wrote (any spelling reads)
     train_ds.set_epoch(0)
     aug = getattr(train_ds, "augment", False)
     train_ds.augment = False  # calibrate on the images as the chip will see them
@@ -36,7 +37,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     model.eval()
     bar = progress_bar(loader, setting=cfg.trainer.progress, is_main=world.is_main,
                        desc=ctx.spec.name)
-    with calibrate.observing(model, **c, rank=world.rank, world=world.size):
+    with calibrate.observing(model, observers(c, rank=world.rank, world=world.size)):
         n = 0
         try:
             for images, _, _ in bar:
@@ -46,7 +47,7 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
             loader.close()  # its persistent workers
         caps = calibrate.finalize_caps(model)
     train_ds.augment = aug
-    log.info("calibrated %d layers on %d batches (%s): caps %s", len(caps), n, c.method,
+    log.info("calibrated %d layers on %d batches (%s): caps %s", len(caps), n, c["_target_"],
              ", ".join(f"{x:.3g}" for x in caps))
     # What the next stage starts from: the record's evaluation mode (5-bit activations at these
     # caps), then back to the stage's own mode.
@@ -63,8 +64,9 @@ def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     if world.is_main:
         ctx.checkpoints.save_done(ctx.checkpoints.contents(
             model, caps=caps, metric=metrics, summary=summary))
+        settings = {k: v for k, v in c.items() if k != "_target_"}
         calibrate.save_caps(model, ctx.checkpoints.dir / "caps.json",
-                            meta={"method": str(c.method), "percentile": float(c.percentile),
-                                  "batches": n, "world_size": world.size})
+                            meta={"method": c["_target_"], **settings, "batches": n,
+                                  "world_size": world.size})
     dist.barrier()
     return summary

@@ -1,5 +1,7 @@
-"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs
-(the methods and how to add one: docs/pipeline.md, Calibration methods).
+"""Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
+The methods are the classes here, each owning (and checking) its settings; the config names one
+by a ``_target_`` node (conf/step/calibration/, read and built by mdk/quant/cal_node.py; how to add
+one: docs/pipeline.md, Calibration methods).
 
 World-size invariance relies on rank r holding the contiguous slice r of each global batch
 (mdk.data.samplers.GlobalBatchSampler): the strided sample is gathered in rank order and ``kl``'s
@@ -11,22 +13,36 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from mdk import dist
 from mdk.atomic_file import write_json
-from mdk.targets import build
-from mdk.errors import ConfigError
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, MSE_SAMPLE, histogram, kl_threshold, mse_cap,
                                  percentile_and_max, pow2_range, rebin, sample_stride, strided)
-from mdk.stage_config import MAX_VALUES
 
 log = logging.getLogger(__name__)
+MAX_VALUES = 1 << 20  # a larger tensor is read at a stride (``max_values``; null: every value)
+
+
+class BadSetting(ValueError):
+    """A method's setting its constructor refuses: ``step.calibration.<key>=<value> <why>`` (the
+    code that builds the observer for a stage adds the stage: mdk/quant/cal_node.py)."""
+
+    def __init__(self, key: str, value: Any, why: str) -> None:
+        self.key, self.value, self.why = key, value, why
+        super().__init__(self.line())
+
+    def line(self, where: str = "") -> str:
+        return f"step.calibration.{self.key}={self.value!r}{where} {self.why}"
+
+
+def _count(key: str, value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadSetting(key, value, f"must be an integer >= 1{what}")
 
 
 def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, list[int]]:
@@ -39,13 +55,16 @@ def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, l
 
 class CapObserver:
     """A calibration method (what a subclass defines: docs/pipeline.md, Calibration methods).
-    ``finish`` is collective, layer by layer."""
+    ``finish`` is collective, layer by layer. ``max_values``: ``sample`` reads a larger global
+    batch at a stride (null: every value). ``rank`` / ``world`` (this process's slice of each
+    global batch) come from the code that builds it, never from the config."""
 
-    def __init__(self, percentile: float = 99.0, mse_candidates: int = 64,
-                 max_values: Optional[int] = MAX_VALUES, rank: int = 0, world: int = 1) -> None:
-        self.percentile, self.mse_candidates = float(percentile), mse_candidates
+    def __init__(self, max_values: Optional[int] = MAX_VALUES, *, rank: int = 0,
+                 world: int = 1) -> None:
+        if max_values is not None:
+            _count("max_values", max_values, ", or null to read every value")
         self.max_values = max_values
-        self.rank, self.world = rank, world  # this process's slice of each global batch
+        self.rank, self.world = rank, world
         self.stat: Optional[torch.Tensor] = None  # running max of the per-batch statistic
         self.top: Optional[torch.Tensor] = None  # running max of the raw values (fallback)
         self.kept: list = []  # what a method keeps of each batch for ``finish`` (kl: histograms)
@@ -82,12 +101,23 @@ class CapObserver:
 class PercentileCap(CapObserver):
     """``percentile`` (default p=99): per batch, the exact nearest-rank percentile of the sample."""
 
+    def __init__(self, percentile: float = 99.0, max_values: Optional[int] = MAX_VALUES, *,
+                 rank: int = 0, world: int = 1) -> None:
+        p = percentile
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+            raise BadSetting("percentile", p, "must be a number in (0, 100]")
+        super().__init__(max_values, rank=rank, world=world)
+        self.percentile = float(p)
+
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return percentile_and_max(self.sample(y), self.percentile)
 
 
 class MaxCap(CapObserver):
-    """``max``: the max over all values."""
+    """``max``: the max over all values (no setting: nothing is sampled)."""
+
+    def __init__(self, *, rank: int = 0, world: int = 1) -> None:
+        super().__init__(None, rank=rank, world=world)
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         top = y.max()
@@ -95,7 +125,13 @@ class MaxCap(CapObserver):
 
 
 class MseCap(CapObserver):
-    """``mse``: per batch, the cap of least squared 5-bit error of ReLU(y), on ~2**18 values."""
+    """``mse``: per batch, the cap of least squared 5-bit error of ReLU(y), on ~2**18 values,
+    searched over ``mse_candidates`` fractions of the batch max (its own sample: no max_values)."""
+
+    def __init__(self, mse_candidates: int = 64, *, rank: int = 0, world: int = 1) -> None:
+        _count("mse_candidates", mse_candidates, " (caps tried)")
+        super().__init__(None, rank=rank, world=world)
+        self.mse_candidates = mse_candidates
 
     def stride(self, n: int) -> int:
         return max(1, n // MSE_SAMPLE)
@@ -106,7 +142,7 @@ class MseCap(CapObserver):
 
 class KlCap(CapObserver):
     """``kl``: the cap whose 32-level quantization of all batches' histogram is closest in KL
-    divergence (TensorRT's entropy calibration)."""
+    divergence (TensorRT's entropy calibration); ``max_values`` as in CapObserver."""
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         sample, _ = self.share(y)  # counted, not gathered
@@ -130,46 +166,14 @@ class KlCap(CapObserver):
         self.stat = torch.tensor(kl_threshold(counts, span), device=self.top.device)
 
 
-METHODS: dict[str, type[CapObserver]] = {"percentile": PercentileCap, "max": MaxCap,
-                                         "mse": MseCap, "kl": KlCap}
-
-
-def observer(method: str = "percentile", percentile: float = 99.0, *, where: str = "",
-             **values: Any) -> CapObserver:
-    """A fresh observer of ``method`` with the ``step.calibration`` values; a bad value is a
-    ConfigError naming the key (and ``where``, e.g. the stage)."""
-    use = (f"use one of {', '.join(METHODS)} or the path pkg.module.Name of a "
-           "mdk.quant.calibrate.CapObserver subclass")
-    cls = METHODS.get(str(method))
-    if cls is None and "." in str(method):
-        cls = build(method, "step.calibration.method", hint=use, check=True)
-    if not (isinstance(cls, type) and issubclass(cls, CapObserver)):
-        raise ConfigError(f"step.calibration.method={method!r}{where} is not a calibration "
-                          f"method; {use}")
-    p, mv = percentile, values.get("max_values")
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
-        raise ConfigError(f"step.calibration.percentile={p!r}{where} must be a number in "
-                          "(0, 100]")
-    if mv is not None and (isinstance(mv, bool) or not isinstance(mv, int) or mv < 1):
-        raise ConfigError(f"step.calibration.max_values={mv!r}{where} must be an integer >= 1, "
-                          "or null to read every value")
-    return cls(percentile=p, **values)
-
-
-def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
-    """Check a stage's ``calibration`` node before any stage runs (not after step2)."""
-    c = stage_cfg.get("calibration")
-    if c is not None:
-        observer(**c, where=f" ({stage})")
-
-
 @contextmanager
-def observing(model: nn.Module, *args: Any, **values: Any) -> Iterator[list[CapObserver]]:
-    """``with observing(model): run batches; finalize_caps(model)``: a fresh ``observer(...)`` per
-    ChipConv (``rank`` / ``world``: this process's slice of each global batch), removed on exit."""
+def observing(model: nn.Module, make: Callable[[], CapObserver] = PercentileCap
+              ) -> Iterator[list[CapObserver]]:
+    """``with observing(model, make): run batches; finalize_caps(model)``: a fresh ``make()`` per
+    ChipConv (a stage's: mdk.quant.cal_node.observer of its node), removed on exit."""
     layers = chip_layers(model)
     for layer in layers:
-        layer.observer = observer(*args, **values)
+        layer.observer = make()
     try:
         yield [layer.observer for layer in layers]
     finally:
