@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, compose
-from mdk.checkpoint.meaning import (check_input, check_resume, hparams_of, meaning_of,
+from mdk.checkpoint.meaning import (_ABSENT, check_input, check_resume, hparams_of, meaning_of,
                                     nothing_left, resume_changes, unfit_parts)
 from mdk.errors import CheckpointError
 from mdk.stage import stage_config
@@ -115,6 +115,47 @@ def test_a_done_one_pass_stage_refuses_changed_parameters_of_its_work():
     with pytest.raises(CheckpointError, match=r"^cal is already done in /ck/stage .*"
                        r"step.calibration.percentile=99.9 differs from the checkpoint's 99.0"):
         check_resume(done, PATH, other, _spec(other))
+
+
+def _before_nodes(ck: dict, **old) -> dict:
+    """``ck`` as written before calibration methods were nodes: the fixed keys, a method word."""
+    hp = {k: v for k, v in ck["hparams"].items() if not k.startswith("step.calibration.")}
+    words = {"method": "percentile", "percentile": 99.0, "mse_candidates": 64,
+             "max_values": 1048576, **old}
+    return {**ck, "hparams": {**hp, **{f"step.calibration.{k}": v for k, v in words.items()}}}
+
+
+def test_a_checkpoint_from_before_the_method_nodes_reads_as_the_node_of_its_method():
+    cal = _cfg("cal")
+    assert hparams_of(cal)["step.calibration._target_"] == "mdk.quant.calibrate.PercentileCap"
+    old = {**_before_nodes(_ck(cal), method="kl"), "finished": True}
+    kl = _cfg("cal", "step/calibration=kl")
+    assert resume_changes(old, kl) == []  # its percentile and mse_candidates were never kl's
+    check_resume(old, PATH, kl, _spec(kl))  # done, and nothing changed: no refusal
+    assert resume_changes(_before_nodes(_ck(cal)), cal) == []
+    assert resume_changes(_before_nodes(_ck(cal), method="mse", mse_candidates=32),
+                          _cfg("cal", "step/calibration=mse", "step.calibration.mse_candidates=32")
+                          ) == []
+    # what differs is named in today's keys
+    assert resume_changes(old, cal) == [
+        ("step.calibration._target_", "mdk.quant.calibrate.KlCap",
+         "mdk.quant.calibrate.PercentileCap"), ("step.calibration.percentile", _ABSENT, 99.0)]
+    assert resume_changes(_before_nodes(_ck(cal), max_values=None), cal) == [
+        ("step.calibration.max_values", None, 1048576)]
+    with pytest.raises(CheckpointError, match=r"step.calibration._target_="
+                       r"'mdk.quant.calibrate.PercentileCap' differs from the checkpoint's "
+                       r"'mdk.quant.calibrate.KlCap' \(and 1 more: step.calibration.percentile\)"):
+        check_resume(old, PATH, cal, _spec(cal))
+
+
+def test_the_old_method_words_still_choose_the_method():
+    """``step.calibration.method=kl`` (with Hydra's ``+``: the key is gone from the node), and a
+    recipe's ``stages.cal.calibration.method: kl``, read as the method's node."""
+    kl = _cfg("cal", "step/calibration=kl").step.calibration
+    assert _cfg("cal", "+step.calibration.method=kl").step.calibration == kl
+    piped = compose([*TINY, "pipeline=[step1,step2,cal]", "+stages.cal.calibration.method=kl",
+                     "+stages.cal.calibration.max_values=null"])
+    assert stage_config(piped, "cal").step.calibration == {**kl, "max_values": None}
 
 
 def test_an_optimizer_or_loss_of_another_class_starts_fresh():

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mdk.errors import CheckpointError
+from mdk.errors import CheckpointError, ConfigError
+from mdk.quant.cal_node import calibration_node
 from mdk.stage_config import StageConf
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,22 @@ def hparams_of(cfg: DictConfig) -> dict[str, Any]:
     return _flat(cfg, HPARAM_KEYS)
 
 
+def _read_hparams(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``hparams`` as written today: a record from before calibration methods were nodes holds
+    ``step.calibration.method`` and the old fixed keys; they read as the method's node."""
+    out = dict(flat)
+    prefix = "step.calibration."
+    if prefix + "method" not in out:
+        return out
+    old = {k[len(prefix):]: out.pop(k) for k in list(out) if k.startswith(prefix)}
+    try:
+        node = calibration_node(old)
+    except ConfigError:  # a class this machine lacks: compared as written
+        return dict(flat)
+    out.update({prefix + k: v for k, v in node.items()})  # the old keys were all plain values
+    return out
+
+
 def _now(cfg: DictConfig, key: str) -> Any:
     v = plain(OmegaConf.select(cfg, key, default=_ABSENT))
     return str(v) if key == "chip" and v is not _ABSENT else v
@@ -105,7 +122,7 @@ def resume_changes(ck: Mapping[str, Any], cfg: DictConfig) -> Optional[list[Chan
     saved = ck.get("hparams")
     if saved is None:
         return None
-    now = hparams_of(cfg)
+    saved, now = _read_hparams(saved), _read_hparams(hparams_of(cfg))
     # a key the checkpoint predates, left at null here, changes nothing (keys come with null)
     return [(k, saved.get(k, _ABSENT), now.get(k, _ABSENT)) for k in dict.fromkeys([*saved, *now])
             if saved.get(k, _ABSENT) != now.get(k, _ABSENT)
