@@ -1,7 +1,7 @@
 """README "Extending": what each kind of extension touches, held to its word.
 
 A new LR scheduler is one class + one YAML, a new metric sink is one class + one YAML, and a new
-calibration method is one class + one YAML entry: each is declared here in a module and a folder
+calibration method is one class + one YAML: each is declared here in a module and a folder
 of the test's own (added with ``hydra.searchpath``, as a user adds theirs) and run by the real
 ``python run.py`` with no file of the repository changed. (A new stage
 is one YAML: tests/test_stage_extra.py; a new dataset format one YAML + one reader:
@@ -64,22 +64,26 @@ sinks:
     file: scalars.jsonl
 """
 
-CALIBRATION_CLASS = '''"""A calibration method mdk does not have: a power of two >= the max."""
+CALIBRATION_CLASS = '''"""A calibration method mdk does not have: a power of two >= the max, and >= its own setting
+``floor``."""
 import torch
 
-from mdk.quant.calibrate import CapObserver
+from mdk.quant.calibrate import BadSetting, CapObserver
 
 
 class Pow2Cap(CapObserver):
+    def __init__(self, floor=2.0 ** -20, *, rank=0, world=1):
+        if not floor > 0:
+            raise BadSetting("floor", floor, "must be > 0")
+        super().__init__(None, rank=rank, world=world)  # reads the max of every value
+        self.floor = float(floor)
+
     def batch(self, y):
         top = y.max()
-        return torch.exp2(torch.ceil(torch.log2(top.clamp_min(2.0 ** -20)))), top
+        return torch.exp2(torch.ceil(torch.log2(top.clamp_min(self.floor)))), top
 '''
-CALIBRATION_YAML = """# @package _global_
-stages:
-  cal:
-    calibration:
-      method: extra_cal.Pow2Cap
+CALIBRATION_YAML = """_target_: extra_cal.Pow2Cap
+floor: 0.25
 """
 
 
@@ -125,26 +129,38 @@ def test_a_new_scheduler_and_a_new_sink_are_a_class_and_a_yaml_each(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_new_calibration_method_is_a_class_and_a_yaml_entry(tmp_path):
+def test_a_new_calibration_method_is_a_class_and_a_yaml(tmp_path):
     extra = tmp_path / "conf"
-    (extra / "experiment").mkdir(parents=True)
-    (extra / "experiment" / "pow2cal.yaml").write_text(CALIBRATION_YAML)
+    (extra / "step" / "calibration").mkdir(parents=True)
+    (extra / "step" / "calibration" / "pow2.yaml").write_text(CALIBRATION_YAML)
     (tmp_path / "extra_cal.py").write_text(CALIBRATION_CLASS)
     before = _repo_state()
     run, ck = tmp_path / "run", tmp_path / "ck"
-    argv = [sys.executable, str(REPO / "run.py"), *TINY, "trainer.epochs=1",
-            "trainer.limit_train_batches=2", "pipeline=[step1,step2,cal]",
-            f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={ck}", f"hydra.run.dir={run}",
-            f"hydra.searchpath=[file://{extra}]", "experiment=pow2cal"]
+    common = [sys.executable, str(REPO / "run.py"), *TINY, "trainer.epochs=1",
+              "trainer.limit_train_batches=2", f"paths.data={tmp_path / 'data'}",
+              f"paths.checkpoints={ck}", f"hydra.run.dir={run}", f"hydra.searchpath=[file://{extra}]"]
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{tmp_path}")
-    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # in a pipeline: the cal stage's method by the name of its YAML
+    p = subprocess.run([*common, "pipeline=[step1,step2,cal]", "+stages.cal.calibration=pow2"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert _repo_state() == before
-    # The method ran (on 2 batches: trainer.limit_train_batches reaches the cal pass): it is named
-    # in the caps file, and every cap is a power of two.
+    assert [q.relative_to(extra).as_posix() for q in extra.rglob("*.yaml")] == [
+        "step/calibration/pow2.yaml"]
+    # The method ran with its own setting (on 2 batches: trainer.limit_train_batches reaches the
+    # cal pass): named in the caps file, every cap a power of two, none below its floor.
     doc = json.loads((ck / "cal" / "caps.json").read_text())
     caps = [layer["cap"] for layer in doc["layers"]]
     assert doc["meta"]["method"] == "extra_cal.Pow2Cap" and doc["meta"]["batches"] == 2
-    assert all(c > 0 and math.log2(c).is_integer() for c in caps)
+    assert doc["meta"]["floor"] == 0.25
+    assert all(c >= 0.25 and math.log2(c).is_integer() for c in caps)
     best = torch.load(ck / "cal" / "best.pth", weights_only=False)
     assert [float(best["model"][f"layers.{i}.cap"]) for i in range(len(caps))] == caps
+    assert {k: v for k, v in best["hparams"].items() if k.startswith("step.calibration")} == {
+        "step.calibration._target_": "extra_cal.Pow2Cap", "step.calibration.floor": 0.25}
+    # step=cal alone picks it as a group option; its class checks its setting before anything runs
+    bad = subprocess.run([*common, "step=cal", "step/calibration=pow2", "step.calibration.floor=0"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "config error: step.calibration.floor=0 (cal) must be > 0")
