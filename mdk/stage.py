@@ -114,7 +114,8 @@ def _whole(record: DictConfig, extra: DictConfig) -> dict[str, Any]:
         mine = record.get(k)
         if not OmegaConf.is_dict(mine):
             continue
-        if not OmegaConf.is_dict(v) or v.get("_target_", mine.get("_target_")) != mine.get("_target_"):
+        target = mine.get("_target_")
+        if not OmegaConf.is_dict(v) or v.get("_target_", target) != target:
             out[k] = v
         elif "method" in v and "method" not in mine:
             out[k] = OmegaConf.merge(OmegaConf.to_container(mine), OmegaConf.to_container(v))

@@ -113,15 +113,16 @@ def test_a_word_that_is_no_method_is_one_config_error_before_anything_runs(tmp_p
     with pytest.raises(ConfigError, match=r"^step.calibration._target_='builtins.dict' \(cal\) is "
                        "not a calibration method; use one of kl, max"):
         validate(tiny_cfg(tmp_path, "step=cal", "step.calibration._target_=builtins.dict"))
-    with pytest.raises(ConfigError, match=r"^In 'step/cal': Could not find 'step/calibration/entropy'; "
-                       "Available options in 'step/calibration': kl, max, mse, percentile$"):
+    with pytest.raises(ConfigError, match=r"^In 'step/cal': Could not find "
+                       r"'step/calibration/entropy'; Available options in 'step/calibration': "
+                       "kl, max, mse, percentile$"):
         tiny_cfg(tmp_path, "step=cal", "step/calibration=entropy")  # Hydra's own line
 
 
 def test_a_calibration_class_that_cannot_be_imported_is_one_config_error(tmp_path):
-    hint = ("use one of kl, max, mse, percentile (step/calibration=<name>; in a pipeline "
-            "+stages.<stage>.calibration=<name>) or step.calibration._target_=pkg.module.Name of a "
-            "mdk.quant.calibrate.CapObserver subclass")
+    hint = ("give pkg.module.Name of a mdk.quant.calibrate.CapObserver subclass, or name an option "
+            "of conf/step/calibration/ (step/calibration=<name>; in a pipeline "
+            "+stages.<stage>.calibration=<name>)")
     for cmd, key in (("step.calibration._target_=nosuch.Cap", "step.calibration._target_"),
                      ("+step.calibration.method=nosuch.Cap", "step.calibration.method")):
         with pytest.raises(ConfigError) as e:

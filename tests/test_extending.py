@@ -64,8 +64,8 @@ sinks:
     file: scalars.jsonl
 """
 
-CALIBRATION_CLASS = '''"""A calibration method mdk does not have: a power of two >= the max, and >= its own setting
-``floor``."""
+CALIBRATION_CLASS = '''"""A calibration method mdk does not have: a power of two >= the max, and
+>= its own setting ``floor``."""
 import torch
 
 from mdk.quant.calibrate import BadSetting, CapObserver
@@ -138,7 +138,8 @@ def test_a_new_calibration_method_is_a_class_and_a_yaml(tmp_path):
     run, ck = tmp_path / "run", tmp_path / "ck"
     common = [sys.executable, str(REPO / "run.py"), *TINY, "trainer.epochs=1",
               "trainer.limit_train_batches=2", f"paths.data={tmp_path / 'data'}",
-              f"paths.checkpoints={ck}", f"hydra.run.dir={run}", f"hydra.searchpath=[file://{extra}]"]
+              f"paths.checkpoints={ck}", f"hydra.run.dir={run}",
+              f"hydra.searchpath=[file://{extra}]"]
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{tmp_path}")
     # in a pipeline: the cal stage's method by the name of its YAML
     p = subprocess.run([*common, "pipeline=[step1,step2,cal]", "+stages.cal.calibration=pow2"],

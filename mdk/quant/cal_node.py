@@ -31,6 +31,13 @@ OLD_WORDS = {"percentile": "mdk.quant.calibrate.PercentileCap", "max": "mdk.quan
              "mse": "mdk.quant.calibrate.MseCap", "kl": "mdk.quant.calibrate.KlCap"}
 
 
+# build's hint for a class path that does not import: fixed text (listing the options costs a
+# Hydra search, ~0.2 s, so only the lines below that refuse a node list them)
+CLASS_HINT = ("give pkg.module.Name of a mdk.quant.calibrate.CapObserver subclass, or name an "
+              "option of conf/step/calibration/ (step/calibration=<name>; in a pipeline "
+              "+stages.<stage>.calibration=<name>)")
+
+
 def methods_hint() -> str:
     return (f"use one of {', '.join(group_options(GROUP))} (step/calibration=<name>; in a pipeline "
             f"+stages.<stage>.calibration=<name>) or {KEY}._target_=pkg.module.Name of a "
@@ -51,7 +58,7 @@ def option_node(word: str, where: str = "") -> dict[str, Any]:
 def _takes(target: str) -> Optional[set[str]]:
     """The keys the class at ``target`` takes from a node (None: any, it has ``**kwargs``)."""
     params = inspect.signature(build(target, f"{KEY}.method", check=True,
-                                     hint=methods_hint())).parameters.values()
+                                     hint=CLASS_HINT)).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params if p.name not in CODE_ARGS}
@@ -80,6 +87,22 @@ def calibration_node(c: Any, where: str = "") -> Optional[dict[str, Any]]:
                                    if k != "_target_" and (takes is None or k in takes)}}
 
 
+_CLASSES: dict[str, type] = {}  # repr(node) -> its class, checked: a check costs an instantiate
+
+
+def _checked_class(node: dict[str, Any], where: str) -> type:
+    """The CapObserver subclass of ``node``, once it imports and takes the node's keys (checked
+    once per process: each stage config of a command checks its node)."""
+    key = repr(node)
+    if key not in _CLASSES:
+        cls = build(node, KEY, hint=CLASS_HINT, check=True, rank=0, world=1)
+        if not (isinstance(cls, type) and issubclass(cls, CapObserver)):
+            raise ConfigError(f"{KEY}._target_={node['_target_']!r}{where} is not a calibration "
+                              f"method; {methods_hint()}")
+        _CLASSES[key] = cls
+    return _CLASSES[key]
+
+
 def observers(c: Any, *, rank: int = 0, world: int = 1, where: str = ""
               ) -> Callable[[], CapObserver]:
     """What makes a fresh observer of the node ``c`` (any spelling) for this process's slice of
@@ -92,17 +115,16 @@ def observers(c: Any, *, rank: int = 0, world: int = 1, where: str = ""
     if given:
         raise ConfigError(f"{KEY}.{given[0]}{where} is not a setting: each process's share of a "
                           "batch is given by mdk; drop the key")
-    cls = build(node, KEY, hint=methods_hint(), check=True, rank=rank, world=world)
-    if not (isinstance(cls, type) and issubclass(cls, CapObserver)):
-        raise ConfigError(f"{KEY}._target_={node['_target_']!r}{where} is not a calibration "
-                          f"method; {methods_hint()}")
-    make = functools.partial(build, node, KEY, rank=rank, world=world)
+    cls = _checked_class(node, where)
+    # the node's plain values, as build passes them
+    make = functools.partial(cls, **{k: v for k, v in node.items() if k != "_target_"},
+                             rank=rank, world=world)
     try:
         make()  # its constructor checks the values
-    except ConfigError as e:
-        if isinstance(e.__cause__, BadSetting):
-            raise ConfigError(e.__cause__.line(where)) from None
-        raise
+    except BadSetting as e:
+        raise ConfigError(e.line(where)) from None
+    except ValueError as e:  # another refusal of the class: one line, as build gives it
+        raise ConfigError(f"{KEY} ({node['_target_']}){where}: {e}") from e
     return make
 
 
