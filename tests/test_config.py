@@ -14,6 +14,8 @@ from mdk.config import validate
 from mdk.errors import ConfigError
 from mdk.models.build import build_model
 from mdk.models.config import check_model
+from mdk.quant.cal_node import observers
+from mdk.quant.calibrate import CapObserver
 from mdk.quant.chips import chip_takes
 from mdk.schema import SCHEMAS, schema_name
 
@@ -21,6 +23,7 @@ GROUPS = {
     "model": ["gnetdet", "gnetdet_224", "gnetdet_small"],
     "dataset": ["shapes", "shapes_hard", "voc", "coco"],
     "step": ["step1", "step2", "cal", "step3", "step4", "quant_report"],
+    "step/calibration": ["percentile", "max", "mse", "kl"],  # a group of the cal stage's record
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
     "optim": ["adamw", "sgd"],
     "loss": ["default", "gti", "anchors"],
@@ -43,8 +46,13 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     extra = ["dataset.root=" + str(tmp_path)] if option in ("voc", "coco") else []
     if (group, option) == ("loss", "anchors"):
         extra.append("head=anchors")  # its loss reads the head's priors (refused with yolov1)
-    cfg = compose([f"{group}={option}", *extra])
+    stage = ["step=cal"] if group == "step/calibration" else []
+    cfg = compose([*stage, f"{group}={option}", *extra])
     validate(cfg)
+    if group == "step/calibration":
+        made = observers(cfg.step.calibration)()
+        assert isinstance(made, CapObserver) and type(made).__name__ == cfg.step.calibration[
+            "_target_"].rsplit(".", 1)[1]
     if group in ("model", "head"):
         m = instantiate(cfg.model.net)
         out = m(torch.zeros(1, 3, cfg.model.image_size, cfg.model.image_size, dtype=torch.uint8))
