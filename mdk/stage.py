@@ -15,7 +15,7 @@ from torch import nn
 
 from mdk.compose import compose, group_options, running_app
 from mdk.errors import ConfigError
-from mdk.quant.cal_node import check_calibration, with_calibration_node
+from mdk.calibration_config import check_calibration, with_calibration_node
 from mdk.quant.chips import check_export_size
 from mdk.quant.modes import ModeReport, apply_mode
 from mdk.stage_config import (StageConf, check_init, check_kind, check_schedule, check_stages,
@@ -108,7 +108,7 @@ def _whole(record: DictConfig, extra: DictConfig) -> dict[str, Any]:
     """The nodes of ``extra`` that replace the record's instead of merging into it, as a group
     choice does: a word (an option's name) or a node of another ``_target_``; and a node in an
     older record's words (``calibration: {method: kl}``), over the record's values, for the
-    stage's reader (mdk/quant/cal_node.py) to read."""
+    stage's reader (mdk/calibration_config.py) to read."""
     out: dict[str, Any] = {}
     for k, v in extra.items():
         mine = record.get(k)

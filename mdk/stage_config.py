@@ -104,7 +104,7 @@ def _kind(d: Mapping[str, Any]) -> str:
 @dataclass
 class CalibrationStageConf(StageConf):
     # The method: a _target_ node of conf/step/calibration/ (its class, in mdk/quant/calibrate.py
-    # or the user's, owns and checks its keys; mdk/quant/cal_node.py reads and builds the node).
+    # or the user's, owns and checks its keys; mdk/calibration_config.py reads and builds the node).
     calibration: Any = None
 
 

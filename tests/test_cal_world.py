@@ -12,7 +12,7 @@ from launchers.processes.spawn import run_ranks
 from mdk.config import validate
 from mdk.engine.runner import run_stage, stage_on_rank
 from mdk.errors import ConfigError
-from mdk.quant.cal_node import calibration_node
+from mdk.calibration_config import calibration_node
 from mdk.quant.calibrate import KlCap, MseCap, PercentileCap, rank_share
 from mdk.stage import stage_config
 from helpers.ddp import tiny_cfg

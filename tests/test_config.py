@@ -14,7 +14,7 @@ from mdk.config import validate
 from mdk.errors import ConfigError
 from mdk.models.build import build_model
 from mdk.models.config import check_model
-from mdk.quant.cal_node import observers
+from mdk.calibration_config import observers
 from mdk.quant.calibrate import CapObserver
 from mdk.quant.chips import chip_takes
 from mdk.schema import SCHEMAS, schema_name

@@ -35,7 +35,8 @@ FLOORS = [
     ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
      "mdk.checkpoint.files", "mdk.atomic_file", "mdk.folder_lock", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
-    ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage"],    # data, measures, sinks, stage records
+    # data, measures, sinks, stage records and a stage's calibration node (read through conf/)
+    ["mdk.data", "mdk.eval", "mdk.sinks", "mdk.stage", "mdk.calibration_config"],
     # checks and checkpoints of a run: the rest of mdk/checkpoint/ (where a stage starts, what a
     # checkpoint means, files of other tools read and written)
     ["mdk.checkpoint", "mdk.config", "mdk.preflight"],

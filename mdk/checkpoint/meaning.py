@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mdk.errors import CheckpointError, ConfigError
-from mdk.quant.cal_node import calibration_node
+from mdk.calibration_config import calibration_node
 from mdk.stage_config import StageConf
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from mdk.engine.context import StageContext
 from mdk.engine.reports import maybe_reporter
 from mdk.progress import progress_bar
 from mdk.quant import calibrate
-from mdk.quant.cal_node import calibration_node, observers
+from mdk.calibration_config import calibration_node, observers
 from mdk.sinks.base import NullSink
 from mdk.stage import apply_stage
 

@@ -1,6 +1,6 @@
 """Calibration (step ``cal``): per-layer activation caps from the pre-activation conv outputs.
 The methods are the classes here, each owning (and checking) its settings; the config names one
-by a ``_target_`` node (conf/step/calibration/, read and built by mdk/quant/cal_node.py; how to add
+by a ``_target_`` node (conf/step/calibration/, read and built by mdk/calibration_config.py; how to add
 one: docs/pipeline.md, Calibration methods).
 
 World-size invariance relies on rank r holding the contiguous slice r of each global batch
@@ -30,7 +30,7 @@ MAX_VALUES = 1 << 20  # a larger tensor is read at a stride (``max_values``; nul
 
 class BadSetting(ValueError):
     """A method's setting its constructor refuses: ``step.calibration.<key>=<value> <why>`` (the
-    code that builds the observer for a stage adds the stage: mdk/quant/cal_node.py)."""
+    code that builds the observer for a stage adds the stage: mdk/calibration_config.py)."""
 
     def __init__(self, key: str, value: Any, why: str) -> None:
         self.key, self.value, self.why = key, value, why
@@ -170,7 +170,7 @@ class KlCap(CapObserver):
 def observing(model: nn.Module, make: Callable[[], CapObserver] = PercentileCap
               ) -> Iterator[list[CapObserver]]:
     """``with observing(model, make): run batches; finalize_caps(model)``: a fresh ``make()`` per
-    ChipConv (a stage's: mdk.quant.cal_node.observer of its node), removed on exit."""
+    ChipConv (a stage's: mdk.calibration_config.observer of its node), removed on exit."""
     layers = chip_layers(model)
     for layer in layers:
         layer.observer = make()
