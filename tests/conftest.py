@@ -34,16 +34,6 @@ def compose(overrides: list[str]):
     return mdk_compose(overrides)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (tests/suite.py): a module's tests on one
-    worker, so its module-scoped fixtures are made once; every SLURM test on the same worker, so
-    the session has one cluster and one set of namespace hosts."""
-    for item in items:
-        module = item.module.__name__ if item.module is not None else item.nodeid
-        group = "slurm" if module.rpartition(".")[2].startswith("test_slurm") else module
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One generated tiny dataset for the whole session (generation is deterministic)."""
@@ -84,14 +74,22 @@ def _root_log_handlers() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests run wherever CUDA exists, ``multigpu`` where 2+ GPUs do; elsewhere they are
-    skipped with the reason (so a CPU CI run says what it did not check)."""
+    """One hook (a second function of this name would replace the first, silently):
+
+    - groups for pytest-xdist's ``--dist loadgroup`` (tests/suite.py): a module's tests on one
+      worker, so its module-scoped fixtures are made once; every SLURM test on the same worker, so
+      the session has one cluster and one set of namespace hosts;
+    - ``gpu`` tests run wherever CUDA exists, ``multigpu`` where 2+ GPUs do; elsewhere they are
+      skipped with the reason (so a CPU CI run says what it did not check)."""
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
     few = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs for NCCL (this machine has {n})")
     for item in items:
+        module = item.module.__name__ if item.module is not None else item.nodeid
+        group = "slurm" if module.rpartition(".")[2].startswith("test_slurm") else module
+        item.add_marker(pytest.mark.xdist_group(group))
         if "multigpu" in item.keywords and n < 2:
             item.add_marker(few)
         elif "gpu" in item.keywords and n < 1:
