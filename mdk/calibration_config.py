@@ -18,11 +18,11 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from mdk.compose import compose, group_options
+from mdk.checks import BadValue
 from mdk.errors import ConfigError
-from mdk.quant.calibrate import BadSetting, CapObserver
+from mdk.quant.calibrate import KEY, CapObserver
 from mdk.targets import build
 
-KEY = "step.calibration"
 GROUP = "step/calibration"
 CODE_ARGS = ("rank", "world")  # given by the code that builds an observer, never by the config
 # The words of records written before the methods were nodes (mdk.quant.calibrate.METHODS then):
@@ -121,8 +121,8 @@ def observers(c: Any, *, rank: int = 0, world: int = 1, where: str = ""
                              rank=rank, world=world)
     try:
         make()  # its constructor checks the values
-    except BadSetting as e:
-        raise ConfigError(e.line(where)) from None
+    except BadValue as e:  # the class's own check (mdk/checks.py): the stage after the value
+        raise ConfigError(e.at(where)) from None
     except ValueError as e:  # another refusal of the class: one line, as build gives it
         raise ConfigError(f"{KEY} ({node['_target_']}){where}: {e}") from e
     return make

@@ -1,14 +1,71 @@
-"""The value checks every config group's owner uses, each raising a ConfigError that names the key
-and says what to write (``_target_`` nodes are built by mdk/targets.py). A leaf: no torch,
-nothing of mdk but the errors.
+"""The value checks every config group's owner and every class built from a config node use: one
+line ``<key>=<value> must be ...`` (a ConfigError, also a ValueError) naming the key and saying
+what to write (``_target_`` nodes are built by mdk/targets.py). ``integer``, ``number`` and
+``one_of`` check a value where the code takes it (a constructor); ``check_*`` read it from a
+config first. A leaf: no torch, nothing of mdk but the errors.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from mdk.errors import ConfigError
+
+
+class BadValue(ConfigError):
+    """``<key>=<value> <why>``: a value the code that takes it refuses (made by ``of``). ``at(where)``
+    is the same line with ``where`` (e.g. the stage, `` (step3)``) after the value, for a caller
+    that knows it."""
+
+    key: str = ""
+    value: Any = None
+    why: str = ""
+
+    @classmethod
+    def of(cls, key: str, value: Any, why: str) -> "BadValue":
+        e = cls(f"{key}={value!r} {why}")
+        e.key, e.value, e.why = key, value, why
+        return e
+
+    def at(self, where: str = "") -> str:
+        return f"{self.key}={self.value!r}{where} {self.why}" if self.key else str(self)
+
+
+def is_number(v: object) -> bool:
+    """An int or float from the config (YAML's true/false are bools, not numbers here)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
+def integer(key: str, value: Any, minimum: int, more: str = "") -> int:
+    """``value`` if it is an integer >= ``minimum`` (``more``: what else the line says)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BadValue.of(key, value, f"must be an integer >= {minimum}{more}")
+    return value
+
+
+def number(key: str, value: Any, low: float | None = None, high: float | None = None, *,
+           low_open: bool = False, high_open: bool = False, what: str = "a number",
+           more: str = "") -> float:
+    """``value`` as a float if it is a finite number within the bounds given (open or closed);
+    ``what`` names it in the line ("an IoU"), ``more`` says what else it may be."""
+    ok = is_number(value) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        if low is not None and high is not None:
+            bounds = f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        elif low is not None:
+            bounds = f" {'>' if low_open else '>='} {low:g}"
+        elif high is not None:
+            bounds = f" {'<' if high_open else '<='} {high:g}"
+        else:
+            bounds = ""
+        raise BadValue.of(key, value, f"must be {what}{bounds}{more}")
+    return float(value)
 
 
 def get(cfg: DictConfig, key: str) -> Any:
@@ -40,7 +97,7 @@ def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
     """``value`` of ``key`` if it is one of ``allowed`` words: the one check of a word list, for
     the config check and for the code that takes the value (the same line from either)."""
     if str(value) not in allowed:
-        raise ConfigError(f"{key}={value!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}")
+        raise BadValue.of(key, value, f"must be {', '.join(allowed[:-1])} or {allowed[-1]}")
     return str(value)
 
 

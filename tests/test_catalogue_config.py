@@ -61,9 +61,9 @@ CASES = {
                        ["config error: trainer.progress='sometimes' must be true, false or auto "
                         "(auto: progress bars only when stderr is a terminal, none in a log file)"]),
     "loss_ignore_iou": (["loss.ignore_iou=2"],
-                        ["config error: loss.ignore_iou must be an IoU in [0, 1] or null, got 2"]),
+                        ["config error: loss.ignore_iou=2.0 must be an IoU in [0, 1] or null"]),
     "loss_weight": (["loss.lambda_cls=-1"],
-                    ["config error: loss.lambda_cls must be a finite number >= 0, got -1"]),
+                    ["config error: loss.lambda_cls=-1.0 must be a finite number >= 0"]),
     "eval_box_rule": (["eval.box_rule=pixels"],
                       ["config error: eval.box_rule='pixels' must be devkit or continuous"]),
     "bad_backend": (["dist.backend=mpi"], ["config error: dist.backend='mpi' must be auto, gloo or nccl"]),
@@ -74,12 +74,12 @@ CASES = {
                                              "cal/best.pth does not exist",
                                              "Run `python run.py step=cal` first"]),
     "warmup_start_factor": (["scheduler.warmup.start_factor=-0.5"],
-                            ["config error: scheduler.warmup.start_factor must be in (0, 1], got -0.5"]),
+                            ["config error: scheduler.warmup.start_factor=-0.5 must be a number in (0, 1]"]),
     "warmup_method": (["scheduler.warmup.method=quadratic"],
-                      ["config error: scheduler.warmup.method must be one of ['linear', 'constant'], "
-                       "got 'quadratic'"]),
+                      ["config error: scheduler.warmup.method='quadratic' must be linear or "
+                       "constant"]),
     "warmup_iters": (["scheduler.warmup.iters=-5"],
-                     ["config error: scheduler.warmup.iters must be an integer >= 0, got -5"]),
+                     ["config error: scheduler.warmup.iters=-5 must be an integer >= 0"]),
     "split_below_one_batch": (["trainer.batch_size=32"],
                               ["data error: dataset.generate.num_train has 16 images, fewer than "
                                "one global batch (trainer.batch_size=32)", "lower trainer.batch_size"]),

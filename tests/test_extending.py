@@ -68,15 +68,14 @@ CALIBRATION_CLASS = '''"""A calibration method mdk does not have: a power of two
 >= its own setting ``floor``."""
 import torch
 
-from mdk.quant.calibrate import BadSetting, CapObserver
+from mdk.checks import number
+from mdk.quant.calibrate import CapObserver
 
 
 class Pow2Cap(CapObserver):
     def __init__(self, floor=2.0 ** -20, *, rank=0, world=1):
-        if not floor > 0:
-            raise BadSetting("floor", floor, "must be > 0")
+        self.floor = number("step.calibration.floor", floor, 0.0, low_open=True)
         super().__init__(None, rank=rank, world=world)  # reads the max of every value
-        self.floor = float(floor)
 
     def batch(self, y):
         top = y.max()
@@ -164,4 +163,4 @@ def test_a_new_calibration_method_is_a_class_and_a_yaml(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1] == (
-        "config error: step.calibration.floor=0 (cal) must be > 0")
+        "config error: step.calibration.floor=0 (cal) must be a number > 0")

@@ -88,9 +88,9 @@ def test_hand_computed_example():
 def test_weights_are_checked_by_key():
     import pytest
 
-    with pytest.raises(ValueError, match=r"loss\.lambda_noobj must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"^loss\.lambda_noobj=-0\.5 must be a finite number >= 0$"):
         YoloLoss(3, 2, lambda_noobj=-0.5)
-    with pytest.raises(ValueError, match=r"loss\.num_classes must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"^loss\.num_classes=0 must be an integer >= 1$"):
         YoloLoss(0, 2)
     with pytest.raises(ValueError, match=r"loss\.beta"):
         YoloLoss(3, 2, beta=0.0)

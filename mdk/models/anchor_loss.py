@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.ops import box_iou
 
 from mdk.models.heads import AnchorHead
-from mdk.models.config import check_beta, check_weights, is_number
+from mdk.models.config import check_beta, check_ignore_iou, check_weights
 
 
 class AnchorLoss(nn.Module):
@@ -35,12 +35,10 @@ class AnchorLoss(nn.Module):
         check_weights(lambda_box=lambda_box, lambda_obj=lambda_obj, lambda_noobj=lambda_noobj,
                       lambda_cls=lambda_cls)
         check_beta(beta)
-        if ignore_iou is not None and (not is_number(ignore_iou) or not 0 <= ignore_iou <= 1):
-            raise ValueError(f"loss.ignore_iou must be an IoU in [0, 1] or null, got {ignore_iou!r}")
         self.head = head
         self.lambda_box, self.lambda_obj = lambda_box, lambda_obj
         self.lambda_noobj, self.lambda_cls, self.beta = lambda_noobj, lambda_cls, beta
-        self.ignore_iou = None if ignore_iou is None else float(ignore_iou)
+        self.ignore_iou = check_ignore_iou(ignore_iou)
 
     def _ignored(self, pbox: torch.Tensor, tbox: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """[N, S, S, B] True where a prior's box overlaps one of its image's objects by more

@@ -6,13 +6,12 @@ these schemas (``defaults: [/_schema_model_gnetdet@_here_, _self_]``) or none.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
 
-from mdk.checks import check_min
+from mdk.checks import check_min, number
 from mdk.targets import build
 from mdk.errors import ConfigError, UserError
 
@@ -97,26 +96,20 @@ class AnchorHeadConf:
     neighbours: bool = False
 
 
-def is_number(v: object) -> bool:
-    """An int or float from the config (YAML's true/false are bools, not numbers here)."""
-    return not isinstance(v, bool) and isinstance(v, (int, float))
-
-
-def check_int(key: str, value: Any, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
-    return value
-
-
 def check_weights(**weights: float) -> None:
+    """The loss classes' term weights: each ``loss.<key>`` a finite number >= 0."""
     for key, v in weights.items():
-        if not is_number(v) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"loss.{key} must be a finite number >= 0, got {v!r}")
+        number(f"loss.{key}", v, 0.0, what="a finite number")
 
 
 def check_beta(beta: float) -> None:
-    if not is_number(beta) or not beta > 0:
-        raise ValueError(f"loss.beta (smooth-L1 threshold) must be a number > 0, got {beta!r}")
+    number("loss.beta", beta, 0.0, low_open=True, more=" (the smooth-L1 threshold)")
+
+
+def check_ignore_iou(ignore_iou: float | None) -> float | None:
+    if ignore_iou is None:
+        return None
+    return number("loss.ignore_iou", ignore_iou, 0.0, 1.0, what="an IoU", more=" or null")
 
 
 MODEL_SCHEMAS: dict[str, type] = {"gnetdet": ModelConf}

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdk import dist
-from mdk.models.config import check_beta, check_int, check_weights, is_number
+from mdk.checks import integer, number, one_of
+from mdk.models.config import check_beta, check_weights
 from mdk.models.loss import slot_iou
 
 NORMALIZERS = ("running", "fixed")
@@ -40,19 +41,16 @@ class GtiLoss(nn.Module):
                  iou_target_grad: bool = True, normalizer: str = "running",
                  normalizer_init: float = 6.25, normalizer_momentum: float = 0.9) -> None:
         super().__init__()
-        check_int("loss.num_classes", num_classes)
-        check_int("loss.boxes_per_cell", boxes_per_cell)
+        integer("loss.num_classes", num_classes, 1)
+        integer("loss.boxes_per_cell", boxes_per_cell, 1)
         check_weights(lambda_coord=lambda_coord, lambda_contain=lambda_contain,
                       lambda_not_contain=lambda_not_contain, lambda_noobj=lambda_noobj,
                       lambda_cls=lambda_cls)
         check_beta(beta)
-        if normalizer not in NORMALIZERS:
-            raise ValueError(f"loss.normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
-        if not is_number(normalizer_init) or not normalizer_init > 0:
-            raise ValueError("loss.normalizer_init (objects per image) must be a number > 0, "
-                             f"got {normalizer_init!r}")
-        if not is_number(normalizer_momentum) or not 0 <= normalizer_momentum <= 1:
-            raise ValueError(f"loss.normalizer_momentum must be in [0, 1], got {normalizer_momentum!r}")
+        one_of("loss.normalizer", normalizer, tuple(NORMALIZERS))
+        number("loss.normalizer_init", normalizer_init, 0.0, low_open=True,
+               more=" (objects per image)")
+        number("loss.normalizer_momentum", normalizer_momentum, 0.0, 1.0)
         self.C, self.B = num_classes, boxes_per_cell
         self.lambda_coord, self.lambda_contain = float(lambda_coord), float(lambda_contain)
         self.lambda_not_contain, self.lambda_noobj = float(lambda_not_contain), float(lambda_noobj)

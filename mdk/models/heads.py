@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from mdk.models import yolo_codec
-from mdk.models.config import check_int, is_number
+from mdk.checks import BadValue, integer, number
 
 
 class YoloV1Head:
@@ -23,8 +23,8 @@ class YoloV1Head:
     kind = "yolov1"
 
     def __init__(self, num_classes: int, boxes_per_cell: int = 1) -> None:
-        self.num_classes = check_int("head.num_classes", num_classes)
-        self.boxes_per_cell = check_int("head.boxes_per_cell", boxes_per_cell)
+        self.num_classes = integer("head.num_classes", num_classes, 1)
+        self.boxes_per_cell = integer("head.boxes_per_cell", boxes_per_cell, 1)
 
     @property
     def channels(self) -> int:
@@ -55,18 +55,17 @@ class AnchorHead:
     def __init__(self, num_classes: int, anchors: Sequence[Sequence[float]],
                  size_range: float = 6.0, match_ratio: float = 4.0,
                  neighbours: bool = False) -> None:
-        self.num_classes = check_int("head.num_classes", num_classes)
+        self.num_classes = integer("head.num_classes", num_classes, 1)
         try:
             a = np.asarray(anchors, dtype=np.float64)
         except (TypeError, ValueError):
             a = np.zeros((0,))
         if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] != 2 or not (
                 np.isfinite(a).all() and (a > 0).all() and (a <= 1).all()):
-            raise ValueError(f"head.anchors must be a list of [width, height] pairs, fractions of "
-                             f"the image in (0, 1], e.g. [[0.1,0.1],[0.3,0.3]]; got {anchors!r}")
+            raise BadValue.of("head.anchors", anchors, "must be a list of [width, height] pairs, "
+                           "fractions of the image in (0, 1], e.g. [[0.1,0.1],[0.3,0.3]]")
         for key, v in (("size_range", size_range), ("match_ratio", match_ratio)):
-            if not is_number(v) or not v > 1:
-                raise ValueError(f"head.{key} must be a number > 1, got {v!r}")
+            number(f"head.{key}", v, 1.0, low_open=True)
         self.anchors = a
         self.size_range, self.match_ratio = float(size_range), float(match_ratio)
         self.neighbours = bool(neighbours)

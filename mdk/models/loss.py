@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mdk.models.config import check_beta, check_int, check_weights, is_number
+from mdk.checks import integer
+from mdk.models.config import check_beta, check_ignore_iou, check_weights
 from mdk.models.yolo_codec import cell_xyxy
 
 
@@ -37,14 +38,12 @@ class YoloLoss(nn.Module):
                  lambda_noobj: float = 0.5, beta: float = 1.0, lambda_obj: float = 1.0,
                  lambda_cls: float = 1.0, ignore_iou: float | None = 0.5) -> None:
         super().__init__()
-        check_int("loss.num_classes", num_classes)
-        check_int("loss.boxes_per_cell", boxes_per_cell)
+        integer("loss.num_classes", num_classes, 1)
+        integer("loss.boxes_per_cell", boxes_per_cell, 1)
         check_weights(lambda_coord=lambda_coord, lambda_noobj=lambda_noobj, lambda_obj=lambda_obj,
                       lambda_cls=lambda_cls)
         check_beta(beta)
-        if ignore_iou is not None and (not is_number(ignore_iou) or not 0 <= ignore_iou <= 1):
-            raise ValueError(f"loss.ignore_iou must be an IoU in [0, 1] or null, got {ignore_iou!r}")
-        self.ignore_iou = None if ignore_iou is None else float(ignore_iou)
+        self.ignore_iou = check_ignore_iou(ignore_iou)
         self.C, self.B = num_classes, boxes_per_cell
         self.lambda_coord, self.lambda_noobj, self.beta = lambda_coord, lambda_noobj, beta
         self.lambda_obj, self.lambda_cls = lambda_obj, lambda_cls

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from mdk import dist
+from mdk.checks import integer, number
 from mdk.atomic_file import write_json
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.cal_stats import (KL_BINS, MSE_SAMPLE, histogram, kl_threshold, mse_cap,
@@ -28,21 +29,11 @@ log = logging.getLogger(__name__)
 MAX_VALUES = 1 << 20  # a larger tensor is read at a stride (``max_values``; null: every value)
 
 
-class BadSetting(ValueError):
-    """A method's setting its constructor refuses: ``step.calibration.<key>=<value> <why>`` (the
-    code that builds the observer for a stage adds the stage: mdk/calibration_config.py)."""
-
-    def __init__(self, key: str, value: Any, why: str) -> None:
-        self.key, self.value, self.why = key, value, why
-        super().__init__(self.line())
-
-    def line(self, where: str = "") -> str:
-        return f"step.calibration.{self.key}={self.value!r}{where} {self.why}"
+KEY = "step.calibration"  # a method's settings are step.calibration.<name> (the stage's node)
 
 
-def _count(key: str, value: Any, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BadSetting(key, value, f"must be an integer >= 1{what}")
+def _count(key: str, value: Any, more: str) -> None:
+    integer(f"{KEY}.{key}", value, 1, more)
 
 
 def rank_share(n_local: int, stride: int, rank: int, world: int) -> tuple[int, list[int]]:
@@ -103,11 +94,9 @@ class PercentileCap(CapObserver):
 
     def __init__(self, percentile: float = 99.0, max_values: Optional[int] = MAX_VALUES, *,
                  rank: int = 0, world: int = 1) -> None:
-        p = percentile
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
-            raise BadSetting("percentile", p, "must be a number in (0, 100]")
+        p = number(f"{KEY}.percentile", percentile, 0.0, 100.0, low_open=True)
         super().__init__(max_values, rank=rank, world=world)
-        self.percentile = float(p)
+        self.percentile = p
 
     def batch(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return percentile_and_max(self.sample(y), self.percentile)

@@ -7,7 +7,6 @@ The scheduler counts optimizer steps ``it`` (``last_epoch``, stepped after each
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from omegaconf import DictConfig
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from mdk.checks import BadValue, integer, number, one_of
 from mdk.targets import build
 
 log = logging.getLogger(__name__)
@@ -23,35 +23,6 @@ log = logging.getLogger(__name__)
 __all__ = ["WarmupScheduler"]
 
 _WARMUP_KEYS = ("iters", "start_factor", "method", "mode", "epochs")
-
-
-def _fail(key: str, msg: str, value: Any) -> None:
-    raise ValueError(f"scheduler.{key} {msg}, got {value!r}")
-
-
-def _int(key: str, value: Any, minimum: int) -> int:
-    # bool is an int subclass; `warmup.iters: true` is a typo, not 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(key, f"must be an integer >= {minimum}", value)
-    return int(value)
-
-
-def _choice(key: str, value: Any, options: tuple[str, ...]) -> str:
-    if value not in options:
-        _fail(key, f"must be one of {list(options)}", value)
-    return str(value)
-
-
-def _float(key: str, value: Any, lo: float, lo_open: bool, hi: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(key, "must be a number", value)
-    v = float(value)
-    bad_lo = v <= lo if lo_open else v < lo
-    if bad_lo or (hi is not None and v > hi) or math.isnan(v):
-        left = "(" if lo_open else "["
-        right = f"{hi:g}]" if hi is not None else "inf)"
-        _fail(key, f"must be in {left}{lo:g}, {right}", value)
-    return v
 
 
 class WarmupScheduler(LRScheduler):
@@ -68,27 +39,28 @@ class WarmupScheduler(LRScheduler):
         warmup: Mapping[str, Any] | None = None,
         interval: str = "epoch",
     ) -> None:
-        self.iters_per_epoch = _int("iters_per_epoch", iters_per_epoch, 1)
-        self.interval = _choice("interval", interval, ("epoch", "iter"))
+        self.iters_per_epoch = integer("scheduler.iters_per_epoch", iters_per_epoch, 1)
+        self.interval = one_of("scheduler.interval", interval, ("epoch", "iter"))
         warmup = {} if warmup is None else warmup
         if not isinstance(warmup, Mapping):
-            _fail("warmup", "must be a mapping {iters, start_factor, method}", warmup)
+            raise BadValue.of("scheduler.warmup", warmup, "must be a mapping {iters, start_factor, method}")
         unknown = sorted(set(warmup) - set(_WARMUP_KEYS))
         if unknown:
-            _fail("warmup", f"has unknown keys {unknown} (allowed: {list(_WARMUP_KEYS)})", dict(warmup))
-        self.warmup_epochs = _int("warmup.epochs", warmup.get("epochs", 0), 0)
-        iters = _int("warmup.iters", warmup.get("iters", 0), 0)
+            raise BadValue.of("scheduler.warmup", dict(warmup),
+                           f"has unknown keys {unknown} (allowed: {list(_WARMUP_KEYS)})")
+        self.warmup_epochs = integer("scheduler.warmup.epochs", warmup.get("epochs", 0), 0)
+        iters = integer("scheduler.warmup.iters", warmup.get("iters", 0), 0)
         if self.warmup_epochs and iters:
-            _fail("warmup.epochs", f"and scheduler.warmup.iters={iters} are both set; give the warmup "
-                  "length once (set scheduler.warmup.iters=0 to warm up in epochs)", self.warmup_epochs)
+            raise BadValue.of("scheduler.warmup.epochs", self.warmup_epochs,
+                           f"and scheduler.warmup.iters={iters} are both set; give the warmup length "
+                           "once (set scheduler.warmup.iters=0 to warm up in epochs)")
         # Warmup length in iterations, whichever unit it was given in.
         self.warmup_iters = self.warmup_epochs * self.iters_per_epoch if self.warmup_epochs else iters
-        self.warmup_start_factor = _float(
-            "warmup.start_factor", warmup.get("start_factor", 1.0), 0.0, True, 1.0
-        )
-        self.warmup_method = _choice("warmup.method", warmup.get("method", "linear"),
-                                     ("linear", "constant"))
-        self.warmup_mode = _choice("warmup.mode", warmup.get("mode", "mdk"), ("mdk", "gti"))
+        self.warmup_start_factor = number("scheduler.warmup.start_factor",
+                                          warmup.get("start_factor", 1.0), 0.0, 1.0, low_open=True)
+        self.warmup_method = one_of("scheduler.warmup.method", warmup.get("method", "linear"),
+                                    ("linear", "constant"))
+        self.warmup_mode = one_of("scheduler.warmup.mode", warmup.get("mode", "mdk"), ("mdk", "gti"))
         super().__init__(optimizer)
 
     # --- the closed form -------------------------------------------------------------------

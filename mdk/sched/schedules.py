@@ -9,7 +9,8 @@ from typing import Any
 
 from torch.optim import Optimizer
 
-from mdk.sched.base import WarmupScheduler, _fail, _float, _int
+from mdk.checks import BadValue, integer, number
+from mdk.sched.base import WarmupScheduler
 
 
 class WarmupStepLR(WarmupScheduler):
@@ -26,8 +27,8 @@ class WarmupStepLR(WarmupScheduler):
         step_size: int = 5,
         gamma: float = 0.1,
     ) -> None:
-        self.step_size = _int("step_size", step_size, 1)
-        self.gamma = _float("gamma", gamma, 0.0, True)
+        self.step_size = integer("scheduler.step_size", step_size, 1)
+        self.gamma = number("scheduler.gamma", gamma, 0.0, low_open=True)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def _main_lr(self, base_lr: float, t: int) -> float:
@@ -49,12 +50,12 @@ class WarmupMultiStepLR(WarmupScheduler):
         gamma: float = 0.1,
     ) -> None:
         if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence):
-            _fail("milestones", "must be a list of increasing integers", milestones)
-        ms = [_int(f"milestones[{i}]", m, 1) for i, m in enumerate(milestones)]
+            raise BadValue.of("scheduler.milestones", milestones, "must be a list of increasing integers")
+        ms = [integer(f"scheduler.milestones[{i}]", m, 1) for i, m in enumerate(milestones)]
         if any(b <= a for a, b in zip(ms, ms[1:])):
-            _fail("milestones", "must be strictly increasing", ms)
+            raise BadValue.of("scheduler.milestones", ms, "must be strictly increasing")
         self.milestones = ms
-        self.gamma = _float("gamma", gamma, 0.0, True)
+        self.gamma = number("scheduler.gamma", gamma, 0.0, low_open=True)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def _main_lr(self, base_lr: float, t: int) -> float:
@@ -76,8 +77,8 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
         T_max: int = 12,  # noqa: N803 - torch's name, so configs read like the torch docs
         eta_min: float = 0.0,
     ) -> None:
-        self.T_max = _int("T_max", T_max, 1)
-        self.eta_min = _float("eta_min", eta_min, 0.0, False)
+        self.T_max = integer("scheduler.T_max", T_max, 1)
+        self.eta_min = number("scheduler.eta_min", eta_min, 0.0)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def _main_lr(self, base_lr: float, t: int) -> float:
@@ -101,9 +102,9 @@ class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
         T_mult: int = 2,  # noqa: N803
         eta_min: float = 0.0,
     ) -> None:
-        self.T_0 = _int("T_0", T_0, 1)
-        self.T_mult = _int("T_mult", T_mult, 1)
-        self.eta_min = _float("eta_min", eta_min, 0.0, False)
+        self.T_0 = integer("scheduler.T_0", T_0, 1)
+        self.T_mult = integer("scheduler.T_mult", T_mult, 1)
+        self.eta_min = number("scheduler.eta_min", eta_min, 0.0)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
 
     def cycle(self, t: int) -> tuple[int, int]:
