@@ -1,6 +1,6 @@
 """A recipe (conf/experiment/) on a dataset folder, over seeds: per-stage and per-class mAP, wall time.
 
-    python benchmarks/bench_recipe.py --recipe none --time-to 0.90 --seeds 0 1 2  # python run.py
+    python benchmarks/bench_recipe.py --recipe none --time-to 0.85 --seeds 0 1 2  # python run.py
     python benchmarks/bench_recipe.py --recipe bccd --root ../shared/data/BCCD --seeds 0 1 2
     python benchmarks/bench_recipe.py --recipe bccd --root /data/MyVOC \\
         'dataset.class_names=[a,b]' dataset.num_classes=2          # any VOC folder
