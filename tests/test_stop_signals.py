@@ -176,14 +176,16 @@ def test_the_first_error_file_written_names_the_rank_and_a_terminated_loader_is_
     """Torch's error files (one per local rank that raised) in the order they were written: rank 0
     of machine 1 (global 2) wrote after global rank 3; a loader worker SIGTERMed with its rank's
     process group by the agent's shutdown is a consequence, like a lost peer."""
+    files = {2: str(tmp_path / "never_written.json")}  # local rank 2 did not raise
     for local, text, t in [(0, "Traceback ...\nValueError: later\n", 2_000), (1, "Traceback "
                            "...\nValueError: first\n", 1_000)]:
         f = tmp_path / "mdk-step1_x" / "attempt_0" / str(local) / "error.json"
         f.parent.mkdir(parents=True)
+        files[local] = str(f)
         f.write_text(json.dumps({"message": {"message": "ValueError", "extraInfo": {
             "py_callstack": text, "timestamp": "1"}}}))
         os.utime(f, ns=(t * 10**9, t * 10**9))
-    tracebacks = error_files(tmp_path, first_rank=2)
+    tracebacks = error_files(files, first_rank=2)
     assert list(tracebacks) == [3, 2] and tracebacks[3].endswith("ValueError: first\n")
     err = ranks_outcome(tmp_path, "tag", _failed(2, 1, first_rank=2), tracebacks, None, True)
     assert str(err).startswith(f"rank 3 failed (log: {tmp_path}/rank3.log):\nTraceback")

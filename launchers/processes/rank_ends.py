@@ -7,10 +7,14 @@ a real traceback, a rank that ended without a word, a stop, lost connections onl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
 from typing import Any, Optional
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.api import LogsDest
 
 from mdk.stop import StopRequested
 
@@ -69,17 +73,32 @@ def _stopped(stops: list[dict[str, Any]], signum: Optional[int]) -> StopRequeste
     return StopRequested(name, at["iteration"], at["epoch"], rank=sent_to)
 
 
-def error_files(log_dir: Path, first_rank: int) -> dict[int, str]:
-    """The tracebacks in torch's error files under the agent's ``log_dir`` (one per local rank
-    that raised), by global rank, the first written first (torch's own time stamp is in whole
+class ErrorFileLogs(DefaultLogsSpecs):
+    """torch's default log layout under ``log_dir``, keeping the error file the agent gives each
+    local rank (``LogsDest.error_files``, torch's ``TORCHELASTIC_ERROR_FILE``): after the ranks
+    end, the launcher reads the tracebacks there, whether the agent reported a failure or was
+    stopped by a signal (then it reports none)."""
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(log_dir=log_dir)
+        self.error_files: dict[int, str] = {}  # local rank -> the file torch named
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        dest = super().reify(envs)
+        self.error_files.update(dest.error_files)
+        return dest
+
+
+def error_files(files: dict[int, str], first_rank: int) -> dict[int, str]:
+    """The tracebacks in torch's error files (``files``: local rank -> path; a rank that raised
+    wrote its file), by global rank, the first written first (torch's own time stamp is in whole
     seconds). The agent's ``ChildFailedError`` names only the first rank it saw end, which may be
     a peer that merely lost its connection."""
+    written = [(Path(p), r) for r, p in files.items() if p != os.devnull and Path(p).is_file()]
     out = {}
-    files = Path(log_dir).glob("*/attempt_*/*/error.json")
-    for p in sorted(files, key=lambda p: p.stat().st_mtime_ns):
+    for p, local in sorted(written, key=lambda w: w[0].stat().st_mtime_ns):
         m = json.loads(p.read_text())["message"]
-        out[first_rank + int(p.parent.name)] = \
-            m["extraInfo"]["py_callstack"] if isinstance(m, dict) else str(m)
+        out[first_rank + local] = m["extraInfo"]["py_callstack"] if isinstance(m, dict) else str(m)
     return out
 
 

@@ -16,7 +16,6 @@ from multiprocessing.spawn import get_preparation_data
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -24,7 +23,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from launchers.processes.env import detect
 from launchers.processes.join import HINT, RendezvousError, StageFn, join
 from launchers.processes.rank import set_cpu_threads
-from launchers.processes.rank_ends import error_files, ranks_outcome
+from launchers.processes.rank_ends import ErrorFileLogs, error_files, ranks_outcome
 from launchers.processes.stop_signals import STOP_SIGNALS, forwarding, received
 from mdk.dist_config import parse_dist_url
 from mdk.world import backend_for, check_local_size, single_process
@@ -59,7 +58,7 @@ def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
     return False
 
 
-def _launch_config(cfg: DictConfig, run_dir: Path) -> LaunchConfig:
+def _launch_config(cfg: DictConfig, logs: ErrorFileLogs) -> LaunchConfig:
     nodes, timeout = int(cfg.dist.nodes), int(float(cfg.dist.timeout_s))
     if nodes == 1:  # a free port the agent's store keeps for the run: runs never collide
         rdzv = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0")
@@ -70,7 +69,7 @@ def _launch_config(cfg: DictConfig, run_dir: Path) -> LaunchConfig:
         min_nodes=nodes, max_nodes=nodes, nproc_per_node=int(cfg.dist.gpus),
         run_id=f"mdk-{cfg.step.name}", max_restarts=0,
         rdzv_configs={"rank": int(cfg.dist.rank), "timeout": timeout}, **rdzv,
-        monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / ".ranks")),
+        monitor_interval=0.1, logs_specs=logs,
         **{k: v for k, v in KNOBS.items() if k in LaunchConfig.__dataclass_fields__})
 
 
@@ -113,10 +112,11 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
         pickle.dump((fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag,
                      os.getpid()), f)
     handlers = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGHUP)}
+    logs = ErrorFileLogs(str(run_dir / ".ranks"))
     failures, tracebacks = None, {}
     try:
         with forwarding():
-            elastic_launch(_launch_config(cfg, run_dir), sys.executable)(
+            elastic_launch(_launch_config(cfg, logs), sys.executable)(
                 "-m", "launchers.processes.rank", str(payload))
     except ChildFailedError as e:
         failures = e.failures
@@ -128,7 +128,7 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
     finally:
         for s, h in handlers.items():  # the agent leaves its own handlers behind
             signal.signal(s, h)
-        tracebacks = error_files(run_dir / ".ranks", int(cfg.dist.rank) * int(cfg.dist.gpus))
+        tracebacks = error_files(logs.error_files, int(cfg.dist.rank) * int(cfg.dist.gpus))
         shutil.rmtree(run_dir / ".ranks", ignore_errors=True)
         payload.unlink(missing_ok=True)
     err = ranks_outcome(run_dir, tag, failures, tracebacks, received(), int(cfg.dist.nodes) > 1)
