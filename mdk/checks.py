@@ -45,25 +45,18 @@ def integer(key: str, value: Any, minimum: int, more: str = "") -> int:
     return value
 
 
-def number(key: str, value: Any, low: float | None = None, high: float | None = None, *,
-           low_open: bool = False, high_open: bool = False, what: str = "a number",
-           more: str = "") -> float:
-    """``value`` as a float if it is a finite number within the bounds given (open or closed);
-    ``what`` names it in the line ("an IoU"), ``more`` says what else it may be."""
-    ok = is_number(value) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
+def number(key: str, value: Any, low: float, high: float | None = None, *,
+           low_open: bool = False, what: str = "a number", more: str = "") -> float:
+    """``value`` as a float if it is a finite number >= ``low`` (> with ``low_open``) and <=
+    ``high`` if given; ``what`` names it in the line ("an IoU"), ``more`` says what else it may
+    be."""
+    ok = is_number(value) and math.isfinite(value) and (value > low if low_open else value >= low)
     if ok and high is not None:
-        ok = value < high if high_open else value <= high
+        ok = value <= high
     if not ok:
-        if low is not None and high is not None:
-            bounds = f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        elif low is not None:
-            bounds = f" {'>' if low_open else '>='} {low:g}"
-        elif high is not None:
-            bounds = f" {'<' if high_open else '<='} {high:g}"
-        else:
-            bounds = ""
+        left = "(" if low_open else "["
+        bounds = (f" in {left}{low:g}, {high:g}]" if high is not None
+                  else f" {'>' if low_open else '>='} {low:g}")
         raise BadValue.of(key, value, f"must be {what}{bounds}{more}")
     return float(value)
 
