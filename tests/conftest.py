@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -12,6 +13,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from launchers.bootstrap import add_plugin_path  # noqa: E402
+from helpers import warm  # noqa: E402
+
+# `python run.py ...` and `python -m mdk.tools...` started by tests fork from an interpreter that
+# has imported torch and mdk once (tests/helpers/warm.py: the same process semantics, ~6 s less
+# CPU each); MDK_TEST_COLD=1 starts every one fresh.
+subprocess.Popen = warm.Popen
 
 add_plugin_path()  # our submitit launchers, for compose tests and the jobs they start
 from mdk.schema import register_schemas  # noqa: E402

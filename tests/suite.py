@@ -5,6 +5,8 @@ processes they start or use one thread, so one at a time leaves cores idle. A mo
 on one worker (its module fixtures are made once) and the SLURM tests share one (one cluster):
 tests/conftest.py groups them. ``-n 0`` runs everything in this process, one test at a time;
 test files or node ids given run alone (``python tests/suite.py tests/test_ddp.py``).
+The ``python run.py ...`` commands tests start fork from an interpreter that has imported torch
+and mdk already (tests/helpers/warm.py); ``MDK_TEST_COLD=1`` starts each one fresh instead.
 """
 import os
 import sys

@@ -47,11 +47,17 @@ def test_check_names_the_key(over, match):
         check({**d, **over})
 
 
+def fresh() -> dict:
+    """A fresh interpreter (not one forked from the suite's warm server, tests/helpers/warm.py):
+    these tests count what an import loads."""
+    return dict(run_cmd_env(), MDK_TEST_COLD="1")
+
+
 def test_imported_before_torch():
     code = ("import sys, mdk.data.config; "
             "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
             "('torch', 'numpy', 'hydra', 'PIL')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=run_cmd_env(),
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=fresh(),
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -62,6 +68,6 @@ def test_every_schema_loads_before_torch():
     code = ("import sys, mdk.schema; "
             "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
             "('torch', 'numpy', 'PIL')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=run_cmd_env(),
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=fresh(),
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

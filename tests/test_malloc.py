@@ -26,7 +26,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def faults(mode: str, **env: str) -> int:
     e = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    e.update(env)
+    e.update(env, MDK_TEST_COLD="1")  # a fresh process's malloc (tests/helpers/warm.py)
     p = subprocess.run([sys.executable, "-c", PROBE.format(repo=str(REPO)), mode], env=e,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -1,0 +1,295 @@
+"""Start the suite's ``python run.py ...`` processes from an interpreter that has already imported
+torch, torchvision, Hydra and mdk (a "warm" server, one per test process), instead of a fresh
+``python`` that spends ~6 s of CPU importing them first.
+
+A test still gets a real, separate process: its own pid, the stdin/stdout/stderr the test asked
+for, the cwd and environment, ``start_new_session``, its exit status or the signal that killed it
+(``subprocess.Popen`` semantics, through ``Popen`` below: a drop-in subclass). The server forks
+(the child then runs the script as ``__main__``, exactly as ``python script.py`` would), so what
+differs from a fresh interpreter is only what the imports did. So each server is started with
+the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and torch variables) that
+its children have: one server per such environment a test uses. A command with interpreter
+flags starts cold, as do spawned ranks (they check that their parent is the launcher).
+``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (libgomp read the server's).
+``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold.
+
+Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
+over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
+and, when the child ends, ``S<status>`` (negative: the signal), as ``Popen.returncode`` reads.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+import types
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+# What the server imports before it forks: what `run.py` and `python -m mdk.tools.*` load.
+PRELOAD = ["torch", "torchvision", "hydra", "omegaconf", "launchers.hydra_app.cli",
+           "launchers.hydra_app.entry", "launchers.processes.rank", "mdk.engine.runner"]
+# Environment read while starting or importing: a child whose values differ starts cold.
+STARTUP_ENV = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TORCH_",
+               "TORCHINDUCTOR_", "TORCHDYNAMO_", "DNNL_", "ONEDNN_", "ATEN_", "CUDA_", "MDK_VENV",
+               "MDK_NO_BOOTSTRAP")
+THREADS = "OMP_NUM_THREADS"  # applied in the child (torch.set_num_threads)
+COLD_MODULES = ("launchers.processes.rank",)  # ranks check their parent's pid
+_COLD = subprocess.Popen  # the real one (conftest puts Popen below in its place)
+
+
+def _startup_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) and k != THREADS}
+
+
+# ----------------------------------------------------------------------------- server side
+
+def serve(sock_path: str) -> None:
+    """Import PRELOAD, then fork one child per request until stdin closes (the test process
+    that started this server ended)."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(64)
+    print("ready", flush=True)
+    while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+            os._exit(0)
+        if listener in ready:
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            if os.fork() == 0:
+                listener.close()
+                _waiter(conn, json.loads(msg), fds)  # never returns
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+
+
+def _waiter(conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _child(req, fds)  # never returns
+    for fd in fds:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        conn.sendall(f"P{pid}\n".encode())
+    _, status = os.waitpid(pid, 0)
+    with contextlib.suppress(OSError):
+        conn.sendall(f"S{os.waitstatus_to_exitcode(status)}\n".encode())
+    os._exit(0)
+
+
+def _child(req: dict[str, Any], fds: list[int]) -> None:
+    """Become ``python <argv>``: stdio, session, cwd, environment, signals, then run it."""
+    code = 1
+    try:
+        if req["new_session"]:
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            if fd > 2:
+                os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
+        sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
+        if req["env"].get(THREADS):
+            import torch  # preloaded: a name lookup
+
+            torch.set_num_threads(int(req["env"][THREADS]))
+        code = _run(req["argv"])
+    except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _run(argv: list[str]) -> int:
+    """Run ``argv`` (``script.py ...``, ``-m module ...`` or ``-c code ...``) as __main__ and end
+    as the interpreter does: non-daemon threads joined, atexit handlers run, status returned."""
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv, sys.path[0] = [argv[1], *argv[2:]], os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv, sys.path[0] = list(argv), str(Path(argv[0]).resolve().parent)
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = _exit_status(e.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        _end(0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # as python does: ended by SIGINT
+    except BaseException:  # noqa: BLE001
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    return _end(code)
+
+
+def _exit_status(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _end(code: int) -> int:
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step
+    atexit._run_exitfuncs()
+    return code
+
+
+# ----------------------------------------------------------------------------- client side
+
+LIVE_SERVERS = 3  # per test process (each holds ~0.5 GB): the least recently used one ends
+_servers: "OrderedDict[tuple, Optional[str]]" = OrderedDict()  # start-up env -> socket or None
+_procs: dict[tuple, subprocess.Popen] = {}  # a server ends when its stdin (ours) closes
+
+
+def _server(env: dict[str, str]) -> Optional[str]:
+    """The socket of the server for ``env``'s start-up settings (started on first use)."""
+    key = tuple(sorted(_startup_env(env).items()))
+    if key in _servers:
+        _servers.move_to_end(key)
+        return _servers[key]
+    while len(_procs) >= LIVE_SERVERS:
+        old = next(k for k in _servers if k in _procs)
+        _procs.pop(old).stdin.close()
+        del _servers[old]
+    # This process's environment with the child's start-up settings: the server itself reads
+    # only those (each child gets its own environment).
+    start_env = {k: v for k, v in os.environ.items() if not k.startswith(STARTUP_ENV)}
+    start_env.update(dict(key))
+    sock = os.path.join(tempfile.mkdtemp(prefix="mdk-warm-"), "s")
+    proc = _COLD([sys.executable, __file__, "serve", sock], cwd=REPO, env=start_env,
+                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                 text=True)
+    if proc.stdout.readline().strip() == "ready":
+        _procs[key], _servers[key] = proc, sock
+    else:  # no warm start for this environment: its commands start cold
+        proc.kill()
+        _servers[key] = None
+    return _servers[key]
+
+
+def _warm_argv(args: Any, executable: Any, shell: bool) -> Optional[list[str]]:
+    """``args`` without the interpreter, when it is this python with a script, -m or -c."""
+    if shell or executable is not None or isinstance(args, (str, bytes)) or len(args) < 2:
+        return None
+    argv = [os.fspath(a) for a in args]
+    if argv[0] != sys.executable:
+        return None
+    if argv[1] in ("-m", "-c"):
+        if len(argv) < 3 or (argv[1] == "-m" and argv[2] in COLD_MODULES):
+            return None
+        return argv[1:]
+    return argv[1:] if argv[1].endswith(".py") else None
+
+
+class Popen(_COLD):
+    """``subprocess.Popen`` that starts eligible ``python`` commands from the warm server."""
+    _warm: Optional[socket.socket] = None
+    _warm_buf = b""
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
+                       errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, *rest):
+        full = dict(os.environ if env is None else env)
+        argv = _warm_argv(args, executable, shell)
+        plain = (preexec_fn is None and not pass_fds and gid is None and not gids and uid is None
+                 and umask < 0 and all(r in (None, -1) for r in rest))
+        sock = _server(full) if argv and plain and full.get("MDK_TEST_COLD") != "1" else None
+        conn = None
+        if sock is not None:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect(sock)
+            except OSError:  # that server is gone: start this one cold
+                conn.close()
+                conn = None
+        if conn is None:
+            return super()._execute_child(
+                args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+                restore_signals, gid, gids, uid, umask, start_new_session, *rest)
+        req = {"argv": argv, "cwd": os.fspath(cwd or os.getcwd()), "env": full,
+               "new_session": bool(start_new_session)}
+        stdio = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+                 errwrite if errwrite != -1 else 2]
+        socket.send_fds(conn, [json.dumps(req).encode()], stdio)
+        self._warm = conn
+        self.pid = int(self._warm_line().removeprefix("P"))
+        self._child_created = True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _warm_line(self) -> str:
+        while b"\n" not in self._warm_buf:
+            data = self._warm.recv(64)
+            if not data:  # the waiter is gone without a word: report the child as killed
+                return f"S{-signal.SIGKILL}"
+            self._warm_buf += data
+        line, self._warm_buf = self._warm_buf.split(b"\n", 1)
+        return line.decode()
+
+    def _warm_status(self) -> None:
+        self.returncode = int(self._warm_line().removeprefix("S"))
+        self._warm.close()
+
+    def _internal_poll(self, _deadstate=None, *args, **kwargs):
+        if self._warm is None:
+            return super()._internal_poll(_deadstate, *args, **kwargs)
+        if self.returncode is None and select.select([self._warm], [], [], 0)[0]:
+            self._warm_status()
+        return self.returncode
+
+    def _wait(self, timeout):
+        if self._warm is None:
+            return super()._wait(timeout)
+        if self.returncode is None:
+            if not select.select([self._warm], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._warm_status()
+        return self.returncode
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
+    sys.path[0] = str(REPO)  # not tests/helpers: the children see the repository's modules only
+    serve(sys.argv[2])

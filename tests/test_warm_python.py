@@ -1,0 +1,111 @@
+"""tests/helpers/warm.py: a `python ...` started through the warm server is a process with the
+semantics of a fresh one (stdio, status, signals, session, cwd, environment, threads), and what
+it cannot serve starts cold."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cmd_env
+from helpers import warm
+
+PY = sys.executable
+
+
+def _popen(code: str, **kw) -> warm.Popen:
+    kw.setdefault("env", run_cmd_env())
+    return warm.Popen([PY, "-c", code], **kw)
+
+
+def test_stdio_status_cwd_and_environment_reach_the_child(tmp_path: Path):
+    p = _popen("import os, sys; print(os.getcwd(), os.environ['X_WARM'], sys.argv[1:]);"
+               "print(input(), file=sys.stderr); sys.exit(3)",
+               cwd=tmp_path, env=dict(run_cmd_env(), X_WARM="yes"), stdin=subprocess.PIPE,
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate("from the test", timeout=60)
+    assert p._warm is not None  # it did come from the warm server
+    assert p.returncode == 3
+    assert out == f"{tmp_path} yes []\n" and err == "from the test\n"
+
+
+def test_a_script_runs_as_main_with_its_arguments(tmp_path: Path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nif __name__ == '__main__':\n    print(sys.argv, sys.path[0])\n")
+    p = subprocess.run([PY, str(script), "a", "b"], env=run_cmd_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == f"{[str(script), 'a', 'b']} {tmp_path}\n"
+
+
+def test_uncaught_errors_and_sys_exit_messages_end_as_python_ends_them():
+    p = subprocess.run([PY, "-c", "raise ValueError('bad')"], env=run_cmd_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.strip().endswith("ValueError: bad")
+    assert "Traceback" in p.stderr
+    p = subprocess.run([PY, "-c", "import sys; sys.exit('one line')"], env=run_cmd_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr == "one line\n"
+
+
+def test_signals_session_and_atexit():
+    p = _popen("import atexit, os, sys, time; atexit.register(print, 'atexit ran');"
+               "print(os.getpgid(0) == os.getpid(), flush=True); time.sleep(60)",
+               stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert p.stdout.readline() == "True\n"  # its own session, as start_new_session asks
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=0.2)
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == -signal.SIGTERM
+    p = subprocess.run([PY, "-c", "import atexit; atexit.register(print, 'atexit ran')"],
+                       env=run_cmd_env(), capture_output=True, text=True, timeout=60)
+    assert p.stdout == "atexit ran\n"
+
+
+def test_ctrl_c_ends_the_child_by_sigint():
+    p = _popen("import time; print('up', flush=True); time.sleep(60)", stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "up\n"
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=30) == -signal.SIGINT and "KeyboardInterrupt" in p.stderr.read()
+
+
+def test_omp_num_threads_sets_torchs_threads():
+    code = "import torch; print(torch.get_num_threads())"
+    for n in ("1", "2"):
+        p = subprocess.run([PY, "-c", code], env=dict(run_cmd_env(), OMP_NUM_THREADS=n),
+                           capture_output=True, text=True, timeout=60)
+        assert p.stdout == f"{n}\n", p.stderr
+
+
+def test_what_the_server_cannot_serve_starts_cold():
+    env = run_cmd_env()
+    fresh = "import sys; print('torch' in sys.modules)"
+    assert subprocess.run([PY, "-c", fresh], env=env, capture_output=True, text=True,
+                          timeout=60).stdout == "True\n"  # warm: torch came with the fork
+    for argv, e in (([PY, "-u", "-c", fresh], env),  # an interpreter flag
+                    ([PY, "-c", fresh], dict(env, MDK_TEST_COLD="1"))):  # asked for
+        p = warm.Popen(argv, env=e, stdout=subprocess.PIPE, text=True)
+        assert p.communicate(timeout=120)[0] == "False\n" and p._warm is None
+    assert warm._warm_argv([PY, "-m", "launchers.processes.rank", "x"], None, False) is None
+
+
+def test_a_start_up_variable_gets_a_server_started_with_it(monkeypatch):
+    """PYTHONHASHSEED is read once, at interpreter start: the warm child hashes as a fresh
+    python with that seed does (a server of its own), not as the default server would. At most
+    LIVE_SERVERS run: the least recently used one ends."""
+    code = "print(hash('mdk'))"
+    subprocess.run([PY, "-c", "pass"], env=run_cmd_env(), check=True, timeout=60)
+    live = dict(warm._procs)
+    monkeypatch.setattr(warm, "LIVE_SERVERS", len(live))
+    seeded = dict(run_cmd_env(), PYTHONHASHSEED="7")
+    cold = subprocess.run([PY, "-u", "-c", code], env=seeded, capture_output=True, text=True,
+                          timeout=120).stdout
+    p = warm.Popen([PY, "-c", code], env=seeded, stdout=subprocess.PIPE, text=True)
+    assert p.communicate(timeout=120)[0] == cold and p._warm is not None
+    assert len(warm._procs) == len(live)
+    ended = [proc for key, proc in live.items() if key not in warm._procs]
+    assert len(ended) == 1 and ended[0].wait(timeout=30) == 0
