@@ -109,3 +109,14 @@ def test_a_start_up_variable_gets_a_server_started_with_it(monkeypatch):
     assert len(warm._procs) == len(live)
     ended = [proc for key, proc in live.items() if key not in warm._procs]
     assert len(ended) == 1 and ended[0].wait(timeout=30) == 0
+
+
+def test_a_warm_childs_own_python_commands_are_warm_too():
+    """A benchmark starts `python run.py ...` itself: from the same server (no server of its
+    own), with the same semantics (its status here)."""
+    inner = "import sys; print('torch' in sys.modules); sys.exit(4)"
+    outer = (f"import subprocess, sys; p = subprocess.run([sys.executable, '-c', {inner!r}], "
+             "capture_output=True, text=True); print(p.stdout.strip(), p.returncode)")
+    p = subprocess.run([PY, "-c", outer], env=run_cmd_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.stdout == "True 4\n", p.stderr

@@ -11,7 +11,8 @@ the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and torc
 its children have: one server per such environment a test uses. A command with interpreter
 flags starts cold, as do spawned ranks (they check that their parent is the launcher).
 ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (libgomp read the server's).
-``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold.
+``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
+child's own eligible commands (a benchmark's ``run.py`` runs) are forked by the same server.
 
 Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
 over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
@@ -26,6 +27,7 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,6 +62,8 @@ def _startup_env(env: dict[str, str]) -> dict[str, str]:
 def serve(sock_path: str) -> None:
     """Import PRELOAD, then fork one child per request until stdin closes (the test process
     that started this server ended)."""
+    global _own_socket
+    _own_socket = sock_path
     for name in PRELOAD:
         importlib.import_module(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
@@ -122,6 +126,10 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
             import torch  # preloaded: a name lookup
 
             torch.set_num_threads(int(req["env"][THREADS]))
+        # Its own `python run.py ...` commands (a benchmark's runs) come from this server too.
+        _servers.clear()
+        _servers[tuple(sorted(_startup_env(req["env"]).items()))] = _own_socket
+        subprocess.Popen = Popen  # type: ignore[misc]
         code = _run(req["argv"])
     except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
         traceback.print_exc()
@@ -181,14 +189,18 @@ def _end(code: int) -> int:
 LIVE_SERVERS = 3  # per test process (each holds ~0.5 GB): the least recently used one ends
 _servers: "OrderedDict[tuple, Optional[str]]" = OrderedDict()  # start-up env -> socket or None
 _procs: dict[tuple, subprocess.Popen] = {}  # a server ends when its stdin (ours) closes
+_own_socket = ""  # in a server and its children: the server's socket
 
 
 def _server(env: dict[str, str]) -> Optional[str]:
-    """The socket of the server for ``env``'s start-up settings (started on first use)."""
+    """The socket of the server for ``env``'s start-up settings (started on first use; inside a
+    warm child only its own server's)."""
     key = tuple(sorted(_startup_env(env).items()))
     if key in _servers:
         _servers.move_to_end(key)
         return _servers[key]
+    if _own_socket:
+        return None
     while len(_procs) >= LIVE_SERVERS:
         old = next(k for k in _servers if k in _procs)
         _procs.pop(old).stdin.close()
@@ -197,7 +209,9 @@ def _server(env: dict[str, str]) -> Optional[str]:
     # only those (each child gets its own environment).
     start_env = {k: v for k, v in os.environ.items() if not k.startswith(STARTUP_ENV)}
     start_env.update(dict(key))
-    sock = os.path.join(tempfile.mkdtemp(prefix="mdk-warm-"), "s")
+    folder = tempfile.mkdtemp(prefix="mdk-warm-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    sock = os.path.join(folder, "s")
     proc = _COLD([sys.executable, __file__, "serve", sock], cwd=REPO, env=start_env,
                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                  text=True)
