@@ -111,12 +111,16 @@ def test_a_start_up_variable_gets_a_server_started_with_it(monkeypatch):
     assert len(ended) == 1 and ended[0].wait(timeout=30) == 0
 
 
-def test_a_warm_childs_own_python_commands_are_warm_too():
+def test_a_warm_childs_own_python_scripts_are_warm_too(tmp_path):
     """A benchmark starts `python run.py ...` itself: from the same server (no server of its
-    own), with the same semantics (its status here)."""
-    inner = "import sys; print('torch' in sys.modules); sys.exit(4)"
-    outer = (f"import subprocess, sys; p = subprocess.run([sys.executable, '-c', {inner!r}], "
-             "capture_output=True, text=True); print(p.stdout.strip(), p.returncode)")
-    p = subprocess.run([PY, "-c", outer], env=run_cmd_env(), capture_output=True, text=True,
-                       timeout=120)
-    assert p.stdout == "True 4\n", p.stderr
+    own), with the same semantics (its status here). Its `-c` children start cold: they may be
+    stand-in ranks that must die with it (test_stop_signals)."""
+    script = tmp_path / "inner.py"
+    script.write_text("import sys; print('torch' in sys.modules); sys.exit(4)\n")
+    outer = ("import subprocess, sys\n"
+             "for argv in ([sys.argv[1]], ['-c', open(sys.argv[1]).read()]):\n"
+             "    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True)\n"
+             "    print(p.stdout.strip(), p.returncode)\n")
+    p = subprocess.run([PY, "-c", outer, str(script)], env=run_cmd_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.stdout == "True 4\nFalse 4\n", p.stderr

@@ -12,7 +12,8 @@ its children have: one server per such environment a test uses. A command with i
 flags starts cold, as do spawned ranks (they check that their parent is the launcher).
 ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (libgomp read the server's).
 ``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
-child's own eligible commands (a benchmark's ``run.py`` runs) are forked by the same server.
+child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
+server; its ``-c``/``-m`` children start cold (they may rely on dying with their parent).
 
 Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
 over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
@@ -250,7 +251,12 @@ class Popen(_COLD):
         argv = _warm_argv(args, executable, shell)
         plain = (preexec_fn is None and not pass_fds and gid is None and not gids and uid is None
                  and umask < 0 and all(r in (None, -1) for r in rest))
-        sock = _server(full) if argv and plain and full.get("MDK_TEST_COLD") != "1" else None
+        # Inside a warm child only scripts (a benchmark's run.py): a `-c`/`-m` child of a warm
+        # child may be a stand-in rank that must die with its parent, which a fork of the
+        # server would not be.
+        nested_ok = not _own_socket or (argv is not None and argv[0].endswith(".py"))
+        sock = _server(full) if (argv and plain and nested_ok
+                                 and full.get("MDK_TEST_COLD") != "1") else None
         conn = None
         if sock is not None:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
