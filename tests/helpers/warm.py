@@ -58,6 +58,11 @@ def _startup_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) and k != THREADS}
 
 
+def _server_key(env: dict[str, str]) -> tuple:
+    """Which server a command with ``env`` needs: its start-up settings."""
+    return tuple(sorted(_startup_env(env).items()))
+
+
 # ----------------------------------------------------------------------------- server side
 
 def serve(sock_path: str) -> None:
@@ -129,7 +134,7 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
             torch.set_num_threads(int(req["env"][THREADS]))
         # Its own `python run.py ...` commands (a benchmark's runs) come from this server too.
         _servers.clear()
-        _servers[tuple(sorted(_startup_env(req["env"]).items()))] = _own_socket
+        _servers[_server_key(req["env"])] = _own_socket
         subprocess.Popen = Popen  # type: ignore[misc]
         code = _run(req["argv"])
     except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
@@ -196,7 +201,7 @@ _own_socket = ""  # in a server and its children: the server's socket
 def _server(env: dict[str, str]) -> Optional[str]:
     """The socket of the server for ``env``'s start-up settings (started on first use; inside a
     warm child only its own server's)."""
-    key = tuple(sorted(_startup_env(env).items()))
+    key = _server_key(env)
     if key in _servers:
         _servers.move_to_end(key)
         return _servers[key]
