@@ -117,6 +117,28 @@ def test_two_machines_simulated_on_localhost(tmp_path):
     assert not (tmp_path / "m1" / "ck").exists()  # machine 1 holds rank 1: writes no checkpoint
 
 
+def test_the_ranks_of_every_stage_fork_from_one_server_with_the_launchers_environment_of_now(
+        tmp_path, monkeypatch):
+    """Two launches from one process (two stages, or two jobs of a sweep): the ranks of both fork
+    from one server that imported torch before them, and each launch's ranks see the launcher's
+    environment as it is at that launch (a later ``hydra.job.env_set``), not the server's."""
+    from helpers.ddp import env_rank
+    from launchers.processes.spawn import run_ranks
+
+    cfg = tiny_cfg(tmp_path, "dist.gpus=2")
+    monkeypatch.setenv("MDK_TEST_RANK_ENV", "first")
+    monkeypatch.setenv("MDK_TEST_GONE", "1")
+    first = run_ranks(cfg, tmp_path / "a", env_rank)
+    monkeypatch.setenv("MDK_TEST_RANK_ENV", "second")
+    monkeypatch.delenv("MDK_TEST_GONE")
+    second = run_ranks(cfg, tmp_path / "b", env_rank)
+    assert (first["var"], first["gone"]) == ("first", True)
+    assert (second["var"], second["gone"]) == ("second", False)
+    assert first["rank"] == second["rank"] == "0" and first["world"] == second["world"] == 2
+    assert first["parent"] == second["parent"] != os.getpid()  # one server for both launches
+    assert first["parent_has_torch"]  # imported there once, before any rank was forked
+
+
 def test_distributed_eval_equals_single_process_with_odd_val_size(tmp_path):
     from launchers.processes.spawn import run_ranks
 

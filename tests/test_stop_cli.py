@@ -40,11 +40,16 @@ def refs(tmp_path_factory) -> tuple[Path, Path]:
     return tmp, data
 
 
-def _live(pgid: int) -> list[str]:
+def _live(pgid: int, run_dir: Path) -> list[str]:
+    """The processes of the command's group and its ranks (each rank runs in its own session, so
+    it is found by the pid its log names) that are still running."""
+    ranks = {m for p in run_dir.glob("rank*.log") for m in re.findall(r"runs as pid (\d+)",
+                                                                      p.read_text())}
     out = subprocess.run(["ps", "-eo", "pgid=,pid=,stat=,args="], capture_output=True,
                          text=True).stdout
     return [ln for ln in out.splitlines()
-            if ln.split()[0] == str(pgid) and not ln.split()[2].startswith("Z")]
+            if (ln.split()[0] == str(pgid) or ln.split()[1] in ranks)
+            and not ln.split()[2].startswith("Z")]
 
 
 def signalled(tmp: Path, name: str, data: Path, fault: str, sig: int, target: str,
@@ -73,13 +78,13 @@ def signalled(tmp: Path, name: str, data: Path, fault: str, sig: int, target: st
         else:
             os.kill(int(re.search(r"runs as pid (\d+)", log.read_text()).group(1)), sig)
         code = proc.wait(timeout=120)
-        left, gone = _live(proc.pid), time.monotonic() + GONE_S
+        left, gone = _live(proc.pid, run_dir), time.monotonic() + GONE_S
         while left and time.monotonic() < gone:
             time.sleep(0.2)
-            left = _live(proc.pid)
+            left = _live(proc.pid, run_dir)
         assert not left, f"still running {GONE_S:g}s after the command ended:\n" + "\n".join(left)
     finally:
-        if proc.poll() is None or _live(proc.pid):
+        if proc.poll() is None or _live(proc.pid, run_dir):
             os.killpg(proc.pid, signal.SIGKILL)
     return code, err.read_text().strip().splitlines(), run_dir
 

@@ -90,7 +90,7 @@ def test_what_the_server_cannot_serve_starts_cold():
                     ([PY, "-c", fresh], dict(env, MDK_TEST_COLD="1"))):  # asked for
         p = warm.Popen(argv, env=e, stdout=subprocess.PIPE, text=True)
         assert p.communicate(timeout=120)[0] == "False\n" and p._warm is None
-    assert warm._warm_argv([PY, "-m", "launchers.processes.rank", "x"], None, False) is None
+    assert warm._warm_argv([PY, "-c", fresh], None, True) is None  # a shell command
 
 
 def test_a_start_up_variable_gets_a_server_started_with_it(monkeypatch):

@@ -103,9 +103,12 @@ def join(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv,
     check_world(cfg, world.size)  # the real world size: batch split, exact chunks
     _init_group(world, env, timeout)
     try:
-        box = [(OmegaConf.to_container(cfg, resolve=True), str(run_dir))]
-        tdist.broadcast_object_list(box, src=0)
-        cfg, run_dir = OmegaConf.create(box[0][0]), Path(box[0][1])
+        # Ranks one launcher spawned got its config already; any other rank takes rank 0's
+        # (another machine's launcher, torchrun and SLURM tasks composed their own).
+        if not (spawned and env.world_size == env.local_world_size):
+            box = [(OmegaConf.to_container(cfg, resolve=True), str(run_dir))]
+            tdist.broadcast_object_list(box, src=0)
+            cfg, run_dir = OmegaConf.create(box[0][0]), Path(box[0][1])
         if not spawned:
             setup_worker_logging(run_dir, env.rank, keep_existing=env.rank == 0)
         if env.rank == 0 and not spawned:

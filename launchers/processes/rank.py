@@ -1,37 +1,43 @@
-"""``python -m launchers.processes.rank <payload>``: one local rank, as torch's elastic agent
-starts it (spawn.py writes the payload: the stage function, the plain config, the run dir).
+"""One local rank, as torch's elastic agent runs it: ``run_rank`` is the callable spawn.py hands
+``elastic_launch``; torch pickles it with its arguments (the stage function, the plain config,
+the run dir) and calls it in a process forked from a forkserver that imported torch and mdk once
+for the whole launch.
 
-It ends with ``os._exit`` once its work is done: tearing gloo's C++ statics down at exit can abort
-a rank that did all its work (SIGABRT, ~1 in 12 two-rank runs here). Rank 0 leaves its result in
-the run dir; a rank that raises, its traceback in torch's error file (``record``); a stop, where
-last.pth stands (rank_ends.py).
+How it ends: rank 0 returns the stage's result (torch passes it back to the launcher); a rank
+that raises leaves its traceback in torch's error file (torch's ``record`` around this
+function); a stop leaves where last.pth stands in the run dir (rank_ends.py) and exits with
+``STOP_EXIT``. A forkserver child ends with ``os._exit``: no interpreter teardown, so gloo's C++
+statics cannot abort a rank that did all its work (SIGABRT, ~1 in 12 two-rank runs when they
+were torn down).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import pickle
-import sys
+import select
+import signal
+import threading
 import time
-from multiprocessing import spawn
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from launchers.processes.env import detect, leave_process
-from launchers.processes.join import join
+from launchers.processes.env import detect
+from launchers.processes.join import StageFn, join
 from launchers.processes.log_handlers import setup_worker_logging
-from launchers.processes.rank_ends import lost_peer, record_stop
-from launchers.processes.stop_signals import hold_stop_signals, stop_signals
-from mdk.engine.build import die_with_parent
+from launchers.processes.rank_ends import STOP_EXIT, lost_peer, record_stop
+from launchers.processes.stop_signals import end_on_stop_signals, hold_stop_signals, stop_signals
 from mdk.stop import StopRequested
 
 log = logging.getLogger(__name__)
 
 LOST_PEER_WAIT_S = 1.0
+# The environment the forkserver was started with (this module is among its preloads, imported
+# before torch's worker wrapper sets RANK, MASTER_PORT ...). It lives as long as the launcher and
+# may have started several stages or sweep jobs ago, under another ``hydra.job.env_set``.
+_SERVER_ENV = dict(os.environ)
 
 
 def set_cpu_threads(cfg: DictConfig) -> None:
@@ -41,15 +47,31 @@ def set_cpu_threads(cfg: DictConfig) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.dist.gpus) if n == "auto" else int(n))
 
 
-@record
-def main(payload: str) -> None:
-    with open(payload, "rb") as f:
-        # The launcher's sys.path and __main__ first (as multiprocessing's spawn does), so that
-        # fn can be unpickled also when the launcher's script defines it.
-        spawn.prepare(pickle.load(f))
-        fn, plain, run_dir, tag, parent = pickle.load(f)
-    die_with_parent(parent)  # no orphans: the kernel kills this rank when the launcher dies
-    env, cfg, run = detect(), OmegaConf.create(plain), Path(run_dir)
+def _leave(code: int) -> None:
+    """End this rank now with ``code`` (logs flushed, no teardown)."""
+    logging.shutdown()
+    os._exit(code)
+
+
+def run_rank(fn: StageFn, plain: dict[str, Any], run_dir: str, tag: str, launcher: int,
+             launcher_env: dict[str, str]) -> Optional[dict]:
+    """Run ``fn`` as this local rank; rank 0 returns its result (the others None)."""
+    take_environment(launcher_env)
+    try:
+        return _run(fn, OmegaConf.create(plain), Path(run_dir), tag, launcher)
+    except KeyboardInterrupt:  # a SIGINT before the stop handlers were in place: a stop
+        # (torch's worker wrapper would end a KeyboardInterrupt with status 0 and no result,
+        # which its agent waits on forever)
+        _leave(STOP_EXIT)
+        raise  # not reached
+
+
+def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Optional[dict]:
+    # Its own session, as torch's command-line workers have: a Ctrl-C in the terminal reaches
+    # the launcher only, which passes the stop on once (to this rank, not its loader workers).
+    os.setsid()
+    die_with(launcher)
+    env = detect()
     setup_worker_logging(run, env.rank)
     set_cpu_threads(cfg)
     log.info("rank %d runs as pid %d", env.rank, os.getpid())
@@ -57,17 +79,18 @@ def main(payload: str) -> None:
         try:
             try:
                 out = join(cfg, run, fn, env, spawned=True)
-                hold_stop_signals()  # done: a stop now is for the launcher, between stages
-                if env.rank == 0:
-                    (run / f".{tag}.result.json").write_text(json.dumps(out))
+                # Done: from here a stop signal (the launcher's, between stages) ends this rank
+                # at once; it only waits for torch to collect its result.
+                end_on_stop_signals()
+                return out if env.rank == 0 else None
             except BaseException as e:
-                hold_stop_signals()
+                hold_stop_signals()  # its error file first; the agent waits for it
                 if isinstance(e, StopRequested):
                     raise
                 if isinstance(e, SystemExit) and isinstance(e.code, int):
                     log.error("rank %d exited with code %d", env.rank, e.code)
-                    logging.shutdown()
-                    os._exit(e.code)
+                    # torch reads a clean exit without a result as "still running": never 0
+                    _leave(e.code or 1)
                 # Only a consequence of a peer's failure: the rank that failed first logs the cause.
                 if isinstance(e, RuntimeError) and lost_peer(str(e)):
                     log.warning("rank %d stopped: %s", env.rank, str(e).splitlines()[0][:300])
@@ -80,12 +103,47 @@ def main(payload: str) -> None:
         except StopRequested as e:  # also one raised while the exception above was handled
             hold_stop_signals()
             record_stop(run, tag, env.rank, e)
-    leave_process()
+            # Not a return: when the launcher was signalled, torch's agent no longer collects
+            # results, and a rank that returned would wait for it until the shutdown timeout.
+            _leave(STOP_EXIT)
+    return None  # not reached: every path above returns or leaves
 
 
-if __name__ == "__main__":
+def take_environment(launcher_env: dict[str, str]) -> None:
+    """This rank's environment: the launcher's as it is now, plus what torch set for the rank."""
+    torch_set = {k for k, v in os.environ.items() if _SERVER_ENV.get(k) != v}
+    for k in [k for k in os.environ if k not in launcher_env and k not in torch_set]:
+        del os.environ[k]
+    os.environ.update({k: v for k, v in launcher_env.items() if k not in torch_set})
+
+
+def die_with(launcher: int) -> None:
+    """SIGKILL this rank when the launcher ends, however it ends (no orphans). Not the kernel's
+    parent-death signal: the parent is the forkserver, and the forkserver lives as long as any
+    process it started (each holds its "alive" pipe), so that would never fire."""
     try:
-        main(sys.argv[1])
-    except BaseException:  # in its log and torch's error file: the launcher reports it, once
-        logging.shutdown()
-        os._exit(1)
+        fd = os.pidfd_open(launcher)
+    except ProcessLookupError:
+        _leave(1)  # it ended while this rank was being started
+    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): ask every half second
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(launcher):
+                time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

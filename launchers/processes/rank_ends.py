@@ -20,6 +20,9 @@ from mdk.stop import StopRequested
 
 OOM_HINT = "out of memory? see `dmesg` or the job's memory limit"
 CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
+# How a spawned rank that stopped on request ends (sysexits.h EX_TEMPFAIL: rerun to resume). Not
+# 0: torch's agent waits for a result from every rank that ends cleanly.
+STOP_EXIT = 75
 
 
 class RankFailedError(RuntimeError):
@@ -118,12 +121,13 @@ def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
     if real:  # the rank's own traceback (a user error's last line becomes its one line)
         r = real[0]
         return RankFailedError(f"rank {r} failed (log: {log(r)}):\n{tracebacks[r]}")
-    silent = sorted((r, f) for r, f in failures.items() if r not in tracebacks)
+    silent = sorted((r, f) for r, f in failures.items()
+                    if r not in tracebacks and f.exitcode != STOP_EXIT)
     if silent and signum is None:
         r, f = silent[0]
         return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(f.exitcode)}; "
                                f"its log: {log(r)}")
-    if signum is not None or stops:
+    if signum is not None or stops or any(f.exitcode == STOP_EXIT for f in failures.values()):
         return _stopped(stops, signum)
     if tracebacks:
         r = next(iter(tracebacks))

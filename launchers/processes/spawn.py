@@ -1,18 +1,16 @@
 """Start the ranks of a run: in this process, through torch's elastic agent
 (``elastic_launch``), or inside torchrun/SLURM tasks (docs/distributed.md, "Starting the ranks").
-Every rank then joins like a torchrun rank (join.py); rank.py is a spawned rank's process.
+Every rank then joins like a torchrun rank (join.py); rank.py is what a spawned rank runs.
 """
 from __future__ import annotations
 
-import json
 import logging
+import multiprocessing
 import os
-import pickle
 import shutil
 import signal
-import sys
 import time
-from multiprocessing.spawn import get_preparation_data
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launchers.processes.env import detect
 from launchers.processes.join import HINT, RendezvousError, StageFn, join
-from launchers.processes.rank import set_cpu_threads
+from launchers.processes.rank import run_rank, set_cpu_threads
 from launchers.processes.rank_ends import ErrorFileLogs, error_files, ranks_outcome
 from launchers.processes.stop_signals import STOP_SIGNALS, forwarding, received
 from mdk.dist_config import parse_dist_url
@@ -34,11 +32,15 @@ log = logging.getLogger(__name__)
 for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
     logging.getLogger(name).setLevel(logging.CRITICAL)
 logging.getLogger("torchelastic-events-null").setLevel(logging.CRITICAL)
+# torch.multiprocessing's "Terminating process ... via signal SIGTERM" when a rank failed: the
+# peers' ends are in ranks_outcome's one report.
+logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
 
 STOP_WAIT_S = 120  # after a stop signal: time for the ranks to save last.pth and end
 # mdk's handlers own the stop signals (stop_signals.py; SIGHUP ends the ranks too) and the ranks
 # get STOP_WAIT_S to save. A torch without these knobs handles the signals itself, 30 s grace.
 KNOBS = {"signals_to_handle": "SIGHUP", "shutdown_timeout": STOP_WAIT_S}
+TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
 SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers can die with "bus error"
 
 
@@ -58,6 +60,22 @@ def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
     return False
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (it removes the agent's named semaphores when
+    this process is killed) with its leak warning off: after a ``kill -9`` of the command it
+    would add "There appear to be 9 leaked semaphore objects" to the user's terminal, about a
+    clean-up it does as it should."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, TRACKER_QUIET]))
+    try:
+        resource_tracker.ensure_running()  # started once per process; later calls return
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
 def _launch_config(cfg: DictConfig, logs: ErrorFileLogs) -> LaunchConfig:
     nodes, timeout = int(cfg.dist.nodes), int(float(cfg.dist.timeout_s))
     if nodes == 1:  # a free port the agent's store keeps for the run: runs never collide
@@ -69,7 +87,7 @@ def _launch_config(cfg: DictConfig, logs: ErrorFileLogs) -> LaunchConfig:
         min_nodes=nodes, max_nodes=nodes, nproc_per_node=int(cfg.dist.gpus),
         run_id=f"mdk-{cfg.step.name}", max_restarts=0,
         rdzv_configs={"rank": int(cfg.dist.rank), "timeout": timeout}, **rdzv,
-        monitor_interval=0.1, logs_specs=logs,
+        monitor_interval=0.1, logs_specs=logs, start_method="forkserver",
         **{k: v for k, v in KNOBS.items() if k in LaunchConfig.__dataclass_fields__})
 
 
@@ -104,20 +122,19 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
         log.info("running %d CPU worker processes with gloo on this machine (world size %d)",
                  cfg.dist.gpus, cfg.dist.gpus * cfg.dist.nodes)
     tag = f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"  # this launcher's files
-    payload = run_dir / f".{tag}.rank.pkl"
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(payload, "wb") as f:
-        prep = {k: v for k, v in get_preparation_data("rank").items() if k != "authkey"}
-        pickle.dump(prep, f)  # first: then fn can be unpickled
-        pickle.dump((fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag,
-                     os.getpid()), f)
+    # The ranks fork from a server that imported these once for every stage this process
+    # launches (multiprocessing keeps one per process); the rank then unpickles fn by name.
+    multiprocessing.set_forkserver_preload(["__main__", "launchers.processes.rank", fn.__module__])
+    _start_resource_tracker()
     handlers = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGHUP)}
     logs = ErrorFileLogs(str(run_dir / ".ranks"))
-    failures, tracebacks = None, {}
+    failures, tracebacks, results = None, {}, {}
     try:
         with forwarding():
-            elastic_launch(_launch_config(cfg, logs), sys.executable)(
-                "-m", "launchers.processes.rank", str(payload))
+            results = elastic_launch(_launch_config(cfg, logs), run_rank)(
+                fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag, os.getpid(),
+                dict(os.environ))
     except ChildFailedError as e:
         failures = e.failures
     except SignalException:
@@ -130,13 +147,9 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
             signal.signal(s, h)
         tracebacks = error_files(logs.error_files, int(cfg.dist.rank) * int(cfg.dist.gpus))
         shutil.rmtree(run_dir / ".ranks", ignore_errors=True)
-        payload.unlink(missing_ok=True)
     err = ranks_outcome(run_dir, tag, failures, tracebacks, received(), int(cfg.dist.nodes) > 1)
     if err is not None:
         raise err from None
     if cfg.dist.rank != 0:
         return {"stage": cfg.step.name, "rank": cfg.dist.rank}
-    result = run_dir / f".{tag}.result.json"
-    out = json.loads(result.read_text())
-    result.unlink()
-    return out
+    return results[0]  # torch's return values, by global rank

@@ -101,6 +101,15 @@ def hold_stop_signals() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
+def end_on_stop_signals() -> None:
+    """From now on a stop signal ends this process at once (the signal's default action): its
+    work is over and its result handed on, so there is nothing left to save."""
+    _state["held"] = True
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 @contextlib.contextmanager
 def forwarding() -> Iterator[None]:
     """While inside, a stop signal to this process goes to the elastic agent running the ranks."""

@@ -68,13 +68,10 @@ def init_loader_worker(worker_id: int) -> None:
     die_with_parent()
 
 
-def die_with_parent(parent: Optional[int] = None) -> None:
-    """Linux: SIGKILL this process when its parent dies (no-op elsewhere). ``parent``: the pid
-    the parent had when it started this process; if it is already gone, exit now."""
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
         return
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG

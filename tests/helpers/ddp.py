@@ -1,6 +1,7 @@
 """Rank functions for the DDP tests (importable by spawned workers, which unpickle them by name)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -32,6 +33,16 @@ def raise_on_rank1(cfg: DictConfig, run_dir: Path, world: World) -> dict:
         raise ValueError("boom from rank 1")
     dist.barrier()  # never satisfied: only the parent's SIGTERM ends this
     return {"stage": "x"}
+
+
+def env_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:
+    """What a rank sees of how it was started: a variable of the launcher's environment, its
+    rank variables, its parent (the forkserver) and whether that parent had torch loaded."""
+    with open(f"/proc/{os.getppid()}/maps") as f:
+        parent_has_torch = "libtorch_cpu" in f.read()
+    return {"var": os.environ.get("MDK_TEST_RANK_ENV"), "gone": "MDK_TEST_GONE" in os.environ,
+            "rank": os.environ["RANK"], "world": world.size, "parent": os.getppid(),
+            "parent_has_torch": parent_has_torch}
 
 
 def eval_rank(cfg: DictConfig, run_dir: Path, world: World) -> dict:

@@ -9,7 +9,7 @@ for, the cwd and environment, ``start_new_session``, its exit status or the sign
 differs from a fresh interpreter is only what the imports did. So each server is started with
 the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and torch variables) that
 its children have: one server per such environment a test uses. A command with interpreter
-flags starts cold, as do spawned ranks (they check that their parent is the launcher).
+flags starts cold.
 ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (libgomp read the server's).
 ``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
 child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
@@ -50,7 +50,6 @@ STARTUP_ENV = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TOR
                "TORCHINDUCTOR_", "TORCHDYNAMO_", "DNNL_", "ONEDNN_", "ATEN_", "CUDA_", "MDK_VENV",
                "MDK_NO_BOOTSTRAP")
 THREADS = "OMP_NUM_THREADS"  # applied in the child (torch.set_num_threads)
-COLD_MODULES = ("launchers.processes.rank",)  # ranks check their parent's pid
 _COLD = subprocess.Popen  # the real one (conftest puts Popen below in its place)
 
 
@@ -237,9 +236,7 @@ def _warm_argv(args: Any, executable: Any, shell: bool) -> Optional[list[str]]:
     if argv[0] != sys.executable:
         return None
     if argv[1] in ("-m", "-c"):
-        if len(argv) < 3 or (argv[1] == "-m" and argv[2] in COLD_MODULES):
-            return None
-        return argv[1:]
+        return argv[1:] if len(argv) >= 3 else None
     return argv[1:] if argv[1].endswith(".py") else None
 
 
