@@ -66,24 +66,17 @@ def get(cfg: DictConfig, key: str) -> Any:
 
 
 def check_min(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
-    """An integer >= minimum (type-checked too: the checks also run on plain configs)."""
+    """``integer`` on the config's value (``optional``: null is allowed too)."""
     v = get(cfg, key)
-    if v is None and optional:
-        return
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{key}={v!r} must be an integer (e.g. {key}={max(minimum, 1)})")
-    if v < minimum:
-        raise ConfigError(f"{key}={v} must be >= {minimum}")
+    if not (v is None and optional):
+        integer(key, v, minimum)
 
 
 def check_positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
+    """``number`` > 0 on the config's value (``optional``: null turns the setting off)."""
     v = get(cfg, key)
-    if v is None and optional:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(f"{key}={v!r} must be a number")
-    if not v > 0:  # also rejects nan
-        raise ConfigError(f"{key}={v} must be > 0" + (" (or null to turn it off)" if optional else ""))
+    if not (v is None and optional):
+        number(key, v, 0, low_open=True, more=" (or null to turn it off)" if optional else "")
 
 
 def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:

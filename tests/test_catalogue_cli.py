@@ -42,7 +42,7 @@ def test_real_command_user_error_is_one_line_and_status_1(tmp_path):
 def test_real_command_hydra_full_error_shows_the_traceback(tmp_path):
     p = proc(tmp_path, "trainer.batch_size=0", env={"HYDRA_FULL_ERROR": "1"})
     assert p.returncode == 1
-    assert "Traceback" in p.stderr and "ConfigError: trainer.batch_size=0 must be >= 1" in p.stderr
+    assert "Traceback" in p.stderr and "BadValue: trainer.batch_size=0 must be an integer >= 1" in p.stderr
 
 
 def test_real_command_nan_loss_stops_and_keeps_last_good(tmp_path):

@@ -24,16 +24,16 @@ def existing(tmp_path):
 CASES = {
     # id: (overrides, needles in the one line)
     "wrong_type": (["trainer.epochs=abc"], ["config error: trainer.epochs='abc' must be an integer"]),
-    "zero_epochs": (["trainer.epochs=0"], ["config error: trainer.epochs=0 must be >= 1"]),
+    "zero_epochs": (["trainer.epochs=0"], ["config error: trainer.epochs=0 must be an integer >= 1"]),
     "zero_stage_epochs": (["step=step2", "step.epochs=0"],
                           ["config error: step.epochs=0 (step2) must be an integer >= 1, or null"]),
-    "negative_batch": (["trainer.batch_size=-8"], ["config error: trainer.batch_size=-8 must be >= 1"]),
-    "negative_lr": (["optim.lr=-1"], ["config error: optim.lr=-1 must be > 0"]),
+    "negative_batch": (["trainer.batch_size=-8"], ["config error: trainer.batch_size=-8 must be an integer >= 1"]),
+    "negative_lr": (["optim.lr=-1"], ["config error: optim.lr=-1 must be a number > 0"]),
     "class_count": (["dataset.num_classes=3"],
                     ["config error: dataset.num_classes=3 but dataset.class_names has 5 names"]),
     "bad_pipeline": (["pipeline=[step1,bogus]"], ["config error: pipeline entry 'bogus' is not a stage"]),
     "rank_ge_nodes": (["dist.rank=1"], ["config error: dist.rank=1 must be < dist.nodes=1"]),
-    "zero_gpus": (["dist.gpus=0"], ["config error: dist.gpus=0 must be >= 1"]),
+    "zero_gpus": (["dist.gpus=0"], ["config error: dist.gpus=0 must be an integer >= 1"]),
     "multi_node_auto_url": (["dist.nodes=2"], ["config error: dist.dist_url=auto only works on one "
                                                "machine", "dist.dist_url=10.0.0.1:29500"]),
     "bad_dist_url": (["dist.dist_url=node0"], ["config error: dist.dist_url='node0' must be host:port"]),

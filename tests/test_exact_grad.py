@@ -60,7 +60,7 @@ def test_exact_mode_refuses_batchnorm_and_bad_chunks(tmp_path):
     with pytest.raises(ConfigError, match=r"dist\.exact_chunk=3 must divide the per-process "
                                           r"batch .* 8/2 = 4"):
         validate(tiny_cfg(tmp_path, "trainer.batch_size=8", "dist.gpus=2", "dist.exact_chunk=3"))
-    with pytest.raises(ConfigError, match=r"dist\.exact_chunk=0 must be >= 1"):
+    with pytest.raises(ConfigError, match=r"dist\.exact_chunk=0 must be an integer >= 1"):
         validate(tiny_cfg(tmp_path, "dist.exact_chunk=0"))
     with pytest.raises(ConfigError, match=r"dist\.cpu_threads='many' must be auto or an integer"):
         validate(tiny_cfg(tmp_path, "dist.cpu_threads=many"))

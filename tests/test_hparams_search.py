@@ -61,10 +61,10 @@ def test_objective_refuses_what_would_break_the_study():
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match=f"final_loss of step1 is {bad}"):
             float(StageResults([StageResult("step1", final_loss=bad)], ["step1"], "final_loss"))
-    failed = FailedRun({"status": "failed", "error": "ConfigError: optim.lr=-1.0 must be > 0\nmore"})
+    failed = FailedRun({"status": "failed", "error": "config error: optim.lr=-1.0 must be a number > 0\nmore"})
     with pytest.raises(TypeError):
         float(failed)
-    assert str(failed) == "run failed: ConfigError: optim.lr=-1.0 must be > 0"
+    assert str(failed) == "run failed: config error: optim.lr=-1.0 must be a number > 0"
 
 
 def test_with_objective_wraps_results_and_failures():
@@ -207,7 +207,7 @@ def test_median_pruner_stops_a_poor_trial_early_and_a_failed_trial_is_recorded(t
     assert states == [(0.005, "COMPLETE"), (0.005, "COMPLETE"), (-1.0, "FAIL"), (1e-6, "PRUNED"),
                       (0.005, "COMPLETE"), (1e-6, "PRUNED")]
     jobs = {j["job"]: j for j in json.loads((sweep / "sweep_summary.json").read_text())["jobs"]}
-    assert jobs["2"]["status"] == "failed" and "optim.lr=-1.0 must be > 0" in jobs["2"]["error"]
+    assert jobs["2"]["status"] == "failed" and "config error: optim.lr=-1.0 must be a number > 0" in jobs["2"]["error"]
     for n in ("3", "5"):  # pruned after epoch 1 of 3: the log, the result and last.pth say so
         assert study.trials[int(n)].intermediate_values.keys() == {1}
         assert jobs[n]["status"] == "pruned" and jobs[n]["stopped_epoch"] == 1

@@ -53,5 +53,5 @@ def test_bad_min_iters_is_one_line(tiny_cfg):
 
     with pytest.raises(ConfigError, match=r"^step.min_iters=-1 \(step1\) must be an integer >= 0"):
         stage_config(tiny_cfg("step.min_iters=-1"), "step1")
-    with pytest.raises(ConfigError, match=r"^trainer.finetune_min_iters=-5 must be >= 0"):
+    with pytest.raises(ConfigError, match=r"^trainer.finetune_min_iters=-5 must be an integer >= 0"):
         validate(tiny_cfg("trainer.finetune_min_iters=-5"))

@@ -21,7 +21,7 @@ from launchers.hydra_app import sweep_summary as ss
 from launchers.hydra_app.submitit_requeue import (check_resources_not_swept, pin_job_dir,
                                                   stop_on_signals)
 from launchers.reports import sweep_results
-from mdk import stop
+from mdk import checks, stop
 from mdk.engine.loop import HookBase, Trainer
 from mdk.engine.result import StageResult
 from mdk.engine.stop_hook import StopOnRequestHook
@@ -49,8 +49,8 @@ def test_job_record_of_failures_keeps_the_error_and_traceback():
     rec = sweep_results.job_record(exc, [], started=0.0)
     assert rec["status"] == "failed" and rec["error"] == "ValueError: bad value for x"
     assert "raise ValueError" in rec["traceback"]
-    guarded = {"status": "failed", "error": "ConfigError: x", "traceback": "tb"}
-    assert sweep_results.job_record(guarded, [], 0.0)["error"] == "ConfigError: x"
+    guarded = {"status": "failed", "error": "config error: x", "traceback": "tb"}
+    assert sweep_results.job_record(guarded, [], 0.0)["error"] == "config error: x"
 
 
 def _result(d: Path, **rec) -> None:
@@ -63,7 +63,7 @@ def test_table_shows_swept_keys_and_marks_failed_and_incomplete_jobs(tmp_path):
     _result(tmp_path / "0", status="completed", overrides=[*common, "scheduler=step", "scheduler.warmup.iters=0"],
             best_map50=0.125, final_loss=3.25, time_s=12.0, attempts=2)
     _result(tmp_path / "1", status="failed", overrides=[*common, "scheduler=step", "scheduler.warmup.iters=200"],
-            error="ConfigError: trainer.eval_every=0 must be >= 1\nmore")
+            error="config error: trainer.eval_every=0 must be an integer >= 1\nmore")
     _result(tmp_path / "10", status="running", overrides=[*common, "scheduler=cosine", "scheduler.warmup.iters=0"])
     rows = sweep_results.collect_results(tmp_path)
     assert [r["job"] for r in rows] == ["0", "1", "10"]  # numeric order, not "0, 1, 10" by accident
@@ -73,7 +73,7 @@ def test_table_shows_swept_keys_and_marks_failed_and_incomplete_jobs(tmp_path):
                                 "final", "loss", "time", "s", "status"]
     assert lines[1].split() == ["0", "step", "0", "0.1250", "3.2500", "12.0", "completed", "(2", "runs)"]
     assert lines[2].split()[:6] == ["1", "step", "200", "-", "-", "-"]
-    assert lines[2].endswith("failed: ConfigError: trainer.eval_every=0 must be >= 1")
+    assert lines[2].endswith("failed: config error: trainer.eval_every=0 must be an integer >= 1")
     assert lines[3].split()[:3] == ["10", "cosine", "0"] and lines[3].endswith("incomplete")
     assert lines[4] == f"1/3 jobs completed; sweep dir: {tmp_path}"
     assert lines[5] == "all jobs: trainer.epochs=2"
@@ -120,6 +120,10 @@ def test_run_guarded_records_errors_only_in_multirun(monkeypatch):
     assert out["status"] == "failed" and out["error"] == "ValueError: nope"
     config_error = job.run_guarded(lambda c: (_ for _ in ()).throw(SystemExit("config error: x")), None)
     assert config_error["error"] == "SystemExit: config error: x"
+    # A user error's record names its kind as the command's one line does, whatever its class.
+    bad = job.run_guarded(lambda c: checks.integer("trainer.epochs", 0, 1), None)
+    assert bad["error"] == "config error: trainer.epochs=0 must be an integer >= 1"
+    assert "BadValue" in bad["traceback"]
     for exc in (SystemExit(-1), stop.StopRequested("SIGTERM", 3), KeyboardInterrupt()):
         def raiser(cfg, exc=exc):
             raise exc
@@ -221,11 +225,11 @@ def test_basic_sweep_marks_failed_job_exits_1_and_protects_its_dir(tmp_path, sha
     # tests/test_sweep_check.py) this bad value would stop the sweep before job 0 starts.
     res = run_py(*args, "trainer.eval_every=1,0", "hydra.callbacks.sweep_check.enabled=false")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "1 of 2 sweep jobs did not complete: #1 failed: ConfigError: trainer.eval_every=0" in res.stderr
+    assert "1 of 2 sweep jobs did not complete: #1 failed: config error: trainer.eval_every=0 must be an integer >= 1" in res.stderr
     table = (sweep / "sweep_summary.txt").read_text().splitlines()
     assert table[0].split()[:2] == ["job", "trainer.eval_every"]
     assert table[1].split()[:2] == ["0", "1"] and table[1].endswith("completed")
-    assert table[2].endswith("failed: ConfigError: trainer.eval_every=0 must be >= 1")
+    assert table[2].endswith("failed: config error: trainer.eval_every=0 must be an integer >= 1")
     ok = json.loads((sweep / "0" / "result.json").read_text())
     assert ok["stages"][0]["checkpoints"] == str(sweep / "0" / "checkpoints" / "step1")
     assert ok["stages"][0]["iterations"] == 2 and ok["final_loss"] > 0

@@ -4,12 +4,13 @@ job that raises becomes a ``failed`` result (docs/cluster.md, "Sweeps").
 from __future__ import annotations
 
 import logging
-import traceback
 from typing import Any, Callable
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
+
+from launchers.reports.sweep_results import failure_record
 
 log = logging.getLogger(__name__)
 
@@ -28,5 +29,4 @@ def run_guarded(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
         if not is_multirun() or isinstance(e, SystemExit) and not isinstance(e.code, str):
             raise
         log.error("job failed: %s", e, exc_info=True)
-        return {"status": "failed", "error": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc()}
+        return failure_record(e)

@@ -11,16 +11,24 @@ from typing import Any, Optional
 
 from launchers.reports.sweep_stats import columns, compact_stages
 from mdk.engine.result import StageResult
+from mdk.errors import error_line
 
 RESULT = "result.json"
+
+
+def failure_record(e: BaseException) -> dict[str, Any]:
+    """A job that raised ``e``: its error as the command line would say it (a user error's
+    ``<label>: <message>``, anything else ``<type>: <message>``) and its traceback."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return {"status": "failed", "error": error_line(e) or f"{type(e).__name__}: {e}",
+            "traceback": tb}
 
 
 def job_record(ret: Any, overrides: list[str], started: float) -> dict[str, Any]:
     """What result.json holds for a job that returned ``ret`` (results, a failure, or an error)."""
     rec: dict[str, Any] = {"overrides": overrides, "wall_s": round(time.time() - started, 1)}
     if isinstance(ret, BaseException):
-        tb = "".join(traceback.format_exception(type(ret), ret, ret.__traceback__))
-        return {**rec, "status": "failed", "error": f"{type(ret).__name__}: {ret}", "traceback": tb}
+        return {**rec, **failure_record(ret)}
     if isinstance(ret, dict) and ret.get("status") == "failed":
         return {**rec, **ret}
     stages: list[StageResult] = list(ret) if isinstance(ret, (list, tuple)) else []
