@@ -7,7 +7,7 @@ option of conf/step/calibration/ (``+stages.<stage>.calibration=kl``); and the r
 checkpoints and commands from before the methods were nodes, ``{method: kl, percentile: 99.0,
 mse_candidates: 64, max_values: 1048576}``: the method's class with the values it takes (the
 others were never read by it). ``observers`` builds the node with the process's ``rank`` /
-``world``; ``check_calibration`` builds it once before any stage runs.
+``world``; ``with_calibration_node`` builds it once per stage config, before any stage runs.
 """
 from __future__ import annotations
 
@@ -126,13 +126,6 @@ def observers(c: Any, *, rank: int = 0, world: int = 1, where: str = ""
     except ValueError as e:  # another refusal of the class: one line, as build gives it
         raise ConfigError(f"{KEY} ({node['_target_']}){where}: {e}") from e
     return make
-
-
-def check_calibration(stage_cfg: DictConfig, stage: str) -> None:
-    """Check a stage's ``calibration`` node before any stage runs (not after step2)."""
-    c = stage_cfg.get("calibration")
-    if c is not None:
-        observers(c, where=f" ({stage})")
 
 
 def with_calibration_node(cfg: DictConfig, stage: str) -> DictConfig:
