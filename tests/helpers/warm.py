@@ -15,18 +15,13 @@ flags starts cold.
 child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
 server; its ``-c``/``-m`` children start cold (they may rely on dying with their parent).
 
-Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
-over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
-and, when the child ends, ``S<status>`` (negative: the signal), as ``Popen.returncode`` reads.
+This module is the client (conftest puts its ``Popen`` in place); the server is warm_server.py.
 """
 from __future__ import annotations
 
 import atexit
-import contextlib
-import importlib
 import json
 import os
-import runpy
 import select
 import shutil
 import signal
@@ -34,17 +29,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import traceback
-import types
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[2]
-# What the server imports before it forks: what `run.py` and `python -m mdk.tools.*` load.
-PRELOAD = ["torch", "torchvision", "hydra", "omegaconf", "launchers.hydra_app.cli",
-           "launchers.hydra_app.entry", "launchers.processes.rank", "mdk.engine.runner"]
+SERVER = Path(__file__).with_name("warm_server.py")
 # Environment read while starting or importing: a child whose values differ starts cold.
 STARTUP_ENV = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TORCH_",
                "TORCHINDUCTOR_", "TORCHDYNAMO_", "DNNL_", "ONEDNN_", "ATEN_", "CUDA_", "MDK_VENV",
@@ -61,135 +51,6 @@ def _server_key(env: dict[str, str]) -> tuple:
     """Which server a command with ``env`` needs: its start-up settings."""
     return tuple(sorted(_startup_env(env).items()))
 
-
-# ----------------------------------------------------------------------------- server side
-
-def serve(sock_path: str) -> None:
-    """Import PRELOAD, then fork one child per request until stdin closes (the test process
-    that started this server ended)."""
-    global _own_socket
-    _own_socket = sock_path
-    for name in PRELOAD:
-        importlib.import_module(name)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
-    listener.listen(64)
-    print("ready", flush=True)
-    while True:
-        ready, _, _ = select.select([listener, sys.stdin], [], [])
-        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
-            os._exit(0)
-        if listener in ready:
-            conn, _ = listener.accept()
-            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-            if os.fork() == 0:
-                listener.close()
-                _waiter(conn, json.loads(msg), fds)  # never returns
-            conn.close()
-            for fd in fds:
-                os.close(fd)
-
-
-def _waiter(conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
-        _child(req, fds)  # never returns
-    for fd in fds:
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        conn.sendall(f"P{pid}\n".encode())
-    _, status = os.waitpid(pid, 0)
-    with contextlib.suppress(OSError):
-        conn.sendall(f"S{os.waitstatus_to_exitcode(status)}\n".encode())
-    os._exit(0)
-
-
-def _child(req: dict[str, Any], fds: list[int]) -> None:
-    """Become ``python <argv>``: stdio, session, cwd, environment, signals, then run it."""
-    code = 1
-    try:
-        if req["new_session"]:
-            os.setsid()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            if fd > 2:
-                os.close(fd)
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-            signal.signal(s, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-        sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
-        sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
-        if req["env"].get(THREADS):
-            import torch  # preloaded: a name lookup
-
-            torch.set_num_threads(int(req["env"][THREADS]))
-        # Its own `python run.py ...` commands (a benchmark's runs) come from this server too.
-        _servers.clear()
-        _servers[_server_key(req["env"])] = _own_socket
-        subprocess.Popen = Popen  # type: ignore[misc]
-        code = _run(req["argv"])
-    except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def _run(argv: list[str]) -> int:
-    """Run ``argv`` (``script.py ...``, ``-m module ...`` or ``-c code ...``) as __main__ and end
-    as the interpreter does: non-daemon threads joined, atexit handlers run, status returned."""
-    code = 0
-    try:
-        if argv[0] == "-m":
-            sys.argv, sys.path[0] = [argv[1], *argv[2:]], os.getcwd()
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        elif argv[0] == "-c":
-            sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
-            main = types.ModuleType("__main__")
-            sys.modules["__main__"] = main
-            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
-        else:
-            sys.argv, sys.path[0] = list(argv), str(Path(argv[0]).resolve().parent)
-            runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as e:
-        code = _exit_status(e.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        _end(0)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)  # as python does: ended by SIGINT
-    except BaseException:  # noqa: BLE001
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    return _end(code)
-
-
-def _exit_status(value: object) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    print(value, file=sys.stderr)
-    return 1
-
-
-def _end(code: int) -> int:
-    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step
-    atexit._run_exitfuncs()
-    return code
-
-
-# ----------------------------------------------------------------------------- client side
 
 LIVE_SERVERS = 3  # per test process (each holds ~0.5 GB): the least recently used one ends
 _servers: "OrderedDict[tuple, Optional[str]]" = OrderedDict()  # start-up env -> socket or None
@@ -217,7 +78,7 @@ def _server(env: dict[str, str]) -> Optional[str]:
     folder = tempfile.mkdtemp(prefix="mdk-warm-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     sock = os.path.join(folder, "s")
-    proc = _COLD([sys.executable, __file__, "serve", sock], cwd=REPO, env=start_env,
+    proc = _COLD([sys.executable, str(SERVER), "serve", sock], cwd=REPO, env=start_env,
                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                  text=True)
     if proc.stdout.readline().strip() == "ready":
@@ -311,7 +172,3 @@ class Popen(_COLD):
             self._warm_status()
         return self.returncode
 
-
-if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
-    sys.path[0] = str(REPO)  # not tests/helpers: the children see the repository's modules only
-    serve(sys.argv[2])
