@@ -22,8 +22,8 @@ import pytest
 
 from conftest import REPO, run_cmd_env
 from launchers.hydra_app.job_ends import jobs_end_lines, record_stopped_job
-from launchers.processes.rank_ends import (RankFailedError, error_files, ranks_outcome,
-                                            record_stop)
+from launchers.processes.rank_ends import (STOP_EXIT, RankFailedError, error_files,
+                                            ranks_outcome, record_stop)
 from launchers.processes.stop_signals import DUPLICATE_S, stop_signals
 from launchers.reports.stop_line import stop_line, stop_status, sweep_rerun
 from mdk import stop
@@ -213,6 +213,21 @@ def test_a_stop_is_reported_with_its_signal_the_rank_it_reached_and_the_saved_st
     record_stop(tmp_path, "tag", 0, stop.StopRequested("SIGINT", saved=False))
     e = ranks_outcome(tmp_path, "tag", _failed(1, 1), {1: RESET}, int(signal.SIGINT), False)
     assert (e.reason, e.rank, e.saved) == ("SIGINT", None, False)
+
+
+def test_a_rank_that_left_with_the_stop_status_is_a_stop_not_a_failure(tmp_path):
+    """Torch's agent counts a rank that stopped on request (status STOP_EXIT, no result) as the
+    first failure when only that rank got the signal; the report is the stop its record says."""
+    record_stop(tmp_path, "tag", 1, stop.StopRequested("SIGUSR1", 4, 1))
+    record_stop(tmp_path, "tag", 0, stop.StopRequested("another rank was asked to stop", 4, 1))
+    e = ranks_outcome(tmp_path, "tag", _failed(1, STOP_EXIT), {}, None, False)
+    assert isinstance(e, stop.StopRequested)
+    assert (e.reason, e.rank, e.iteration, e.epoch, e.saved) == ("SIGUSR1", 1, 4, 1, True)
+    # the status alone (its record lost) is still no failure; another status is one
+    e = ranks_outcome(tmp_path, "tag", _failed(1, STOP_EXIT), {}, None, False)
+    assert isinstance(e, stop.StopRequested) and not e.saved
+    assert isinstance(ranks_outcome(tmp_path, "tag", _failed(1, STOP_EXIT + 1), {}, None, False),
+                      RankFailedError)
 
 
 def test_a_submitit_job_without_a_result_is_one_line(tmp_path):
