@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -47,7 +47,7 @@ def set_cpu_threads(cfg: DictConfig) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.dist.gpus) if n == "auto" else int(n))
 
 
-def _leave(code: int) -> None:
+def _leave(code: int) -> NoReturn:
     """End this rank now with ``code`` (logs flushed, no teardown)."""
     logging.shutdown()
     os._exit(code)
@@ -63,7 +63,6 @@ def run_rank(fn: StageFn, plain: dict[str, Any], run_dir: str, tag: str, launche
         # (torch's worker wrapper would end a KeyboardInterrupt with status 0 and no result,
         # which its agent waits on forever)
         _leave(STOP_EXIT)
-        raise  # not reached
 
 
 def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Optional[dict]:
@@ -106,7 +105,6 @@ def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Op
             # Not a return: when the launcher was signalled, torch's agent no longer collects
             # results, and a rank that returned would wait for it until the shutdown timeout.
             _leave(STOP_EXIT)
-    return None  # not reached: every path above returns or leaves
 
 
 def take_environment(launcher_env: dict[str, str]) -> None:
@@ -120,30 +118,17 @@ def take_environment(launcher_env: dict[str, str]) -> None:
 def die_with(launcher: int) -> None:
     """SIGKILL this rank when the launcher ends, however it ends (no orphans). Not the kernel's
     parent-death signal: the parent is the forkserver, and the forkserver lives as long as any
-    process it started (each holds its "alive" pipe), so that would never fire."""
+    process it started (each holds its "alive" pipe), so that would never fire. Linux >= 5.3
+    (pidfd); a no-op elsewhere, as mdk.engine.build.die_with_parent is."""
     try:
         fd = os.pidfd_open(launcher)
     except ProcessLookupError:
         _leave(1)  # it ended while this rank was being started
-    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): ask every half second
-        fd = None
+    except (AttributeError, OSError):
+        return
 
     def watch() -> None:
-        if fd is not None:
-            select.select([fd], [], [])
-        else:
-            while _alive(launcher):
-                time.sleep(0.5)
+        select.select([fd], [], [])  # readable once the launcher has ended
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -121,13 +121,13 @@ def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
     if real:  # the rank's own traceback (a user error's last line becomes its one line)
         r = real[0]
         return RankFailedError(f"rank {r} failed (log: {log(r)}):\n{tracebacks[r]}")
-    silent = sorted((r, f) for r, f in failures.items()
-                    if r not in tracebacks and f.exitcode != STOP_EXIT)
+    stopped = {r for r, f in failures.items() if f.exitcode == STOP_EXIT}  # left on request
+    silent = sorted((r, f) for r, f in failures.items() if r not in tracebacks and r not in stopped)
     if silent and signum is None:
         r, f = silent[0]
         return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(f.exitcode)}; "
                                f"its log: {log(r)}")
-    if signum is not None or stops or any(f.exitcode == STOP_EXIT for f in failures.values()):
+    if signum is not None or stops or stopped:
         return _stopped(stops, signum)
     if tracebacks:
         r = next(iter(tracebacks))

@@ -104,7 +104,6 @@ def hold_stop_signals() -> None:
 def end_on_stop_signals() -> None:
     """From now on a stop signal ends this process at once (the signal's default action): its
     work is over and its result handed on, so there is nothing left to save."""
-    _state["held"] = True
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
