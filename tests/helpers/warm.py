@@ -10,10 +10,15 @@ differs from a fresh interpreter is only what the imports did. So each server is
 the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and torch variables) that
 its children have: one server per such environment a test uses. A command with interpreter
 flags starts cold.
-``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads`` (libgomp read the server's).
+A few are applied in the child instead, as a fresh interpreter would have them: ``PYTHONPATH``
+(``sys.path``), glibc's ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (``mallopt``, what
+glibc does with them at start) and ``OMP_NUM_THREADS`` (``torch.set_num_threads``: libgomp read the
+server's); so the server itself starts without them.
 ``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
 child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
-server; its ``-c``/``-m`` children start cold (they may rely on dying with their parent).
+server; its ``-c``/``-m`` children start cold (they may rely on dying with their parent). Its
+multiprocessing forkserver (a ``dist.gpus=2`` run's ranks fork from it) comes from the server too:
+warm_forkserver.py.
 
 This module is the client (conftest puts its ``Popen`` in place); the server is warm_server.py.
 """
@@ -40,11 +45,13 @@ STARTUP_ENV = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TOR
                "TORCHINDUCTOR_", "TORCHDYNAMO_", "DNNL_", "ONEDNN_", "ATEN_", "CUDA_", "MDK_VENV",
                "MDK_NO_BOOTSTRAP")
 THREADS = "OMP_NUM_THREADS"  # applied in the child (torch.set_num_threads)
+MALLOC_THRESHOLDS = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # mallopt's M_*
+APPLIED = (THREADS, "PYTHONPATH", *MALLOC_THRESHOLDS)  # set in the child, not the server
 _COLD = subprocess.Popen  # the real one (conftest puts Popen below in its place)
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) and k != THREADS}
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_ENV) and k not in APPLIED}
 
 
 def _server_key(env: dict[str, str]) -> tuple:

@@ -3,13 +3,15 @@ process that imported PRELOAD once and forks one child per request. Started by w
 ``python tests/helpers/warm_server.py serve <socket>``.
 
 Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
-over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
+and those its ``pass_fds`` numbers (warm_forkserver.py's) over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
 and, when the child ends, ``S<status>`` (negative: the signal), as ``Popen.returncode`` reads.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import fcntl
 import importlib
 import json
 import os
@@ -25,12 +27,18 @@ import types
 from pathlib import Path
 from typing import Any
 
+import torch
+
 REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":
     sys.path[0] = str(REPO)  # not tests/helpers: the children see the repository's modules only
+# The server starts without PYTHONPATH (warm.APPLIED): a child's path is its own entries, then these.
+BASE_PATH = sys.path[1:]
 
 from tests.helpers import warm  # noqa: E402  # the client: a warm child's own commands use it
+from tests.helpers import warm_forkserver  # noqa: E402
 
+MAX_PASS_FDS = 4  # besides stdio: a forkserver's two (warm_forkserver.py)
 # What the server imports before it forks: what `run.py` and `python -m mdk.tools.*` load.
 PRELOAD = ["torch", "torchvision", "hydra", "omegaconf", "launchers.hydra_app.cli",
            "launchers.hydra_app.entry", "launchers.processes.rank", "mdk.engine.runner"]
@@ -53,7 +61,7 @@ def serve(sock_path: str) -> None:
             os._exit(0)
         if listener in ready:
             conn, _ = listener.accept()
-            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3 + MAX_PASS_FDS)
             if os.fork() == 0:
                 listener.close()
                 _waiter(conn, json.loads(msg), fds)  # never returns
@@ -84,10 +92,7 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
     try:
         if req["new_session"]:
             os.setsid()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            if fd > 2:
-                os.close(fd)
+        _place(fds, [0, 1, 2, *req.get("pass_fds", [])])
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -98,14 +103,12 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
         sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
-        if req["env"].get(warm.THREADS):
-            import torch  # preloaded: a name lookup
-
-            torch.set_num_threads(int(req["env"][warm.THREADS]))
+        _apply(req["env"])
         # Its own `python run.py ...` commands (a benchmark's runs) come from this server too.
         warm._servers.clear()
         warm._servers[warm._server_key(req["env"])] = warm._own_socket
         subprocess.Popen = warm.Popen  # type: ignore[misc]
+        warm_forkserver.install(warm._own_socket, warm._server)
         code = _run(req["argv"])
     except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
         traceback.print_exc()
@@ -114,6 +117,29 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _apply(env: dict[str, str]) -> None:
+    """What a fresh interpreter would have taken from warm.APPLIED's variables at its start."""
+    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)]
+    if entries != [""]:  # as python does: relative to the start's folder, "" being that folder
+        sys.path[1:] = [os.path.abspath(p or ".") for p in entries] + BASE_PATH
+    libc = ctypes.CDLL(None)
+    for name, param in warm.MALLOC_THRESHOLDS.items():
+        if env.get(name, "").isdigit():
+            libc.mallopt(param, int(env[name]))
+    if env.get(warm.THREADS):
+        torch.set_num_threads(int(env[warm.THREADS]))
+
+
+def _place(fds: list[int], targets: list[int]) -> None:
+    """Put each received descriptor at its number (stdio, then a forkserver's two)."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds]  # out of the targets' way
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)
+        os.close(fd)
 
 
 def _run(argv: list[str]) -> int:
