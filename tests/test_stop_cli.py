@@ -163,7 +163,8 @@ def test_sigterm_to_a_submitit_local_job_is_one_line_from_the_launcher(refs):
     submitit's "Error stream produced" and the job's traceback, and exits 143."""
     tmp, data = refs
     sweep = tmp / "sweep"
-    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT="hold:iter:2")
+    # cold: the test finds submitit's task by its command line (a warm one shows the server's)
+    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT="hold:iter:2", MDK_TEST_COLD="1")
     argv = [sys.executable, str(REPO / "run.py"), "-m", *TINY_RUN, f"paths.data={data}",
             f"hydra.sweep.dir={sweep}", "hydra/launcher=submitit_local",
             "hydra.launcher.gpus_per_node=0"]

@@ -86,10 +86,16 @@ def test_what_the_server_cannot_serve_starts_cold():
     fresh = "import sys; print('torch' in sys.modules)"
     assert subprocess.run([PY, "-c", fresh], env=env, capture_output=True, text=True,
                           timeout=60).stdout == "True\n"  # warm: torch came with the fork
-    for argv, e in (([PY, "-u", "-c", fresh], env),  # an interpreter flag
+    for argv, e in (([PY, "-O", "-c", fresh], env),  # an interpreter flag
                     ([PY, "-c", fresh], dict(env, MDK_TEST_COLD="1"))):  # asked for
         p = warm.Popen(argv, env=e, stdout=subprocess.PIPE, text=True)
         assert p.communicate(timeout=120)[0] == "False\n" and p._warm is None
+    # -u alone (submitit starts its tasks so) is warm, its output unbuffered: seen before it ends
+    p = warm.Popen([PY, "-u", "-c", fresh + "; import time; time.sleep(60)"], env=env,
+                   stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "True\n" and p._warm is not None
+    p.kill()
+    p.wait(timeout=30)
     assert warm._warm_argv([PY, "-c", fresh], None, True) is None  # a shell command
 
 
@@ -102,8 +108,8 @@ def test_a_start_up_variable_gets_a_server_started_with_it(monkeypatch):
     live = dict(warm._procs)
     monkeypatch.setattr(warm, "LIVE_SERVERS", len(live))
     seeded = dict(run_cmd_env(), PYTHONHASHSEED="7")
-    cold = subprocess.run([PY, "-u", "-c", code], env=seeded, capture_output=True, text=True,
-                          timeout=120).stdout
+    cold = subprocess.run([PY, "-c", code], env=dict(seeded, MDK_TEST_COLD="1"),
+                          capture_output=True, text=True, timeout=120).stdout
     p = warm.Popen([PY, "-c", code], env=seeded, stdout=subprocess.PIPE, text=True)
     assert p.communicate(timeout=120)[0] == cold and p._warm is not None
     assert len(warm._procs) == len(live)
@@ -179,3 +185,20 @@ def test_without_its_server_the_forkserver_stand_in_becomes_the_cold_one():
                         "import sys; print('torch' in sys.modules)"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout == "False\n", p.stderr
+
+
+def test_an_exec_of_a_python_script_runs_it_in_the_same_warm_process(tmp_path):
+    """mdk.tools.quant_report hands its process to run.py with os.execv: in a warm child the
+    script runs in place (same pid, warm, its argv and status); another program is a real exec."""
+    script = tmp_path / "after.py"
+    script.write_text("import os, sys\nprint(os.getpid(), 'torch' in sys.modules, sys.argv[1:])\n"
+                      "sys.exit(5)\n")
+    before = f"import os, sys; print(os.getpid(), flush=True); os.execv(sys.executable, " \
+             f"[sys.executable, {str(script)!r}, 'a'])"
+    p = subprocess.run([PY, "-c", before], env=run_cmd_env(), capture_output=True, text=True,
+                       timeout=60)
+    pid, after = p.stdout.splitlines()
+    assert p.returncode == 5 and after == f"{pid} True ['a']", p.stderr
+    p = subprocess.run([PY, "-c", "import os; os.execv('/bin/echo', ['echo', 'real exec'])"],
+                       env=run_cmd_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == "real exec\n"

@@ -12,11 +12,14 @@ its children have: one server per such environment a test uses. A command with i
 flags starts cold.
 A few are applied in the child instead, as a fresh interpreter would have them: ``PYTHONPATH``
 (``sys.path``), glibc's ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (``mallopt``, what
-glibc does with them at start) and ``OMP_NUM_THREADS`` (``torch.set_num_threads``: libgomp read the
-server's); so the server itself starts without them.
+glibc does with them at start), ``OMP_NUM_THREADS`` (``torch.set_num_threads``: libgomp read the
+server's) and ``CUDA_VISIBLE_DEVICES`` (read when CUDA starts, in the child); so the server itself
+starts without them. ``-u`` is the one interpreter flag served warm (the child's stdio writes
+through). An ``os.execv`` of this python with a script runs the script in place (warm_server.py).
 ``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
 child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
-server; its ``-c``/``-m`` children start cold (they may rely on dying with their parent). Its
+server, and submitit's local controller and tasks (WARM_MODULES); its other ``-c``/``-m`` children
+start cold (they may rely on dying with their parent). Its
 multiprocessing forkserver (a ``dist.gpus=2`` run's ranks fork from it) comes from the server too:
 warm_forkserver.py.
 
@@ -46,7 +49,13 @@ STARTUP_ENV = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TOR
                "MDK_NO_BOOTSTRAP")
 THREADS = "OMP_NUM_THREADS"  # applied in the child (torch.set_num_threads)
 MALLOC_THRESHOLDS = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # mallopt's M_*
-APPLIED = (THREADS, "PYTHONPATH", *MALLOC_THRESHOLDS)  # set in the child, not the server
+# Set in the child, not the server. CUDA_VISIBLE_DEVICES (submitit sets it for its jobs) is read
+# when CUDA starts, which the server never does: the child's environment is enough.
+APPLIED = (THREADS, "PYTHONPATH", *MALLOC_THRESHOLDS, "CUDA_VISIBLE_DEVICES")
+UNBUFFERED = "-u"  # the one interpreter flag a warm child takes (its stdio writes through)
+# `-m` modules a warm child may start warm: submitit's local job controller and its tasks (they
+# need not die with their parent; other -m/-c children may be stand-in ranks that must).
+WARM_MODULES = ("submitit.local._local", "submitit.core._submit")
 _COLD = subprocess.Popen  # the real one (conftest puts Popen below in its place)
 
 
@@ -103,6 +112,9 @@ def _warm_argv(args: Any, executable: Any, shell: bool) -> Optional[list[str]]:
     argv = [os.fspath(a) for a in args]
     if argv[0] != sys.executable:
         return None
+    if argv[1] == UNBUFFERED:  # unbuffered stdio: the child's streams write through
+        rest = _warm_argv([argv[0], *argv[2:]], None, False)
+        return [UNBUFFERED, *rest] if rest else None
     if argv[1] in ("-m", "-c"):
         return argv[1:] if len(argv) >= 3 else None
     return argv[1:] if argv[1].endswith(".py") else None
@@ -124,7 +136,9 @@ class Popen(_COLD):
         # Inside a warm child only scripts (a benchmark's run.py): a `-c`/`-m` child of a warm
         # child may be a stand-in rank that must die with its parent, which a fork of the
         # server would not be.
-        nested_ok = not _own_socket or (argv is not None and argv[0].endswith(".py"))
+        script = [a for a in argv or [] if a != UNBUFFERED]
+        nested_ok = not _own_socket or (bool(script) and (
+            script[0].endswith(".py") or script[:2] in (["-m", m] for m in WARM_MODULES)))
         sock = _server(full) if (argv and plain and nested_ok
                                  and full.get("MDK_TEST_COLD") != "1") else None
         conn = None

@@ -100,7 +100,10 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        argv = list(req["argv"])
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED")) or argv[0] == warm.UNBUFFERED
+        if argv[0] == warm.UNBUFFERED:
+            argv = argv[1:]
         sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
         sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
         _apply(req["env"])
@@ -109,7 +112,8 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         warm._servers[warm._server_key(req["env"])] = warm._own_socket
         subprocess.Popen = warm.Popen  # type: ignore[misc]
         warm_forkserver.install(warm._own_socket, warm._server)
-        code = _run(req["argv"])
+        os.execv = _exec_in_place  # type: ignore[assignment]
+        code = _run(argv)
     except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
         traceback.print_exc()
     finally:
@@ -140,6 +144,25 @@ def _place(fds: list[int], targets: list[int]) -> None:
     for fd, target in zip(high, targets):
         os.dup2(fd, target)
         os.close(fd)
+
+
+_COLD_EXECV = os.execv
+
+
+def _exec_in_place(path: Any, args: Any) -> None:
+    """``os.execv`` of this python with a script (mdk.tools.quant_report hands its process to
+    run.py): the script runs here, warm, and the process ends with its status, as after an exec;
+    anything else is a real exec."""
+    argv = [os.fsdecode(a) for a in args]
+    if os.fsdecode(path) != sys.executable or len(argv) < 2 or not argv[1].endswith(".py"):
+        _COLD_EXECV(path, args)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    code = _run(argv[1:])
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _run(argv: list[str]) -> int:
