@@ -20,16 +20,21 @@ import dataclasses
 import os
 from typing import Any, Callable
 
+try:  # Hydra's internals as of 1.3; where they differ, nothing is wrapped
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+except ImportError:  # pragma: no cover - another Hydra version
+    SourcesRegistry = Plugins = None  # type: ignore[assignment,misc]
+
 _WRAPPED = "_mdk_cached_load_config"
 _parsed: dict[tuple, Any] = {}  # key -> Hydra's ConfigResult, never handed out itself
 
 
 def cache_config_files() -> None:
     """Wrap Hydra's file and package config sources (once per class; cheap to call again)."""
+    if SourcesRegistry is None or Plugins is None:
+        return
     try:
-        from hydra._internal.sources_registry import SourcesRegistry
-        from hydra.core.plugins import Plugins
-
         Plugins.instance()  # the plugin scan: it re-imports the source classes before we wrap
         registry = SourcesRegistry.instance()
         classes = {scheme: registry.resolve(scheme) for scheme in ("file", "pkg")}

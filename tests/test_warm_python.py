@@ -81,7 +81,7 @@ def test_omp_num_threads_sets_torchs_threads():
         assert p.stdout == f"{n}\n", p.stderr
 
 
-def test_what_the_server_cannot_serve_starts_cold():
+def test_what_the_server_cannot_serve_starts_cold(tmp_path: Path):
     env = run_cmd_env()
     fresh = "import sys; print('torch' in sys.modules)"
     assert subprocess.run([PY, "-c", fresh], env=env, capture_output=True, text=True,
@@ -90,9 +90,12 @@ def test_what_the_server_cannot_serve_starts_cold():
                     ([PY, "-c", fresh], dict(env, MDK_TEST_COLD="1"))):  # asked for
         p = warm.Popen(argv, env=e, stdout=subprocess.PIPE, text=True)
         assert p.communicate(timeout=120)[0] == "False\n" and p._warm is None
-    # -u alone (submitit starts its tasks so) is warm, its output unbuffered: seen before it ends
-    p = warm.Popen([PY, "-u", "-c", fresh + "; import time; time.sleep(60)"], env=env,
-                   stdout=subprocess.PIPE, text=True)
+    # -u with a script (as submitit starts its tasks) is warm, its output unbuffered: seen before
+    # it ends; `-u -c` (how pytest-xdist starts its workers) stays cold
+    assert warm._warm_argv([PY, "-u", "-c", fresh], None, False) is None
+    script = tmp_path / "slow.py"
+    script.write_text(fresh + "\nimport time\ntime.sleep(60)\n")
+    p = warm.Popen([PY, "-u", str(script)], env=env, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "True\n" and p._warm is not None
     p.kill()
     p.wait(timeout=30)

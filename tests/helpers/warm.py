@@ -114,7 +114,10 @@ def _warm_argv(args: Any, executable: Any, shell: bool) -> Optional[list[str]]:
         return None
     if argv[1] == UNBUFFERED:  # unbuffered stdio: the child's streams write through
         rest = _warm_argv([argv[0], *argv[2:]], None, False)
-        return [UNBUFFERED, *rest] if rest else None
+        # only a script or submitit's -m modules: `-u -c` is how pytest-xdist starts its workers
+        # (this module's Popen is in place when they start), and they must start cold
+        ok = rest and (rest[0].endswith(".py") or rest[:2] in (["-m", m] for m in WARM_MODULES))
+        return [UNBUFFERED, *rest] if ok else None
     if argv[1] in ("-m", "-c"):
         return argv[1:] if len(argv) >= 3 else None
     return argv[1:] if argv[1].endswith(".py") else None
