@@ -19,9 +19,8 @@ through). An ``os.execv`` of this python with a script runs the script in place 
 ``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
 child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
 server, and submitit's local controller and tasks (WARM_MODULES); its other ``-c``/``-m`` children
-start cold (they may rely on dying with their parent). Its
-multiprocessing forkserver (a ``dist.gpus=2`` run's ranks fork from it) comes from the server too:
-warm_forkserver.py.
+start cold (they may rely on dying with their parent). Its multiprocessing forkserver (a
+``dist.gpus=2`` run's ranks fork from it) comes from the server too: warm_forkserver.py.
 
 This module is the client (conftest puts its ``Popen`` in place); the server is warm_server.py.
 """
@@ -116,11 +115,16 @@ def _warm_argv(args: Any, executable: Any, shell: bool) -> Optional[list[str]]:
         rest = _warm_argv([argv[0], *argv[2:]], None, False)
         # only a script or submitit's -m modules: `-u -c` is how pytest-xdist starts its workers
         # (this module's Popen is in place when they start), and they must start cold
-        ok = rest and (rest[0].endswith(".py") or rest[:2] in (["-m", m] for m in WARM_MODULES))
-        return [UNBUFFERED, *rest] if ok else None
+        return [UNBUFFERED, *rest] if rest and _warm_even_nested(rest) else None
     if argv[1] in ("-m", "-c"):
         return argv[1:] if len(argv) >= 3 else None
     return argv[1:] if argv[1].endswith(".py") else None
+
+
+def _warm_even_nested(argv: list[str]) -> bool:
+    """Whether a warm child's own command ``argv`` (no interpreter, no ``-u``) may be warm too:
+    a script or one of WARM_MODULES."""
+    return argv[0].endswith(".py") or argv[:2] in (["-m", m] for m in WARM_MODULES)
 
 
 class Popen(_COLD):
@@ -140,8 +144,7 @@ class Popen(_COLD):
         # child may be a stand-in rank that must die with its parent, which a fork of the
         # server would not be.
         script = [a for a in argv or [] if a != UNBUFFERED]
-        nested_ok = not _own_socket or (bool(script) and (
-            script[0].endswith(".py") or script[:2] in (["-m", m] for m in WARM_MODULES)))
+        nested_ok = not _own_socket or (bool(script) and _warm_even_nested(script))
         sock = _server(full) if (argv and plain and nested_ok
                                  and full.get("MDK_TEST_COLD") != "1") else None
         conn = None

@@ -2,9 +2,10 @@
 process that imported PRELOAD once and forks one child per request. Started by warm.py as
 ``python tests/helpers/warm_server.py serve <socket>``.
 
-Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
-and those its ``pass_fds`` numbers (warm_forkserver.py's) over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>``
-and, when the child ends, ``S<status>`` (negative: the signal), as ``Popen.returncode`` reads.
+Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr),
+then those its ``pass_fds`` names the numbers of (warm_forkserver.py's two), over a Unix socket;
+the server forks a waiter, the waiter forks the child, replies ``P<pid>`` and, when the child ends,
+``S<status>`` (negative: the signal), as ``Popen.returncode`` reads.
 """
 from __future__ import annotations
 
@@ -125,9 +126,10 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
 
 def _apply(env: dict[str, str]) -> None:
     """What a fresh interpreter would have taken from warm.APPLIED's variables at its start."""
-    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)]
-    if entries != [""]:  # as python does: relative to the start's folder, "" being that folder
-        sys.path[1:] = [os.path.abspath(p or ".") for p in entries] + BASE_PATH
+    # As python does: PYTHONPATH's entries after the script's folder, relative to the start's
+    # folder ("" being that folder); unset or empty, none.
+    entries = env.get("PYTHONPATH", "").split(os.pathsep) if env.get("PYTHONPATH") else []
+    sys.path[1:] = [os.path.abspath(p or ".") for p in entries] + BASE_PATH
     libc = ctypes.CDLL(None)
     for name, param in warm.MALLOC_THRESHOLDS.items():
         if env.get(name, "").isdigit():
