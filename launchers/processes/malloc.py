@@ -13,6 +13,9 @@ import sys
 
 _THRESHOLD = 1 << 30   # 1 GiB: larger than any single activation of the models we ship
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+# glibc's variables for the same two settings (read once, when a process starts): name -> param
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": _M_MMAP_THRESHOLD,
+              "MALLOC_TRIM_THRESHOLD_": _M_TRIM_THRESHOLD}
 
 
 def tune_malloc() -> bool:
@@ -26,6 +29,6 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
         return False
     ok = mallopt(_M_MMAP_THRESHOLD, _THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, _THRESHOLD) == 1
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(_THRESHOLD))
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(_THRESHOLD))
+    for name in MALLOC_ENV:
+        os.environ.setdefault(name, str(_THRESHOLD))
     return ok

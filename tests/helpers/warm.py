@@ -40,6 +40,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
+from launchers.processes.malloc import MALLOC_ENV  # glibc's variable -> mallopt parameter
+
 REPO = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).with_name("warm_server.py")
 # Environment read while starting or importing: a child whose values differ starts cold.
@@ -47,10 +49,9 @@ STARTUP_ENV = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TOR
                "TORCHINDUCTOR_", "TORCHDYNAMO_", "DNNL_", "ONEDNN_", "ATEN_", "CUDA_", "MDK_VENV",
                "MDK_NO_BOOTSTRAP")
 THREADS = "OMP_NUM_THREADS"  # applied in the child (torch.set_num_threads)
-MALLOC_THRESHOLDS = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3}  # mallopt's M_*
 # Set in the child, not the server. CUDA_VISIBLE_DEVICES (submitit sets it for its jobs) is read
 # when CUDA starts, which the server never does: the child's environment is enough.
-APPLIED = (THREADS, "PYTHONPATH", *MALLOC_THRESHOLDS, "CUDA_VISIBLE_DEVICES")
+APPLIED = (THREADS, "PYTHONPATH", *MALLOC_ENV, "CUDA_VISIBLE_DEVICES")
 UNBUFFERED = "-u"  # the one interpreter flag a warm child takes (its stdio writes through)
 # `-m` modules a warm child may start warm: submitit's local job controller and its tasks (they
 # need not die with their parent; other -m/-c children may be stand-in ranks that must).

@@ -131,7 +131,7 @@ def _apply(env: dict[str, str]) -> None:
     entries = env.get("PYTHONPATH", "").split(os.pathsep) if env.get("PYTHONPATH") else []
     sys.path[1:] = [os.path.abspath(p or ".") for p in entries] + BASE_PATH
     libc = ctypes.CDLL(None)
-    for name, param in warm.MALLOC_THRESHOLDS.items():
+    for name, param in warm.MALLOC_ENV.items():
         if env.get(name, "").isdigit():
             libc.mallopt(param, int(env[name]))
     if env.get(warm.THREADS):
