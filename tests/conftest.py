@@ -80,6 +80,9 @@ def _root_log_handlers() -> Iterator[None]:
     root.setLevel(level)
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own hook of this name, so
+# ours must run before it whatever the order the plugins were registered in
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """One hook (a second function of this name would replace the first, silently):
 
