@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 ENV = "MDK_FAULT"
 HOLD_S = 20.0
+# A hold also ends once this file exists: a test that is done with the held state releases the
+# run at once instead of leaving it to wait out HOLD_S.
+RELEASE_ENV = "MDK_FAULT_RELEASE"
 _calls: Counter = Counter()
 
 
@@ -86,10 +89,14 @@ def at(point: str, n: int | None = None) -> None:
             _flush_logs()
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "hold":
-            log.warning("%s: holding at %s %d until a stop is requested (at most %.0f s)", ENV,
-                        point, n, HOLD_S)
+            # the pid: a test signals this process by it (a process's command line need not say
+            # which one holds)
+            log.warning("%s: holding at %s %d (pid %d) until a stop is requested (at most %.0f s)",
+                        ENV, point, n, os.getpid(), HOLD_S)
+            release = os.environ.get(RELEASE_ENV)
             end = time.monotonic() + HOLD_S
-            while stop_requested() is None and time.monotonic() < end:
+            while stop_requested() is None and time.monotonic() < end and not (
+                    release and os.path.exists(release)):
                 time.sleep(0.02)
         elif action == "exit":
             code = int("1" if extra is None else extra)

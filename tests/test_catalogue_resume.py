@@ -48,7 +48,8 @@ def _ck(tmp: Path, name: str = "last.pth") -> dict:
 
 def _start(tmp: Path, fault: str, *args: str) -> tuple[subprocess.Popen, Path]:
     """A real `python run.py` on tmp's folders, with MDK_FAULT=fault; (process, its log)."""
-    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT=fault)
+    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT=fault,
+               MDK_FAULT_RELEASE=str(tmp / "release"))  # a hold ends once the test makes it
     log = tmp / "first.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), *argv_of(tmp, args),
@@ -79,6 +80,7 @@ def test_a_second_run_on_the_same_folder_refuses_and_the_first_finishes(tmp_path
                        "end, or give this run another paths.checkpoints")
         assert "=== step1 ===" not in out  # refused before any stage started
         assert lock.read_text() == held  # the first run's lock is untouched
+        (tmp_path / "release").touch()  # the first run goes on from its hold
         assert first.wait(timeout=240) == 0, log.read_text()[-3000:]
     finally:
         if first.poll() is None:

@@ -134,9 +134,12 @@ def test_preempted_and_requeued_job_resumes_in_same_dir_to_identical_weights(slu
 
     The tiny job trains its 18 iterations in about a second, faster than a signal round trip
     through SLURM: ``hold`` faults (mdk/faults.py) make each run wait after iterations 6 and 12
-    until the signal arrives (at most 20 s; the twin job just waits them out)."""
+    until the signal arrives (at most 20 s; the twin job waits until the test, done with job 0,
+    releases the holds)."""
     sweep = tmp_path / "sweep"
-    env = dict(_env(slurm_cluster), MDK_FAULT="hold:iter:6,hold:iter:12")
+    release = tmp_path / "release"  # a hold ends once it exists (the twin's need not wait 20 s)
+    env = dict(_env(slurm_cluster), MDK_FAULT="hold:iter:6,hold:iter:12",
+               MDK_FAULT_RELEASE=str(release))
     # dataset.num_workers=1 (the built-in dataset's default): SLURM signals the loader worker
     # too, and it must not die before the trainer has saved.
     proc = subprocess.Popen(_cmd(slurm_cluster, data, sweep, "trainer.epochs=3",
@@ -155,6 +158,11 @@ def test_preempted_and_requeued_job_resumes_in_same_dir_to_identical_weights(slu
         wait_for(lambda: "holding at iter 12" in read_text(log_path), 180,
                  "job 0's second run to reach iteration 12", slurm_cluster)
         slurm_cluster.run("scontrol", "requeue", job_id)
+        # Released only once job 0 has saved on the signal (a release before would let it train
+        # past 12); its rerun starts after 12, so no hold is left for it, and its twin goes on.
+        wait_for(lambda: "stop requested (SIGTERM)" in read_text(log_path), 180,
+                 "job 0's second run to save on SIGTERM", slurm_cluster)
+        release.touch()
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

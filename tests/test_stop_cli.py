@@ -163,8 +163,7 @@ def test_sigterm_to_a_submitit_local_job_is_one_line_from_the_launcher(refs):
     submitit's "Error stream produced" and the job's traceback, and exits 143."""
     tmp, data = refs
     sweep = tmp / "sweep"
-    # cold: the test finds submitit's task by its command line (a warm one shows the server's)
-    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT="hold:iter:2", MDK_TEST_COLD="1")
+    env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT="hold:iter:2")
     argv = [sys.executable, str(REPO / "run.py"), "-m", *TINY_RUN, f"paths.data={data}",
             f"hydra.sweep.dir={sweep}", "hydra/launcher=submitit_local",
             "hydra.launcher.gpus_per_node=0"]
@@ -172,14 +171,13 @@ def test_sigterm_to_a_submitit_local_job_is_one_line_from_the_launcher(refs):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         end = time.monotonic() + 240
-        while not any("holding at iter" in p.read_text()
-                      for p in sweep.glob(".submitit/*/*_log.out")):
+        held = []  # submitit's task names its pid where it holds
+        while not held:
             assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()[-2000:]
             time.sleep(0.2)
-        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
-        task = next(int(ln.split()[0]) for ln in ps.splitlines()
-                    if "submitit.core._submit" in ln and str(sweep) in ln)
-        os.kill(task, signal.SIGTERM)
+            held = [m for p in sweep.glob(".submitit/*/*_log.out")
+                    for m in re.findall(r"holding at iter 2 \(pid (\d+)\)", p.read_text())]
+        os.kill(int(held[0]), signal.SIGTERM)
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
