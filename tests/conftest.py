@@ -24,7 +24,7 @@ add_plugin_path()  # our submitit launchers, for compose tests and the jobs they
 from mdk.schema import register_schemas  # noqa: E402
 
 register_schemas()  # typed config groups, for tests that compose conf/ with Hydra directly
-pytest_plugins = ["slurm_fixture"]
+pytest_plugins = ["slurm_fixture", "chain_fixture"]
 
 # A model and dataset small enough that a whole stage runs in seconds on one core, on the CPU
 # even where CUDA exists (tests/README: gpu marks): conf/debug/tiny.yaml.

@@ -1,7 +1,7 @@
 """The quantization report (``python -m mdk.tools.quant_report``, mdk/insight/) on a tiny chain.
 
-The chain (step1 fits the 48 training images; the report scores the train split as its val
-split, so its mAP is far from 0 and a change in it means something) is trained once per module.
+The chain is tests/chain_fixture.py's (step1 fits the 48 training images; the report scores the
+train split as its val split, so its mAP is far from 0 and a change in it means something).
 A planted defect (one layer's cap divided by 4 in a copy of step3's best.pth) must come out
 first by activation SQNR and by sensitivity; 1 and 2 processes must write the same JSON. The
 per-layer part quantizes step1's weights at step3's widths and caps; without step1 it is left out.
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
+from chain_fixture import STAGES
 from conftest import REPO, TINY, compose, run_cmd_env
 from helpers.events import read_events
 from mdk.checkpoint.files import load_checkpoint, save_checkpoint
@@ -27,7 +27,6 @@ from mdk.errors import ConfigError
 from mdk.models.build import build_model
 from mdk.stage import stage_config
 
-STAGES = ("step1", "step2", "cal", "step3", "step4")
 REPORT = "quant_report"
 LAYER_KEYS = {"index": int, "mask_bits": int, "shift": int, "cap": float,
               "weight_sqnr_db": float, "act_sqnr_db_isolated": float,
@@ -39,19 +38,9 @@ pytestmark = pytest.mark.slow  # the module's chain and reports take ~1-2 min on
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory, shared_data):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("qr_chain")
-    # 8-bit masks: the chain keeps most of its float mAP through quantization (TINY's 3-bit
-    # 8-channel layers lose nearly all of it), so a planted defect has something to cost
-    common = [*TINY, f"paths.data={shared_data}", f"paths.checkpoints={root}/ckpt",
-              "dataset.augment=false", "model.net.mask_bits=[8,8,8,8,8,8,8]"]
-    per_stage = {"step1": ["trainer.epochs=30", "trainer.eval_every=30", "optim.lr=5e-3"]}
-    for s in STAGES:
-        cfg = compose(common + per_stage.get(s, ["trainer.epochs=1", "optim.lr=5e-4"]))
-        run_stage(stage_config(cfg, s), root / "run")
+def chain(fitted_chain):
     # the report scores the 48 images the chain fits (their mAP is far from 0)
-    return {"ckpt": root / "ckpt", "overrides": [*common, "dataset.val_split=train"]}
+    return {**fitted_chain, "overrides": [*fitted_chain["overrides"], "dataset.val_split=train"]}
 
 
 def _report(overrides: list[str], run_dir: Path) -> dict:

@@ -1,8 +1,8 @@
 """mdk.tools.evaluate / mdk.tools.demo on a tiny trained chain (step1 -> step4 + export).
 
-The chain is trained once per module. Step1 trains long enough (augmentation off) to fit the 48
-training images, so mAP on the train split is non-zero and the exactness checks compare real
-detections, not two empty lists.
+The chain is tests/chain_fixture.py's, trained once per suite run: its step1 fits the 48 training
+images, so mAP on the train split is non-zero and the exactness checks compare real detections,
+not two empty lists.
 """
 from __future__ import annotations
 
@@ -13,30 +13,18 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import TINY, compose
-from mdk.stage import stage_config
+from chain_fixture import STAGES
 from mdk.checkpoint.files import load_checkpoint
-from mdk.engine.runner import run_stage
 from mdk.models.yolo_codec import decode
 from mdk.quant.integer_ref import float32_is_exact
 from mdk.tools import demo, evaluate
 
-STAGES = ("step1", "step2", "cal", "step3", "step4")
-pytestmark = pytest.mark.slow  # the module's chain takes ~20-30 s on 2 cores
+pytestmark = pytest.mark.slow  # the chain takes ~20-30 s on 2 cores, where this module trains it
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory, shared_data):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("chain")
-    common = [*TINY, f"paths.data={shared_data}", f"paths.checkpoints={root}/ckpt",
-              "dataset.augment=false"]
-    per_stage = {"step1": ["trainer.epochs=30", "trainer.eval_every=30", "optim.lr=5e-3"]}
-    results = {}
-    for s in STAGES:
-        cfg = compose(common + per_stage.get(s, ["trainer.epochs=1", "optim.lr=5e-4"]))
-        results[s] = run_stage(stage_config(cfg, s), root / "run")
-    return {"ckpt": root / "ckpt", "overrides": common, "results": results, "run": root / "run"}
+def chain(fitted_chain):
+    return fitted_chain
 
 
 def _eval(chain, rel: str, **kw):
