@@ -5,6 +5,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -88,7 +89,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     - groups for pytest-xdist's ``--dist loadgroup`` (tests/suite.py): a module's tests on one
       worker, so its module-scoped fixtures are made once; every SLURM test on the same worker, so
-      the session has one cluster and one set of namespace hosts;
+      the session has one cluster and one set of namespace hosts; the modules that read
+      ``fitted_chain`` on one worker (it is trained once, and no worker waits for another's);
+    - the groups with the most ``slow`` tests first: the workers take groups in this order, so the
+      long ones start early and the short ones fill the end (no worker waits alone on one);
     - ``gpu`` tests run wherever CUDA exists, ``multigpu`` where 2+ GPUs do; elsewhere they are
       skipped with the reason (so a CPU CI run says what it did not check)."""
     import torch
@@ -96,14 +100,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
     few = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs for NCCL (this machine has {n})")
+    groups: dict[pytest.Item, str] = {}
+    slow: Counter = Counter()
     for item in items:
         module = item.module.__name__ if item.module is not None else item.nodeid
-        group = "slurm" if module.rpartition(".")[2].startswith("test_slurm") else module
+        group = groups[item] = ("slurm" if module.rpartition(".")[2].startswith("test_slurm")
+                                else "fitted_chain" if "fitted_chain" in item.fixturenames
+                                else module)
         item.add_marker(pytest.mark.xdist_group(group))
+        slow[group] += item.get_closest_marker("slow") is not None
         if "multigpu" in item.keywords and n < 2:
             item.add_marker(few)
         elif "gpu" in item.keywords and n < 1:
             item.add_marker(no_gpu)
+    first = {g: i for i, g in reversed(list(enumerate(groups.values())))}  # a group's first place
+    items.sort(key=lambda it: (-slow[groups[it]], first[groups[it]]))  # stable within a group
 
 
 def run_cmd_env() -> dict:

@@ -71,6 +71,7 @@ def test_has_a_smoke_flag(script: Path):
     assert "--smoke" in p.stdout, f"{script.name} has no --smoke flag (common.add_smoke_flag)"
 
 
+@pytest.mark.slow  # the chain-training smokes take 20-35 s each on 2 cores
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_smoke_run_prints_its_results(script: Path):
     p = _run(script, "--smoke", timeout=300)
