@@ -4,7 +4,8 @@ The tests run in parallel, one pytest-xdist worker per core (at most 4): most of
 processes they start or use one thread, so one at a time leaves cores idle. A module's tests stay
 on one worker (its module fixtures are made once) and the SLURM tests share one (one cluster):
 tests/conftest.py groups them. ``-n 0`` runs everything in this process, one test at a time;
-test files or node ids given run alone (``python tests/suite.py tests/test_ddp.py``).
+test files or node ids given run alone (``python tests/suite.py tests/test_ddp.py``). The
+workers take the groups with the most ``slow`` tests first (tests/conftest.py).
 The ``python run.py ...`` commands tests start fork from an interpreter that has imported torch
 and mdk already (tests/helpers/warm.py); ``MDK_TEST_COLD=1`` starts each one fresh instead.
 """
@@ -32,7 +33,10 @@ def main() -> int:
     os.chdir(repo)
     if not any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
         workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
-        args = ["-n", str(workers), "--dist", "loadgroup", *args] if workers > 1 else args
+        # --no-loadscope-reorder: the groups in conftest's order (most slow tests first), not
+        # pytest-xdist's (most tests first: 80 config checks of a second each before the chains)
+        args = (["-n", str(workers), "--dist", "loadgroup", "--no-loadscope-reorder", *args]
+                if workers > 1 else args)
     return pytest.main(args if named else ["tests", *args])
 
 
