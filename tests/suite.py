@@ -34,7 +34,7 @@ def main() -> int:
     if not any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
         workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
         # --no-loadscope-reorder: the groups in conftest's order (most slow tests first), not
-        # pytest-xdist's (most tests first: 80 config checks of a second each before the chains)
+        # pytest-xdist's (most tests first: 80 short config checks before the chains)
         args = (["-n", str(workers), "--dist", "loadgroup", "--no-loadscope-reorder", *args]
                 if workers > 1 else args)
     return pytest.main(args if named else ["tests", *args])
