@@ -113,7 +113,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(few)
         elif "gpu" in item.keywords and n < 1:
             item.add_marker(no_gpu)
-    first = {g: i for i, g in reversed(list(enumerate(groups.values())))}  # a group's first place
+    first: dict[str, int] = {}  # each group's first place in the collection
+    for i, group in enumerate(groups.values()):
+        first.setdefault(group, i)
     items.sort(key=lambda it: (-slow[groups[it]], first[groups[it]]))  # stable within a group
 
 
