@@ -69,8 +69,10 @@ def save_gti(features: nn.Sequential, root: Path, step: int, **kw) -> Path:
 
 @torch.no_grad()
 def gti_forward(features: nn.Sequential, u8_rgb: torch.Tensor) -> torch.Tensor:
-    """The GTI MDK's float forward of an RGB uint8 batch (it reads BGR): ``[B, S, S, D]``."""
-    x = features(quantize_input(u8_rgb).flip(1))
+    """The GTI MDK's float forward of an RGB uint8 batch (it reads BGR): ``[B, S, S, D]``, in
+    ``features``' dtype (float64 for a comparison that no CPU's float32 kernels can tip)."""
+    dtype = next(features.parameters()).dtype
+    x = features(quantize_input(u8_rgb).flip(1).to(dtype))
     return x.permute(0, 2, 3, 1)
 
 
