@@ -22,7 +22,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from mdk.compose_cache import cache_config_files
+from mdk.compose_cache import cache_composition
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.schema import register_schemas
@@ -44,7 +44,7 @@ def _hydra_context(config_dir: Optional[Path] = None) -> Iterator[None]:
     """Hydra's global state for the compose API: the running app's, or ``config_dir``."""
     register_resolvers()
     register_schemas()
-    cache_config_files()
+    cache_composition()
     other = config_dir is not None and Path(config_dir).resolve() != CONF_DIR
     if GlobalHydra.instance().is_initialized() and not other:
         yield
