@@ -6,21 +6,23 @@ A test still gets a real, separate process: its own pid, the stdin/stdout/stderr
 for, the cwd and environment, ``start_new_session``, its exit status or the signal that killed it
 (``subprocess.Popen`` semantics, through ``Popen`` below: a drop-in subclass). The server forks
 (the child then runs the script as ``__main__``, exactly as ``python script.py`` would), so what
-differs from a fresh interpreter is only what the imports did. So each server is started with
-the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and torch variables) that
-its children have: one server per such environment a test uses. A command with interpreter
-flags starts cold.
-A few are applied in the child instead, as a fresh interpreter would have them: ``PYTHONPATH``
-(``sys.path``), glibc's ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (``mallopt``, what
-glibc does with them at start), ``OMP_NUM_THREADS`` (``torch.set_num_threads``: libgomp read the
-server's) and ``CUDA_VISIBLE_DEVICES`` (read when CUDA starts, in the child); so the server itself
-starts without them. ``-u`` is the one interpreter flag served warm (the child's stdio writes
-through). An ``os.execv`` of this python with a script runs the script in place (warm_server.py).
-``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm
-child's own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same
-server, and submitit's local controller and tasks (WARM_MODULES); its other ``-c``/``-m`` children
-start cold (they may rely on dying with their parent). Its multiprocessing forkserver (a
-``dist.gpus=2`` run's ranks fork from it) comes from the server too: warm_forkserver.py.
+differs from a fresh interpreter is only what the imports did, and the composes the server made
+once (warm_server.WARM_COMPOSES: what mdk/compose_cache.py keeps of them serves a child's composes
+with the same group choices, checked against the config files as within any one process). So each
+server is started with the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and
+torch variables) that its children have: one server per such environment a test uses. A command
+with interpreter flags starts cold. A few are applied in the child instead, as a fresh interpreter
+would have them: ``PYTHONPATH`` (``sys.path``), glibc's
+``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` (``mallopt``, what glibc does with them at
+start), ``OMP_NUM_THREADS`` (``torch.set_num_threads``: libgomp read the server's) and
+``CUDA_VISIBLE_DEVICES`` (read when CUDA starts, in the child); so the server itself starts without
+them. ``-u`` is the one interpreter flag served warm (the child's stdio writes through). An
+``os.execv`` of this python with a script runs the script in place (warm_server.py).
+``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm child's
+own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same server,
+and submitit's local controller and tasks (WARM_MODULES); its other ``-c``/``-m`` children start
+cold (they may rely on dying with their parent). Its multiprocessing forkserver (a ``dist.gpus=2``
+run's ranks fork from it) comes from the server too: warm_forkserver.py.
 
 This module is the client (conftest puts its ``Popen`` in place); the server is warm_server.py.
 """

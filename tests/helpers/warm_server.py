@@ -43,6 +43,10 @@ MAX_PASS_FDS = 4  # besides stdio: a forkserver's two (warm_forkserver.py)
 # What the server imports before it forks: what `run.py` and `python -m mdk.tools.*` load.
 PRELOAD = ["torch", "torchvision", "hydra", "omegaconf", "launchers.hydra_app.cli",
            "launchers.hydra_app.entry", "launchers.processes.rank", "mdk.engine.runner"]
+# Composed once before it forks, so a child's composes with these group choices (the suite's
+# tiny presets; each stage's record) reuse the defaults lists and merges kept then, which
+# mdk/compose_cache.py checks against the config files' state as it does within any one process.
+WARM_COMPOSES = [["debug=tiny"], ["debug=tiny_model"]]
 
 
 def serve(sock_path: str) -> None:
@@ -51,6 +55,7 @@ def serve(sock_path: str) -> None:
     warm._own_socket = sock_path
     for name in PRELOAD:
         importlib.import_module(name)
+    _compose_once()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
@@ -69,6 +74,18 @@ def serve(sock_path: str) -> None:
             conn.close()
             for fd in fds:
                 os.close(fd)
+
+
+def _compose_once() -> None:
+    from launchers.bootstrap import add_plugin_path
+    from mdk.compose import compose
+    from mdk.stage import stage_names, stage_record
+
+    add_plugin_path()  # the plugin scan a compose starts sees our launchers, as run.py's does
+    for overrides in WARM_COMPOSES:
+        compose(overrides)
+    for name in stage_names():
+        stage_record(name)
 
 
 def _waiter(conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
