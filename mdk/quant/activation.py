@@ -40,9 +40,11 @@ def quantize_input(images: torch.Tensor) -> torch.Tensor:
     return q.clamp_(0, LEVELS).to(torch.float32)
 
 
-def _const(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A cached 0-dim device tensor, so a forward makes no host-to-device copy."""
-    key = (value, dtype, device)
+def _const(value: float, dtype: torch.dtype, device: torch.device, role: str = "") -> torch.Tensor:
+    """A cached 0-dim device tensor, so a forward makes no host-to-device copy. One per ``role``:
+    the compiled kernel's arguments are never one tensor twice (scale and rescale are both 1.0 at
+    cap 31), which torch.compile would guard on and compile a second kernel for."""
+    key = (value, dtype, device, role)
     if key not in _CONST:
         if len(_CONST) > 4096:  # caps change between stages/runs; keep the table small
             _CONST.clear()
@@ -89,12 +91,12 @@ class _QuantAct(torch.autograd.Function):
         ctx.save_for_backward(y)
         ctx.cap = cap
         scale, rescale = (1.0, 1.0) if cap == LEVELS else (LEVELS / cap, cap / LEVELS)
-        h = _const(_pred_half(y.dtype), y.dtype, y.device)
+        h = _const(_pred_half(y.dtype), y.dtype, y.device, "half")
         fused = _fused_levels() if y.is_cuda else None
         if fused is not None:
             try:
-                return fused(y, h, _pred_half(y.dtype), _const(scale, y.dtype, y.device),
-                             _const(rescale, y.dtype, y.device))
+                return fused(y, h, _pred_half(y.dtype), _const(scale, y.dtype, y.device, "scale"),
+                             _const(rescale, y.dtype, y.device, "rescale"))
             except Exception as e:  # noqa: BLE001 - a missing compiler must not stop training
                 _FUSED["failed"] = True
                 log.warning("fused 5-bit activation kernel unavailable (%s); using eager ops",
