@@ -3,6 +3,7 @@ while what they read is unchanged; every compose still gets its own config, and 
 stored config is seen by the next compose."""
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from mdk import compose_cache
-from mdk.compose import compose
+from mdk.compose import CONF_DIR, compose
 from mdk.compose_cache import cache_composition
 
 
@@ -125,3 +126,14 @@ def test_a_config_stored_again_under_the_same_name_is_read(tmp_path):
     assert compose([], config_dir=tmp_path).lr == 0.1
     cs.store(name="cached_store_test", node={"lr": 0.3})
     assert compose([], config_dir=tmp_path).lr == 0.3
+
+
+def test_hydras_copy_of_its_config_repository_points_at_the_one_config_store():
+    """Hydra deep-copies its repository on every compose; the copy's structured source reads
+    ConfigStore itself (no copy of every schema), and the original's sources stay its own."""
+    compose(["debug=tiny"])  # the wrapping is in place
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        repo = GlobalHydra.instance().config_loader().repository
+        again = copy.deepcopy(repo)
+    assert again.sources is not repo.sources and again.sources[-1] is not repo.sources[-1]
+    assert again.sources[-1].store is repo.sources[-1].store is ConfigStore.instance()
