@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - another Hydra version
     ConfigLoaderImpl = ConfigStore = SourcesRegistry = Plugins = None  # type: ignore[assignment,misc]
     hydra_version = hydra_defaults = None  # type: ignore[assignment]
 
-_WRAPPED = "_mdk_cached_load_config"
+_WRAPPED = "_mdk_wrapped"  # on what cache_composition has wrapped
 _parsed: dict[tuple, Any] = {}  # key -> Hydra's ConfigResult, never handed out itself
 # defaults list, search path -> (state of the config folders, ConfigStore generation, merged config)
 _merged: "OrderedDict[tuple, tuple[tuple, int, Any]]" = OrderedDict()
@@ -184,7 +184,15 @@ def _sources(repo: Any) -> tuple:
 def _sources_state(repo: Any) -> tuple | None:
     """The state of every file source of ``repo`` (None: one cannot be read, or is too big to
     look at on each compose). pkg:// sources are installed packages; ConfigStore has its
-    generation."""
+    generation. Read once per compose: Hydra's repository is one compose's (its defaults list,
+    then its merge), and it keeps what that compose loaded anyway."""
+    if hasattr(repo, "_mdk_sources_state"):
+        return repo._mdk_sources_state
+    repo._mdk_sources_state = _read_sources_state(repo)
+    return repo._mdk_sources_state
+
+
+def _read_sources_state(repo: Any) -> tuple | None:
     out: list = []
     try:
         for source in repo.get_sources():
@@ -216,12 +224,14 @@ def _keep(kept: OrderedDict, key: tuple, entry: tuple) -> None:
             kept.popitem(last=False)
 
 
-def _kept(kept: OrderedDict, key: tuple) -> Any:
-    """The entry under ``key`` (now the most recently used), or None."""
+def _kept(kept: OrderedDict, key: tuple, state: tuple) -> Any:
+    """The entry under ``key`` (now the most recently used) when it was kept with the config
+    files in ``state`` and nothing was stored in ConfigStore since; else None."""
     with _lock:
         entry = kept.get(key)
-        if entry is not None:
-            kept.move_to_end(key)
+        if entry is None or entry[:2] != (state, _store["generation"]):
+            return None
+        kept.move_to_end(key)
         return entry
 
 
@@ -250,8 +260,8 @@ def _cached_tree(create: Callable) -> Callable:
         if key is None or state is None:
             return create(repo, config_name, overrides, prepend_hydra, skip_missing)
         generation = _store["generation"]
-        hit = _kept(_trees, key)
-        if hit is not None and hit[:2] == (state, generation) and (skip_missing or not hit[2]):
+        hit = _kept(_trees, key, state)
+        if hit is not None and (skip_missing or not hit[2]):
             defaults, tree, after = copy.deepcopy(hit[3])
             for name, value in zip(_OVERRIDES_STATE, after):
                 setattr(overrides, name, value)  # as building the list left them
@@ -278,8 +288,8 @@ def _cached_merge(merge: Callable) -> Callable:
         if key is None or state is None:
             return merge(self, defaults, repo)
         generation = _store["generation"]
-        hit = _kept(_merged, key)
-        if hit is not None and hit[0] == state and hit[1] == generation:
+        hit = _kept(_merged, key, state)
+        if hit is not None:
             return copy.deepcopy(hit[2])
         cfg = merge(self, defaults, repo)
         _keep(_merged, key, (state, generation, copy.deepcopy(cfg)))

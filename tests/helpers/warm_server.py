@@ -36,6 +36,9 @@ if __name__ == "__main__":
 # The server starts without PYTHONPATH (warm.APPLIED): a child's path is its own entries, then these.
 BASE_PATH = sys.path[1:]
 
+from launchers.bootstrap import add_plugin_path  # noqa: E402
+from mdk.compose import compose  # noqa: E402
+from mdk.stage import stage_names, stage_record  # noqa: E402
 from tests.helpers import warm  # noqa: E402  # the client: a warm child's own commands use it
 from tests.helpers import warm_forkserver  # noqa: E402
 
@@ -77,10 +80,6 @@ def serve(sock_path: str) -> None:
 
 
 def _compose_once() -> None:
-    from launchers.bootstrap import add_plugin_path
-    from mdk.compose import compose
-    from mdk.stage import stage_names, stage_record
-
     add_plugin_path()  # the plugin scan a compose starts sees our launchers, as run.py's does
     for overrides in WARM_COMPOSES:
         compose(overrides)
