@@ -106,11 +106,12 @@ def test_real_command_disk_filling_during_the_run_warns_once_and_finishes(tmp_pa
     for line in proc.stdout:
         lines.append(line)
         if not filled and "epoch 1/2" in line:  # the sink is writing by now: fill its disk
-            with open(f"/proc/{proc.pid}/root{mnt}/filler", "wb") as f:  # the command's mount
+            # the command's mount; unbuffered: a write the disk takes only part of leaves
+            # nothing behind for close() to raise on again
+            with open(f"/proc/{proc.pid}/root{mnt}/filler", "wb", buffering=0) as f:
                 with pytest.raises(OSError, match="No space left"):
                     while True:
                         f.write(b"\0" * 65536)
-                        f.flush()
             filled = True
     status, _, err = _finish(proc)
     out = "".join(lines)

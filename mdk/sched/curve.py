@@ -59,18 +59,20 @@ def plot_lr_curves(curves: Mapping[str, Sequence[float]], iters_per_epoch: int,
         style = styles.setdefault(rest, dashes[len(styles) % len(dashes)])
         ax.plot([i / iters_per_epoch for i in range(len(lrs))], lrs, label=label,
                 color=colour, linestyle=style, linewidth=1.5)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel(f"epoch ({iters_per_epoch} iterations each)")
     ax.set_ylabel("learning rate")
     if log_y:
         ax.set_yscale("log")
-    top = ax.secondary_xaxis(
-        "top", functions=(lambda e: e * iters_per_epoch, lambda i: i / iters_per_epoch))
-    top.set_xlabel(f"iteration ({iters_per_epoch} per epoch)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
+    if len(curves) > 1:  # a sweep's: the legend beside the axes, laid out around it
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+    else:
+        # A run's own curve (every stage draws one): fixed margins that fit the tick labels.
+        # tight_layout would draw the figure once more only to measure them (half the time).
+        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.11, top=0.93)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
