@@ -1,4 +1,4 @@
-"""pytest plugin: the session-scoped ``fitted_chain`` fixture (listed in conftest ``pytest_plugins``).
+"""pytest plugin: the session-scoped ``fitted_chain`` fixture (conftest.py registers it).
 
 A tiny trained chain (step1 -> step4 and the chip-model export) whose step1 fits the 48 training
 images (30 epochs, augmentation off), so mAP on the train split is far from 0 and exactness checks

@@ -25,7 +25,7 @@ add_plugin_path()  # our submitit launchers, for compose tests and the jobs they
 from mdk.schema import register_schemas  # noqa: E402
 
 register_schemas()  # typed config groups, for tests that compose conf/ with Hydra directly
-pytest_plugins = ["slurm_fixture", "chain_fixture"]
+pytest_plugins = ["slurm_fixture"]  # and chain_fixture: pytest_configure below
 
 # A model and dataset small enough that a whole stage runs in seconds on one core, on the CPU
 # even where CUDA exists (tests/README: gpu marks): conf/debug/tiny.yaml.
@@ -117,6 +117,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for i, group in enumerate(groups.values()):
         first.setdefault(group, i)
     items.sort(key=lambda it: (-slow[groups[it]], first[groups[it]]))  # stable within a group
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # chain_fixture imports torch and mdk (about 10 s of CPU). pytest-xdist's controller runs no
+    # test and starts its workers only after this: there it would be 10 s of one busy core
+    # before any test. Registered here, its fixture is found as if listed in pytest_plugins.
+    if not _xdist_controller(config):
+        config.pluginmanager.import_plugin("chain_fixture")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """This process hands tests to pytest-xdist workers (``-n N``) and runs none itself."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
 
 
 def run_cmd_env() -> dict:
