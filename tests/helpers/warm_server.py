@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import gc
 import importlib
 import json
 import os
@@ -59,6 +60,11 @@ def serve(sock_path: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     _compose_once()
+    # What this server holds now lives as long as its children do: frozen, the collector of a
+    # child never walks it. Else a child's first full collection reads all of it (~430k objects),
+    # copying every page it shares with this server: 0.5 s of CPU in each command (Python's
+    # gc.freeze documentation: for a parent that forks without exec).
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
