@@ -35,9 +35,8 @@ It wraps ``load_config`` of the classes Hydra registered for ``file://`` and ``p
 plugin scan has run (the scan re-imports those modules, so wrapping earlier would be undone),
 ``_create_defaults_list`` and ``_check_not_missing`` of ``hydra._internal.defaults_list``,
 ``ConfigLoaderImpl._compose_config_from_defaults_list`` and ``ConfigStore.store``, and gives the
-``structured://`` source class a ``__deepcopy__``. Where Hydra's
-internals are not as expected (another Hydra version), nothing is wrapped: composing works as
-before, only slower.
+``structured://`` source class a ``__deepcopy__``. Where Hydra's internals are not as expected
+(another Hydra version), nothing is wrapped: composing works as before, only slower.
 """
 from __future__ import annotations
 
@@ -182,13 +181,11 @@ def _sources(repo: Any) -> tuple:
 
 
 def _sources_state(repo: Any) -> tuple | None:
-    """The state of every file source of ``repo`` (None: one cannot be read, or is too big to
-    look at on each compose). pkg:// sources are installed packages; ConfigStore has its
-    generation. Read once per compose: Hydra's repository is one compose's (its defaults list,
-    then its merge), and it keeps what that compose loaded anyway."""
-    if hasattr(repo, "_mdk_sources_state"):
-        return repo._mdk_sources_state
-    repo._mdk_sources_state = _read_sources_state(repo)
+    """The state of every file source of ``repo`` (None: one cannot be read, or is too big to look
+    at on each compose; pkg:// sources are installed packages, ConfigStore has its generation).
+    Read once per compose: Hydra's repository is one compose's (its defaults list, its merge)."""
+    if not hasattr(repo, "_mdk_sources_state"):
+        repo._mdk_sources_state = _read_sources_state(repo)
     return repo._mdk_sources_state
 
 
@@ -245,22 +242,31 @@ def _counted_skips(check_missing: Callable) -> Callable:
     return check_not_missing
 
 
+def _lookup(kept: OrderedDict, repo: Any, make_key: Callable[[], tuple]) -> tuple | None:
+    """(key, the folders' state, ConfigStore generation, kept entry or None) under ``make_key()``;
+    None when Hydra's objects are not as expected or a source cannot be looked at (Hydra then
+    works alone). The generation is read first: a store during Hydra's work is not trusted."""
+    try:
+        key, state = make_key(), _sources_state(repo)
+    except Exception:  # noqa: BLE001 - not as expected: Hydra works as it does
+        return None
+    if state is None:
+        return None
+    return key, state, _store["generation"], _kept(kept, key, state)
+
+
 def _cached_tree(create: Callable) -> Callable:
     """Hydra's defaults list of ``config_name`` under the group overrides, kept. Its mode probe
     (``skip_missing``: a '???' group default is left out) and the run then share one list, unless
     the probe did leave one out."""
     def create_defaults_list(repo: Any, config_name: Any, overrides: Any, prepend_hydra: bool,
                              skip_missing: bool) -> Any:
-        try:
-            key = (config_name, prepend_hydra, str(hydra_version.getbase()), _sources(repo),
-                   *(_frozen(getattr(overrides, name)) for name in _OVERRIDES_STATE))
-            state = _sources_state(repo)
-        except Exception:  # noqa: BLE001 - not as expected: Hydra builds it as it does
-            key = state = None
-        if key is None or state is None:
+        found = _lookup(_trees, repo, lambda: (
+            config_name, prepend_hydra, str(hydra_version.getbase()), _sources(repo),
+            *(_frozen(getattr(overrides, name)) for name in _OVERRIDES_STATE)))
+        if found is None:
             return create(repo, config_name, overrides, prepend_hydra, skip_missing)
-        generation = _store["generation"]
-        hit = _kept(_trees, key, state)
+        key, state, generation, hit = found
         if hit is not None and (skip_missing or not hit[2]):
             defaults, tree, after = copy.deepcopy(hit[3])
             for name, value in zip(_OVERRIDES_STATE, after):
@@ -280,15 +286,10 @@ def _cached_tree(create: Callable) -> Callable:
 def _cached_merge(merge: Callable) -> Callable:
     """Hydra's merge of the configs of a defaults list, kept."""
     def compose_config_from_defaults_list(self: Any, defaults: list, repo: Any) -> Any:
-        try:
-            key = (_frozen(defaults), _sources(repo))
-            state = _sources_state(repo)
-        except Exception:  # noqa: BLE001 - not as expected: Hydra merges as it does
-            key = state = None
-        if key is None or state is None:
+        found = _lookup(_merged, repo, lambda: (_frozen(defaults), _sources(repo)))
+        if found is None:
             return merge(self, defaults, repo)
-        generation = _store["generation"]
-        hit = _kept(_merged, key, state)
+        key, state, generation, hit = found
         if hit is not None:
             return copy.deepcopy(hit[2])
         cfg = merge(self, defaults, repo)
