@@ -48,6 +48,10 @@ class YoloLossConf:
     lambda_cls: float = 1.0
     beta: float = 1.0
     ignore_iou: Optional[float] = 0.5
+    conf_scores: str = "linear"        # linear (smooth-L1 to 0/1) | logistic (binary cross-entropy)
+    class_scores: str = "linear"
+    score_gain: float = 10.0
+    label_smoothing: float = 0.0       # class targets 1 - eps/2 and eps/2
 
 
 @dataclass
@@ -77,6 +81,9 @@ class AnchorLossConf:
     lambda_cls: float = 1.0
     beta: float = 1.0
     ignore_iou: Optional[float] = 0.5
+    conf_scores: str = "linear"
+    class_scores: str = "linear"
+    score_gain: float = 10.0
 
 
 @dataclass
@@ -84,6 +91,10 @@ class YoloV1HeadConf:
     _target_: str = "mdk.models.heads.YoloV1Head"
     num_classes: int = MISSING
     boxes_per_cell: int = MISSING
+    conf_scores: str = "linear"        # what the loss trains: ${oc.select:loss.conf_scores,linear}
+    class_scores: str = "linear"
+    score_gain: float = 10.0
+    class_region: float = 0.0          # the middle of a box whose cells learn its class too
 
 
 @dataclass
@@ -94,6 +105,9 @@ class AnchorHeadConf:
     size_range: float = 6.0
     match_ratio: float = 4.0
     neighbours: bool = False
+    conf_scores: str = "linear"            # what the loss trains (${oc.select:loss.conf_scores})
+    class_scores: str = "linear"
+    score_gain: float = 10.0
 
 
 def check_weights(**weights: float) -> None:
@@ -148,8 +162,18 @@ def check_loss(cfg: DictConfig) -> None:
     head = cfg.model.net.get("head")
     wants = getattr(loss, "head_kind", None)
     if head is not None and wants is not None:
-        has = getattr(build(head, "head"), "kind", None)
+        built = build(head, "head")
+        has = getattr(built, "kind", None)
         if has is not None and has != wants:
             raise ConfigError(f"loss={cfg.loss._target_.rsplit('.', 1)[-1]} reads the {wants} "
                               f"head's output but head is {has}; choose head={wants}, or a loss "
                               f"of the {has} head (head=anchors: loss=anchors)")
+        trained, read = getattr(loss, "readings", None), getattr(built, "readings", None)
+        if trained is not None and read is not None:
+            logistic = "logistic" in (trained["conf_scores"], trained["class_scores"])
+            for key in [k for k in trained if trained[k] != read.get(k)
+                        and (logistic or k != "score_gain")]:
+                fix = (f"set loss.{key} (the head follows it)" if key in cfg.loss else
+                       f"leave head.{key} at its default (it follows the loss)")
+                raise ConfigError(f"head.{key}={read.get(key)!r} but the loss trains "
+                                  f"{trained[key]!r} scores; {fix}")

@@ -69,6 +69,10 @@ class GNetDet(nn.Module):
         # Output conv starts near zero: with Kaiming init every cell predicts O(1) confidences,
         # and the first epochs go into unlearning them.
         nn.init.normal_(self.layers[-1].conv.weight, std=0.01)
+        bias = getattr(self.head, "output_bias", lambda: None)()
+        if bias is not None:
+            with torch.no_grad():
+                self.layers[-1].conv.bias.copy_(bias)
 
     def chip_layers(self) -> list[ChipConv]:
         return list(self.layers)

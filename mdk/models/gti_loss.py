@@ -34,6 +34,8 @@ class GtiLoss(nn.Module):
     """GTI GNetDetLoss terms and weights; returns ``loc, contain, not_contain, noobj, cls, total``."""
 
     head_kind = "yolov1"  # reads mdk.models.heads.YoloV1Head's layout
+    # ... with the GTI MDK's linear confidence and class scores (mdk.models.yolo_codec.read_scores)
+    readings = {"conf_scores": "linear", "class_scores": "linear", "score_gain": 10.0}
 
     def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
                  lambda_contain: float = 2.0, lambda_not_contain: float = 1.0,

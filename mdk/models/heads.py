@@ -8,23 +8,33 @@ layouts, the anchor assignment and why anchor sizes are log-coded: docs/pipeline
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from mdk.models import yolo_codec
+from mdk.models.scores import prior_channel, read_scores, readings
 from mdk.checks import BadValue, integer, number
 
 
 class YoloV1Head:
-    """GNetDet's YOLOv1 layout ``[x, y, w, h, conf] * B + C`` per cell (mdk.models.yolo_codec)."""
+    """GNetDet's YOLOv1 layout ``[x, y, w, h, conf] * B + C`` per cell (mdk.models.yolo_codec).
+    ``conf_scores`` / ``class_scores``: how those channels are read (``linear``, the GTI MDK's, or
+    ``logistic``: yolo_codec.read_scores); the loss trains what the head reads."""
 
     kind = "yolov1"
+    # A logistic confidence starts at this probability (RetinaNet's prior: most cells are empty).
+    CONF_PRIOR = 0.02
 
-    def __init__(self, num_classes: int, boxes_per_cell: int = 1) -> None:
+    def __init__(self, num_classes: int, boxes_per_cell: int = 1, conf_scores: str = "linear",
+                 class_scores: str = "linear", score_gain: float = 10.0,
+                 class_region: float = 0.0) -> None:
         self.num_classes = integer("head.num_classes", num_classes, 1)
         self.boxes_per_cell = integer("head.boxes_per_cell", boxes_per_cell, 1)
+        # the middle of an object's box whose cells learn its class too (0: its centre cell)
+        self.class_region = number("head.class_region", class_region, 0.0, 1.0)
+        self.readings = readings("head", conf_scores, class_scores, score_gain)
 
     @property
     def channels(self) -> int:
@@ -33,17 +43,39 @@ class YoloV1Head:
     def encode(self, boxes: torch.Tensor, labels: torch.Tensor, grid: int,
                image_size: float) -> torch.Tensor:
         return yolo_codec.encode_target(boxes, labels, grid, self.boxes_per_cell,
-                                        self.num_classes, image_size)
+                                        self.num_classes, image_size, self.class_region)
 
     def decode(self, pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
                nms_iou: float = 0.5, max_det: int = 100) -> list[dict]:
         return yolo_codec.decode(pred, image_size, conf_thresh, nms_iou, max_det,
-                                 boxes_per_cell=self.boxes_per_cell)
+                                 boxes_per_cell=self.boxes_per_cell, **self.readings)
+
+    def output_bias(self) -> Optional[torch.Tensor]:
+        """The output conv's starting bias: logistic scores start at their priors (a confidence
+        of CONF_PRIOR, each class 1 / C: training does not begin by unlearning a guess), box
+        centres mid-cell; None (zeros) with linear readings, as the GTI MDK starts."""
+        r = self.readings
+        if r["conf_scores"] == "linear" and r["class_scores"] == "linear":
+            return None
+        at = lambda p: prior_channel(p, r["score_gain"])  # noqa: E731
+        bias = torch.zeros(self.channels)
+        for k in range(self.boxes_per_cell):
+            bias[5 * k:5 * k + 2] = 0.5
+            if r["conf_scores"] == "logistic":
+                bias[5 * k + 4] = at(self.CONF_PRIOR)
+        if r["class_scores"] == "logistic" and self.num_classes > 1:
+            bias[5 * self.boxes_per_cell:] = at(1 / self.num_classes)
+        return bias
 
     def config(self) -> dict[str, Any]:
         """What rebuilds this head (saved with an exported chip model)."""
-        return {"_target_": f"{__name__}.YoloV1Head", "num_classes": self.num_classes,
-                "boxes_per_cell": self.boxes_per_cell}
+        out = {"_target_": f"{__name__}.YoloV1Head", "num_classes": self.num_classes,
+               "boxes_per_cell": self.boxes_per_cell}
+        if self.readings["conf_scores"] != "linear" or self.readings["class_scores"] != "linear":
+            out.update(self.readings)
+        if self.class_region:
+            out["class_region"] = self.class_region
+        return out
 
 
 class AnchorHead:
@@ -54,8 +86,10 @@ class AnchorHead:
 
     def __init__(self, num_classes: int, anchors: Sequence[Sequence[float]],
                  size_range: float = 6.0, match_ratio: float = 4.0,
-                 neighbours: bool = False) -> None:
+                 neighbours: bool = False, conf_scores: str = "linear",
+                 class_scores: str = "linear", score_gain: float = 10.0) -> None:
         self.num_classes = integer("head.num_classes", num_classes, 1)
+        self.readings = readings("head", conf_scores, class_scores, score_gain)
         try:
             a = np.asarray(anchors, dtype=np.float64)
         except (TypeError, ValueError):
@@ -78,9 +112,26 @@ class AnchorHead:
         return self.boxes_per_cell * (5 + self.num_classes)
 
     def config(self) -> dict[str, Any]:
-        return {"_target_": f"{__name__}.AnchorHead", "num_classes": self.num_classes,
-                "anchors": self.anchors.tolist(), "size_range": self.size_range,
-                "match_ratio": self.match_ratio, "neighbours": self.neighbours}
+        out = {"_target_": f"{__name__}.AnchorHead", "num_classes": self.num_classes,
+               "anchors": self.anchors.tolist(), "size_range": self.size_range,
+               "match_ratio": self.match_ratio, "neighbours": self.neighbours}
+        if self.readings["conf_scores"] != "linear" or self.readings["class_scores"] != "linear":
+            out.update(self.readings)
+        return out
+
+    def output_bias(self) -> Optional[torch.Tensor]:
+        """As YoloV1Head's: logistic scores at their priors, and every prior's box at the prior
+        itself (mid-cell, log-size code 0.5); None with linear readings."""
+        r = self.readings
+        if r["conf_scores"] == "linear" and r["class_scores"] == "linear":
+            return None
+        bias = torch.zeros(self.boxes_per_cell, 5 + self.num_classes)
+        bias[:, :4] = 0.5
+        if r["conf_scores"] == "logistic":
+            bias[:, 4] = prior_channel(YoloV1Head.CONF_PRIOR, r["score_gain"])
+        if r["class_scores"] == "logistic" and self.num_classes > 1:
+            bias[:, 5:] = prior_channel(1 / self.num_classes, r["score_gain"])
+        return bias.flatten()
 
     # --- the grid's values <-> boxes -------------------------------------------------------
     def _offset(self, t: torch.Tensor) -> torch.Tensor:
@@ -167,6 +218,9 @@ class AnchorHead:
                              f"priors and {self.num_classes} classes, got {list(pred.shape)}")
         p = self.per_prior(pred.float())
         xyxy = (self.boxes(p) * image_size).clamp(0, image_size).reshape(n, -1, 4)
-        cls_score, cls = p[..., 5:].clamp(0, 1).max(-1)
-        scores = (p[..., 4].clamp(0, 1) * cls_score).reshape(n, -1)
+        r = self.readings
+        best, cls = p[..., 5:].max(-1)  # a monotone reading: the best stays best
+        cls_score = read_scores(best, r["class_scores"], r["score_gain"])
+        scores = (read_scores(p[..., 4], r["conf_scores"], r["score_gain"])
+                  * cls_score).reshape(n, -1)
         return yolo_codec.nms(xyxy, scores, cls.reshape(n, -1), conf_thresh, nms_iou, max_det)

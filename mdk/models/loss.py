@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mdk.checks import integer
+from mdk.checks import integer, number
 from mdk.models.config import check_beta, check_ignore_iou, check_weights
+from mdk.models.scores import readings, score_loss
 from mdk.models.yolo_codec import cell_xyxy
 
 
@@ -36,7 +37,9 @@ class YoloLoss(nn.Module):
 
     def __init__(self, num_classes: int, boxes_per_cell: int = 2, lambda_coord: float = 5.0,
                  lambda_noobj: float = 0.5, beta: float = 1.0, lambda_obj: float = 1.0,
-                 lambda_cls: float = 1.0, ignore_iou: float | None = 0.5) -> None:
+                 lambda_cls: float = 1.0, ignore_iou: float | None = 0.5,
+                 conf_scores: str = "linear", class_scores: str = "linear",
+                 score_gain: float = 10.0, label_smoothing: float = 0.0) -> None:
         super().__init__()
         integer("loss.num_classes", num_classes, 1)
         integer("loss.boxes_per_cell", boxes_per_cell, 1)
@@ -47,6 +50,13 @@ class YoloLoss(nn.Module):
         self.C, self.B = num_classes, boxes_per_cell
         self.lambda_coord, self.lambda_noobj, self.beta = lambda_coord, lambda_noobj, beta
         self.lambda_obj, self.lambda_cls = lambda_obj, lambda_cls
+        # How the head reads the confidence and class channels (mdk.models.yolo_codec.read_scores):
+        # linear ones regress to 0/1 with smooth-L1, logistic ones by binary cross-entropy on
+        # gain * (x - 0.5), whose gradient does not fade while a class is still a guess.
+        self.readings = readings("loss", conf_scores, class_scores, score_gain)
+        self.gain = float(score_gain)
+        # class targets 1 - eps/2 and eps/2 (YOLOv5's smooth_BCE): no class is driven to certainty
+        self.eps = number("loss.label_smoothing", label_smoothing, 0.0, 1.0, low_open=False)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """pred [N, 5B+C, S, S]; target [N, S, S, 5B+C] -> dict of loss terms and 'total'."""
@@ -70,12 +80,19 @@ class YoloLoss(nn.Module):
         coord = (sl1(pb[..., :4], tb[..., :4].expand_as(pb[..., :4])).sum(-1) * resp).sum((1, 2, 3))
         # Responsible boxes regress confidence to 1 (not to the IoU, as YOLOv1 does): early IoUs
         # are ~0, and an IoU target then teaches "no object" everywhere for many epochs.
-        conf_obj = (sl1(pb[..., 4], torch.ones_like(iou)) * resp).sum((1, 2, 3))
         noobj = ~resp
         if self.ignore_iou is not None:  # a good box beside the responsible one: no target
             noobj = noobj & ~((iou > self.ignore_iou) & obj.unsqueeze(-1))
-        conf_noobj = (sl1(pb[..., 4], torch.zeros_like(iou)) * noobj).sum((1, 2, 3))
-        cls = (sl1(p[..., 5 * B:], t[..., 5 * B:]).sum(-1) * obj).sum((1, 2))
+        conf_obj = (self._score_loss(pb[..., 4], torch.ones_like(iou), "conf_scores")
+                    * resp).sum((1, 2, 3))
+        conf_noobj = (self._score_loss(pb[..., 4], torch.zeros_like(iou), "conf_scores")
+                      * noobj).sum((1, 2, 3))
+        tc = t[..., 5 * B:]
+        if self.eps:
+            tc = tc * (1 - self.eps) + self.eps / 2
+        # the cells with a class target: the objects' (and with head.class_region, their middles')
+        has_cls = t[..., 5 * B:].amax(-1) > 0
+        cls = (self._score_loss(p[..., 5 * B:], tc, "class_scores").sum(-1) * has_cls).sum((1, 2))
         terms = {
             "coord": self.lambda_coord * coord.mean(),
             "conf_obj": self.lambda_obj * conf_obj.mean(),
@@ -84,3 +101,6 @@ class YoloLoss(nn.Module):
         }
         terms["total"] = sum(terms.values())
         return terms
+
+    def _score_loss(self, x: torch.Tensor, target: torch.Tensor, which: str) -> torch.Tensor:
+        return score_loss(x, target, self.readings[which], self.gain, self.beta)

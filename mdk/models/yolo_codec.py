@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torchvision.ops import batched_nms
 
+from mdk.models.scores import read_scores
+
 
 def nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, conf_thresh: float,
         nms_iou: float, max_det: int) -> list[dict]:
@@ -24,12 +26,15 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, conf_th
 
 
 def encode_target(boxes: torch.Tensor, labels: torch.Tensor, grid: int, boxes_per_cell: int,
-                  num_classes: int, image_size: float) -> torch.Tensor:
+                  num_classes: int, image_size: float, class_region: float = 0.0) -> torch.Tensor:
     """Encode ``boxes`` ``[N, 4]`` xyxy (pixels of an ``image_size`` square; 1 for normalised) and
     ``labels`` ``[N]`` into ``[S, S, 5B + C]``.
 
     All ``B`` slots of the centre's cell get the box with ``conf = 1`` (the loss picks the
     responsible one). One object per cell (YOLOv1): the larger box wins, whatever the order.
+    ``class_region`` > 0: the class is also the target of every other cell whose centre lies in
+    the middle ``class_region`` of the object's box (its width and height times it; the smaller
+    object where two overlap), with no box there: more cells learn what an object is.
     """
     s, b, c = grid, boxes_per_cell, num_classes
     target = torch.zeros(s, s, 5 * b + c, dtype=torch.float32)
@@ -43,8 +48,19 @@ def encode_target(boxes: torch.Tensor, labels: torch.Tensor, grid: int, boxes_pe
     centre = ((boxes[:, :2] + boxes[:, 2:]) / 2).clamp(0, 1 - 1e-6)
     cell = (centre * s).floor().long()
     offset = centre * s - cell
+    order = torch.argsort(wh.prod(1), stable=True).tolist()
+    if class_region > 0:  # larger first, so a smaller object's cells are its own
+        mid = (torch.arange(s, dtype=torch.float32) + 0.5) / s
+        for k in reversed(order):
+            half = wh[k] * class_region / 2
+            cols = ((mid - centre[k, 0]).abs() <= half[0]).nonzero().flatten().tolist()
+            rows = ((mid - centre[k, 1]).abs() <= half[1]).nonzero().flatten().tolist()
+            for row in rows:
+                for col in cols:
+                    target[row, col, 5 * b:] = 0
+                    target[row, col, 5 * b + labels[k]] = 1
     # Smallest first, so a larger box in the same cell overwrites it.
-    for k in torch.argsort(wh.prod(1), stable=True).tolist():
+    for k in order:
         col, row = cell[k].tolist()
         box = torch.cat([offset[k], wh[k], torch.ones(1)])
         target[row, col, :5 * b] = box.repeat(b)
@@ -66,10 +82,13 @@ def cell_xyxy(b: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
-           nms_iou: float = 0.5, max_det: int = 100, *, boxes_per_cell: int) -> list[dict]:
+           nms_iou: float = 0.5, max_det: int = 100, *, boxes_per_cell: int,
+           conf_scores: str = "linear", class_scores: str = "linear",
+           score_gain: float = 10.0) -> list[dict]:
     """Raw outputs ``[N, 5B + C, S, S]`` -> ``[{"boxes": [K, 4] xyxy pixels, "scores": [K],
     "labels": [K] int64}]`` after per-class NMS (docs/pipeline.md, Heads). ``boxes_per_cell`` has
     no default: a wrong B reads class channels as boxes without error whenever 5B + C still fits.
+    ``score = conf x best class score``, each read by :func:`read_scores`.
     """
     n, ch, s, s2 = pred.shape
     b = boxes_per_cell
@@ -78,9 +97,11 @@ def decode(pred: torch.Tensor, image_size: float, conf_thresh: float = 0.01,
     pred = pred.float()
     p = pred[:, :5 * b].reshape(n, b, 5, s, s).permute(0, 3, 4, 1, 2)   # [N, S(row), S(col), B, 5]
     boxes = (cell_xyxy(p) * image_size).clamp(0, image_size).reshape(n, -1, 4)
-    cls_score, cls = pred[:, 5 * b:].max(1)                               # [N, S, S]
-    # The output layer is linear in float stages: negative conf/class values mean 'no' (two
-    # negatives must not multiply into a confident detection), values over 1 mean 'yes'.
-    scores = (p[..., 4].clamp(0, 1) * cls_score.unsqueeze(-1).clamp(0, 1)).reshape(n, -1)
+    # Linear reading: the output layer is linear in float stages, so negative conf/class values
+    # mean 'no' (two negatives must not multiply into a confident detection), values over 1 'yes'.
+    best, cls = pred[:, 5 * b:].max(1)                                    # [N, S, S]
+    cls_score = read_scores(best, class_scores, score_gain)  # monotone: the best stays best
+    conf = read_scores(p[..., 4], conf_scores, score_gain)
+    scores = (conf * cls_score.unsqueeze(-1)).reshape(n, -1)
     cls = cls.unsqueeze(-1).expand(n, s, s, b).reshape(n, -1)
     return nms(boxes, scores, cls, conf_thresh, nms_iou, max_det)
