@@ -26,7 +26,7 @@ def check_schedulers(cfg: DictConfig) -> None:
     for s in running_stages(cfg):
         scfg = stage_config(cfg, s)
         if StageConf.from_node(scfg.step).trains:
-            check_scheduler_node(scfg.scheduler)
+            check_scheduler_node(scfg.scheduler, int(scfg.trainer.epochs))
 
 
 def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:

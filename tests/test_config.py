@@ -17,6 +17,7 @@ from mdk.models.config import check_model
 from mdk.calibration_config import observers
 from mdk.quant.calibrate import CapObserver
 from mdk.quant.chips import chip_takes
+from mdk.sched.base import stage_length
 from mdk.schema import SCHEMAS, schema_name
 
 GROUPS = {
@@ -71,7 +72,8 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         assert "total" in terms and torch.isfinite(terms["total"])
     if group == "scheduler":
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
-        sched = instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=10)
+        sched = instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=10,  # as the engine does
+                                           **stage_length(cfg.scheduler, cfg.trainer.epochs))
         assert sched.get_last_lr()[0] == pytest.approx(cfg.scheduler.warmup.start_factor)
 
 

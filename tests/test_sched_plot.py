@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mdk.compose import CONF_DIR
-from mdk.sched.base import WarmupScheduler
+from mdk.sched.base import WarmupScheduler, stage_length
 from mdk.tools import plot_lr
 from mdk.sched.curve import lr_curve, plot_lr_curve, plot_lr_curves
 from mdk.tools.plot_lr import (
@@ -42,13 +42,14 @@ def test_config_instantiates_as_the_engine_calls_it(name: str) -> None:
     assert node.warmup.mode == "mdk" and node.warmup.epochs == 0
     assert node.interval == "epoch"
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    sched = instantiate(node)(optimizer=opt, iters_per_epoch=60)
+    sched = instantiate(node)(optimizer=opt, iters_per_epoch=60,
+                              **stage_length(node, int(cfg.trainer.epochs)))
     assert type(sched).__name__ == NAMES[name] and isinstance(sched, WarmupScheduler)
     assert sched.get_last_lr() == [pytest.approx(0.05)]  # starts at start_factor x base
     # short default run: warmup ends well inside the first epochs of a ~13 x 60 iteration run
     assert 0 < sched.warmup_iters <= 60
     if name == "cosine":
-        assert sched.T_max == 13  # ${trainer.epochs}
+        assert node.T_max is None and sched.T_max == 13  # null: the stage's length
 
 
 def test_override_reaches_the_scheduler_and_bad_value_names_key() -> None:
@@ -130,6 +131,8 @@ def test_scheduler_group_alone_without_root_config(tmp_path: Path) -> None:
     for p in (CONF_DIR / "scheduler").glob("*.yaml"):
         (conf / "scheduler" / p.name).write_text(p.read_text())
     cfg = compose_run(["scheduler=cosine"], epochs=7, config_dir=conf)
-    assert OmegaConf.to_container(cfg, resolve=True)["scheduler"]["T_max"] == 7
+    assert OmegaConf.to_container(cfg, resolve=True)["scheduler"]["T_max"] is None
+    lrs = lr_curve(cfg.scheduler, 10, int(cfg.trainer.epochs), 1.0)  # annealed over the 7 epochs
+    assert lrs[0] > lrs[-1] > 0 and lrs[-10] == lrs[-1]
     with pytest.raises(ValueError, match="pass scheduler=<name>"):
         compose_run([], epochs=7, config_dir=conf)

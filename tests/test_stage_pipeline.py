@@ -92,18 +92,18 @@ def test_pipeline_composes_inside_a_sweep():
 def test_stage_epochs_and_lr_scale_follow_the_stage():
     cfg = compose(TINY + ["trainer.epochs=7", "optim.lr=0.004"])
     one = stage_config(cfg, "step1")  # epochs: null -> trainer.epochs
-    assert one.trainer.epochs == 7 and one.scheduler.T_max == 7 and one.optim.lr == 0.004
+    assert one.trainer.epochs == 7 and one.scheduler.T_max is None and one.optim.lr == 0.004
     for s in ("step2", "step3", "step4"):
         step = OmegaConf.load(REPO / "conf" / "step" / f"{s}.yaml")
         scfg = stage_config(cfg, s)
         # the stage's own length, and the cosine schedule anneals over it (interpolation follows)
-        assert scfg.trainer.epochs == step.epochs and scfg.scheduler.T_max == step.epochs
+        assert scfg.trainer.epochs == step.epochs and scfg.scheduler.T_max is None
         assert scfg.optim.lr == pytest.approx(0.004 * step.lr_scale)
     assert cfg.trainer.epochs == 7 and cfg.optim.lr == 0.004  # the input is not changed
     # step=step2 from the command line: its step.* overrides apply
     two = stage_config(compose(TINY + ["step=step2", "step.epochs=2", "step.lr_scale=0.5",
                                        "optim.lr=0.004"]), "step2")
-    assert two.trainer.epochs == 2 and two.scheduler.T_max == 2 and two.optim.lr == 0.002
+    assert two.trainer.epochs == 2 and two.scheduler.T_max is None and two.optim.lr == 0.002
 
 
 @pytest.mark.parametrize("bad", ["step.epochs=0", "step.lr_scale=-1"])
@@ -121,7 +121,7 @@ def test_stages_override_one_stage_of_a_pipeline():
                           "+stages.step2.init_required=false"])
     validate(cfg)
     s3 = stage_config(cfg, "step3")
-    assert s3.step.epochs == 12 and s3.trainer.epochs == 12 and s3.scheduler.T_max == 12
+    assert s3.step.epochs == 12 and s3.trainer.epochs == 12 and s3.scheduler.T_max is None
     assert s3.optim.lr == pytest.approx(0.001) and s3.step.init_from == "cal"  # the rest kept
     assert stage_config(cfg, "step2").step.init_required is False
     step4 = OmegaConf.load(REPO / "conf" / "step" / "step4.yaml")

@@ -6,6 +6,7 @@ The scheduler counts optimizer steps ``it`` (``last_epoch``, stepped after each
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -100,6 +101,17 @@ class WarmupScheduler(LRScheduler):
 
     _get_closed_form_lr = get_lr
 
+    def restage(self, epochs: int) -> None:
+        """The stage now runs ``epochs``: a schedule made for the stage's length follows it
+        (``trainer.time`` re-planned it), from the next step on. Others do not depend on it."""
+
+    def _apply(self) -> None:
+        """Set every param group's lr for the next step from the closed form."""
+        lrs = self.lr_at(self.last_epoch)
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        self._last_lr = list(lrs)
+
     # --- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Plain-python state: the iteration counter plus the schedule it was computed with."""
@@ -128,10 +140,7 @@ class WarmupScheduler(LRScheduler):
         self.last_epoch = int(state_dict["last_epoch"])
         self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
         # So resume does not depend on whether the optimizer state is loaded before or after this.
-        lrs = self.lr_at(self.last_epoch)
-        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
-            group["lr"] = lr
-        self._last_lr = list(lrs)
+        self._apply()
 
     def _schedule_params(self) -> dict[str, Any]:
         warmup: dict[str, Any] = {
@@ -156,8 +165,20 @@ class WarmupScheduler(LRScheduler):
         return {k: getattr(self, k) for k in self.main_keys}
 
 
-def check_config(node: DictConfig) -> None:
+def stage_length(node: Any, epochs: int) -> dict[str, int]:
+    """``{"stage_epochs": epochs}`` for a scheduler class that takes the stage's length (an mdk
+    cosine with ``T_max: null``), else nothing: a scheduler of your own keeps its signature."""
+    target = node.get("_target_") if isinstance(node, Mapping) else None
+    try:
+        cls = build(target, "scheduler", check=True) if target else None
+        takes = cls is not None and "stage_epochs" in inspect.signature(cls).parameters
+    except Exception:  # the scheduler's own build names what is wrong
+        takes = False
+    return {"stage_epochs": int(epochs)} if takes else {}
+
+
+def check_config(node: DictConfig, epochs: int = 1) -> None:
     """The ``scheduler`` node, checked by building it on a throw-away optimizer (the classes'
     own checks name the key): a config error before any work, not a traceback in every rank."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    build(node, "scheduler", optimizer=opt, iters_per_epoch=1)
+    build(node, "scheduler", optimizer=opt, iters_per_epoch=1, **stage_length(node, epochs))

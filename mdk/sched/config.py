@@ -4,6 +4,7 @@ Hydra composes. The scheduler classes check the values (``mdk.sched.base.check_c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -39,7 +40,7 @@ class MultiStepLRConf(SchedulerConf):
 
 @dataclass
 class CosineConf(SchedulerConf):
-    T_max: int = MISSING
+    T_max: Optional[int] = None   # null: the stage's length
     eta_min: float = 0.0
 
 

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch.optim.lr_scheduler import LRScheduler
 
+from mdk.sched.base import stage_length
 from mdk.targets import build
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ def lr_curve(source: SchedulerSource, iters_per_epoch: int, epochs: int,
     # grad stays None: optimizer.step() changes nothing but satisfies torch's step-order check.
     opt = torch.optim.SGD([param], lr=base_lr)
     if isinstance(source, Mapping):
-        sched = build(source, "scheduler", optimizer=opt, iters_per_epoch=iters_per_epoch)
+        sched = build(source, "scheduler", optimizer=opt, iters_per_epoch=iters_per_epoch,
+                      **stage_length(source, epochs))
     else:
         sched = source(optimizer=opt, iters_per_epoch=iters_per_epoch)
     lrs = []

@@ -64,7 +64,8 @@ class WarmupMultiStepLR(WarmupScheduler):
 
 class WarmupCosineAnnealingLR(WarmupScheduler):
     """CosineAnnealingLR with warmup; unlike torch's (periodic) one, it stays at ``eta_min`` (an
-    absolute lr) after ``T_max``."""
+    absolute lr) after ``T_max``. ``T_max`` None: the whole stage, ``stage_epochs`` (the engine
+    passes the stage's length; in iterations with ``interval: iter``)."""
 
     main_keys = ("T_max", "eta_min")
 
@@ -74,12 +75,24 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
         iters_per_epoch: int,
         warmup: Mapping[str, Any] | None = None,
         interval: str = "epoch",
-        T_max: int = 12,  # noqa: N803 - torch's name, so configs read like the torch docs
+        T_max: int | None = None,  # noqa: N803 - torch's name, so configs read like the torch docs
         eta_min: float = 0.0,
+        stage_epochs: int | None = None,
     ) -> None:
-        self.T_max = integer("scheduler.T_max", T_max, 1)
         self.eta_min = number("scheduler.eta_min", eta_min, 0.0)
+        self.follows_stage = T_max is None  # the whole stage, however long it turns out to be
+        if T_max is None:
+            if stage_epochs is None:
+                raise BadValue.of("scheduler.T_max", T_max, "(the whole stage) needs the stage's "
+                                  "length; give T_max in epochs (iterations with interval: iter)")
+            T_max = int(stage_epochs) * (int(iters_per_epoch) if interval == "iter" else 1)
+        self.T_max = integer("scheduler.T_max", T_max, 1)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
+
+    def restage(self, epochs: int) -> None:
+        if self.follows_stage:
+            self.T_max = int(epochs) * (self.iters_per_epoch if self.interval == "iter" else 1)
+            self._apply()
 
     def _main_lr(self, base_lr: float, t: int) -> float:
         t = min(t, self.T_max)
