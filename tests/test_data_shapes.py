@@ -79,3 +79,21 @@ def test_class_subset_only_draws_those(tmp_path):
     for i in range(9):
         rec, _, _ = parse_voc_xml(root / f"Annotations/{i:06d}.xml", ["star", "cross"])
         assert len(rec.labels) >= 1
+
+
+def test_val_first_keeps_the_val_images_whatever_the_train_split(tmp_path):
+    """``dataset.generate.val_first``: a larger train split adds images without changing val."""
+    from mdk.data.shapes import ensure_shapes_dataset
+
+    small = ensure_shapes_dataset(tmp_path / "a", num_train=4, num_val=2, image_size=64, seed=1,
+                                  val_first=4)
+    big = ensure_shapes_dataset(tmp_path / "b", num_train=7, num_val=2, image_size=64, seed=1,
+                                val_first=4)
+    plain = ensure_shapes_dataset(tmp_path / "c", num_train=4, num_val=2, image_size=64, seed=1)
+    val = lambda root: (root / "ImageSets/Main/val.txt").read_text().split()  # noqa: E731
+    jpg = lambda root, i: (root / "JPEGImages" / f"{i}.jpg").read_bytes()  # noqa: E731
+    assert [jpg(small, i) for i in val(small)] == [jpg(big, i) for i in val(big)]
+    # the train images before val_first are the same; the plain layout is the val_first one
+    # when the train split is val_first images long
+    assert [jpg(small, f"{i:06d}") for i in range(4)] == [jpg(big, f"{i:06d}") for i in range(4)]
+    assert [jpg(small, f"{i:06d}") for i in range(6)] == [jpg(plain, f"{i:06d}") for i in range(6)]

@@ -63,19 +63,23 @@ def _generate(out: Path, params: dict) -> None:
 
 def bytes_to_generate(root: str | Path, num_train: int = 1600, num_val: int = 400,
                       image_size: int = 192, seed: int = 0,
-                      class_names: Sequence[str] = SHAPE_CLASSES) -> int:
+                      class_names: Sequence[str] = SHAPE_CLASSES,
+                      val_first: int | None = None) -> int:
     """About how many bytes :func:`ensure_shapes_dataset` writes; 0 when ``root`` holds them."""
-    return bytes_for(manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names),
-                     root)
+    return bytes_for(manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names,
+                              val_first), root)
 
 
 def ensure_shapes_dataset(root: str | Path, num_train: int = 1600, num_val: int = 400,
                           image_size: int = 192, seed: int = 0,
-                          class_names: Sequence[str] = SHAPE_CLASSES) -> Path:
+                          class_names: Sequence[str] = SHAPE_CLASSES,
+                          val_first: int | None = None) -> Path:
     """Make sure ``root`` holds the shapes dataset for these parameters (a folder made with others
-    is regenerated); return ``root``."""
+    is regenerated); return ``root``. ``val_first``: the val images are the generator's images
+    from this index on, whatever ``num_train`` (mdk.data.generated.render_index)."""
     root = Path(root).expanduser().resolve()
     check_request("shapes", class_names, SHAPE_CLASSES, num_train, num_val, image_size)
-    params = manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names)
+    params = manifest(FORMAT_VERSION, num_train, num_val, image_size, seed, class_names,
+                      val_first)
     # _generate looked up at call time: tests replace it to fake a full disk
     return ensure_generated(root, params, lambda out, p: _generate(out, p), "shapes")
