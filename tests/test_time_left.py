@@ -58,3 +58,28 @@ def test_evaluations_not_yet_timed_are_said_then_counted(caplog, monkeypatch):
         "the stage; 2 evaluations not timed yet",
         "step1: epoch 3 took 30 s (its evaluation 20 s); 3 epochs and 1 evaluations left: about "
         "50 s to the end of the stage"]
+
+
+def test_the_first_epochs_start_up_is_not_counted_for_every_epoch(caplog, monkeypatch):
+    """A first step that takes 12 s (loader workers starting) instead of 2 s is paid once."""
+    clock = _Clock()
+    monkeypatch.setattr(hooks, "time", types.SimpleNamespace(perf_counter=clock,
+                                                            monotonic=clock))
+
+    class Step(HookBase):
+        def after_step(self) -> None:
+            clock.now += 12.0 if self.trainer.iter == 1 else 2.0
+
+    net = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(5)]
+    t = Trainer(net, lambda p, y: {"total": (p - y).square().mean()},
+                torch.optim.SGD(net.parameters(), lr=0.1), data, torch.device("cpu"), epochs=11,
+                iters_per_epoch=5)
+    t.register_hooks([Step(), EvalHook(lambda: {"map50": 0.5}, 100), TimeLeftHook("step1", 100, True)])
+    with caplog.at_level("INFO", logger="mdk.engine.hooks"):
+        t.train()
+    lines = [r.getMessage() for r in caplog.records if "to the end of the stage" in r.getMessage()]
+    # epoch 1 took 20 s, but a steady epoch is 5 x 2 s: 10 epochs left are 100 s (+ the last
+    # evaluation, not timed yet)
+    assert lines[0].startswith("step1: epoch 1 took 20 s; 10 epochs and 1 evaluations left: "
+                               "about 1 min 40 s to the end of the stage")

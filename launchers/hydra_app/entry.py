@@ -87,7 +87,9 @@ def _run(cfg: DictConfig) -> list[StageResult]:
         group = Path(str(HydraConfig.get().sweep.dir)).name if is_multirun() else None
         for s, scfg in zip(stages, configs):
             if StageConf.from_node(scfg.step).trains:
-                log.info("=== %s ===  %d epochs, lr %g", s, scfg.trainer.epochs, scfg.optim.lr)
+                length = (f"trainer.time={scfg.trainer.time}" if scfg.trainer.get("time")
+                          else f"{scfg.trainer.epochs} epochs")
+                log.info("=== %s ===  %s, lr %g", s, length, scfg.optim.lr)
             else:
                 log.info("=== %s ===  one pass, no training", s)
             try:

@@ -23,7 +23,8 @@ _ABSENT = object()
 MEANING_KEYS = ("dataset.class_names", "model.image_size", "model.net", "step.name", "step.quant")
 HPARAM_KEYS = ("optim", "scheduler", "loss", "seed", "trainer.epochs", "trainer.batch_size",
                "trainer.limit_train_batches", "trainer.grad_clip", "trainer.ema", "dataset.augment",
-               "model.freeze", "model.freeze_epochs", "step.calibration")
+               "model.freeze", "model.freeze_epochs", "step.calibration", "trainer.time",
+               "trainer.image_sizes")
 MASK_BITS = "model.net.mask_bits"  # not a meaning of float weights
 _OWN_STAGE = ("step.",)  # meaning keys that describe the stage itself, not its input's
 _SKIP = ("_partial_",)   # how a node is instantiated, not what it is
@@ -76,7 +77,12 @@ def _float_weights(meaning: Mapping[str, Any]) -> bool:
 
 
 def hparams_of(cfg: DictConfig) -> dict[str, Any]:
-    return _flat(cfg, HPARAM_KEYS)
+    flat = _flat(cfg, HPARAM_KEYS)
+    # a cosine over the whole stage (T_max: null) is recorded as the length it runs, as the
+    # checkpoints written when T_max was ${trainer.epochs} hold it
+    if "scheduler.T_max" in flat and flat["scheduler.T_max"] is None:
+        flat["scheduler.T_max"] = flat.get("trainer.epochs")
+    return flat
 
 
 def _read_hparams(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,7 +141,11 @@ def nothing_left(ck: Mapping[str, Any], cfg: DictConfig, spec: StageConf) -> boo
     if not spec.trains:
         return bool(ck.get("finished"))
     t = ck.get("trainer") or {}
-    epoch, epochs = int(t.get("epoch", 0)), int(cfg.trainer.epochs)
+    budget = (ck.get("hooks") or {}).get("TimeBudgetHook")  # trainer.time: the epochs it chose
+    if budget and budget.get("done"):
+        return True
+    epoch = int(t.get("epoch", 0))
+    epochs = int(budget["epochs"]) if budget else int(cfg.trainer.epochs)
     return epoch >= epochs or (bool(ck.get("epoch_done")) and epoch + 1 >= epochs)
 
 

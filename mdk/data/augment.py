@@ -72,6 +72,14 @@ def augment_boxes(boxes: torch.Tensor, labels: torch.Tensor, p: AugParams, size:
     return boxes, labels
 
 
+def resize_image(images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 image(s) ``[..., 3, H, W]`` to ``size`` x ``size`` (bilinear with antialiasing: a
+    smaller epoch of a resolution schedule sees what a downscaled photograph would show)."""
+    out = F.resize(images, [size, size], interpolation=F.InterpolationMode.BILINEAR,
+                   antialias=True)
+    return out if out.dtype == torch.uint8 else out.round_().clamp_(0, 255).to(torch.uint8)
+
+
 def augment_image(img: torch.Tensor, p: AugParams) -> torch.Tensor:
     """One uint8 image [3, H, W] with torchvision's functional ops (the loader-side path)."""
     if p.flip:
@@ -136,10 +144,14 @@ def augment_batch(images: torch.Tensor, params: Sequence[AugParams] | torch.Tens
 
 class BatchAugment:
     """Augment training batches on their device: ``images = BatchAugment(ds)(images, batch)``,
-    each sample with the parameters the loader drew for its boxes (``batch[3]``)."""
+    each sample with the parameters the loader drew for its boxes (``batch[3]``), then resized
+    to the size its targets were encoded at (a resolution schedule's epoch)."""
 
     def __init__(self, dataset: Any) -> None:
         dataset.defer_images = True  # the loader returns the parameters, not augmented images
+        self.stride = dataset.stride
 
     def __call__(self, images: torch.Tensor, batch: Any) -> torch.Tensor:
-        return augment_batch(images, batch[3])
+        out = augment_batch(images, batch[3])
+        size = int(batch[1].shape[1]) * self.stride
+        return out if size == out.shape[-1] else resize_image(out, size)

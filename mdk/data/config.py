@@ -3,7 +3,7 @@ Imported before torch: the standard library, omegaconf and mdk.errors only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, List, Mapping, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -30,6 +30,19 @@ class AugmentConf:
     shift: float = 0.1             # translation range, a fraction of the side
     jitter: float = 0.2            # brightness, contrast, saturation x 1 +- jitter
     min_visible: float = 0.4       # an object less inside the image than this is dropped
+    # An epoch of a resolution schedule below the model's size (trainer.image_sizes) scales
+    # scale/shift/jitter by its share of the final size to this power (0: the same strengths;
+    # 1: proportional; EfficientNetV2's progressive learning: small images, mild augmentation).
+    size_power: float = 0.0
+
+    def at_size(self, size: int, final: int) -> "AugmentConf":
+        """These strengths for an epoch at ``size`` of a stage that ends at ``final``."""
+        if size >= final or self.size_power == 0:
+            return self
+        f = (size / final) ** self.size_power
+        lo, hi = self.scale
+        return replace(self, scale=[1 - (1 - lo) * f, 1 + (hi - 1) * f], shift=self.shift * f,
+                       jitter=self.jitter * f)
 
 
 @dataclass
@@ -116,6 +129,10 @@ def check_augmentation(a: Mapping[str, Any]) -> None:
         v, top = a.get(key, 0.0), ")" if key in ("shift", "jitter") else "]"  # [0, 1) or [0, 1]
         if not num(v) or not 0 <= v <= 1 or (v == 1 and top == ")"):
             raise ConfigError(f"dataset.augmentation.{key}={v!r} must be a number in [0, 1{top}")
+    power = a.get("size_power", 0.0)
+    if not num(power) or not 0 <= power <= 4:
+        raise ConfigError(f"dataset.augmentation.size_power={power!r} must be a number in [0, 4] "
+                          "(0: the same strengths at every size of trainer.image_sizes)")
     scale = a.get("scale", [1.0, 1.0])
     if (not isinstance(scale, (list, tuple)) or len(scale) != 2 or not all(num(v) for v in scale)
             or not 0 < scale[0] <= scale[1]):

@@ -19,7 +19,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from mdk import faults
-from mdk.data.augment import augment_boxes, augment_image, draw, params_tensor
+from mdk.data.augment import (augment_boxes, augment_image, draw, params_tensor,
+                              resize_image)
 from mdk.data.config import AugmentConf
 from mdk.data.image_check import DECODE_ERRORS, apply_bad_image_policy, check_images
 from mdk.data.records import Record
@@ -48,6 +49,9 @@ class DetectionDataset(Dataset):
         # True: the training device augments the images in batches (dataset.augment_on); boxes
         # and targets are still augmented here.
         self.defer_images = False
+        # The input size of each epoch (trainer.image_sizes: a float stage's resolution schedule,
+        # mdk.trainer_config.epoch_sizes); None: every epoch at image_size.
+        self.epoch_sizes: list[int] | None = None
         # Before any sampler sees the length (mdk.data.image_check says why).
         bad = check_images(self.root, [e.image for e in records],
                            Path(meta_dir) / f"{split}.images.json", desc=f"checking {split} images",
@@ -74,6 +78,16 @@ class DetectionDataset(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+
+    def size_at(self, epoch: int) -> int:
+        """The training input size of ``epoch`` (image_size unless a resolution schedule)."""
+        sizes = self.epoch_sizes
+        return sizes[min(int(epoch), len(sizes) - 1)] if sizes else self.image_size
+
+    @property
+    def stride(self) -> int:
+        """Input pixels per grid cell (the model's pools)."""
+        return self.image_size // self.grid
 
     def _read(self, index: int) -> torch.Tensor:
         """The image decoded to RGB uint8 ``[3, H, W]`` (bilinear resize to image_size if needed)."""
@@ -125,14 +139,19 @@ class DetectionDataset(Dataset):
         boxes, labels, difficult = self.gt(index)
         train = ~difficult & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         boxes, labels = boxes[train], labels[train]
+        size = self.size_at(epoch)
         if self.augment:
             rng = np.random.default_rng([self.seed & 0xFFFFFFFF, int(epoch), int(index)])
-            p = draw(rng, self.image_size, self.strengths)
+            p = draw(rng, self.image_size, self.strengths.at_size(size, self.image_size))
             boxes, labels = augment_boxes(boxes, labels, p, self.image_size,
                                           self.strengths.min_visible)
             if not self.defer_images:  # else mdk.data.augment.BatchAugment on the device
                 img = augment_image(img, p)
-        target = self.head.encode(boxes, labels, self.grid, self.image_size)
+        if size != self.image_size:  # an epoch of a resolution schedule: fewer pixels
+            boxes = boxes * (size / self.image_size)
+            if not self.defer_images:
+                img = resize_image(img, size)
+        target = self.head.encode(boxes, labels, size // self.stride, size)
         if self.augment and self.defer_images:  # the device applies them to the image
             return img, target, index, params_tensor([p])[0]
         return img, target, index

@@ -20,6 +20,7 @@ from mdk.data.loader import SafeLoader
 from mdk.data.samplers import EpochTagged, GlobalBatchSampler
 from mdk.models.build import build_head
 from mdk.paths import resolve_path
+from mdk.sched.base import stage_length
 from mdk.world import World, alone
 
 log = logging.getLogger(__name__)
@@ -114,12 +115,15 @@ def loader_workers(cfg: DictConfig, world: World) -> int:
     return int(nw)
 
 
-def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: int):
+def build_optim_sched(cfg: DictConfig, model: torch.nn.Module, iters_per_epoch: int,
+                      epochs: Optional[int] = None):
     """The optimizer over the trained parameters (and those ``model.freeze_epochs`` releases
-    later: without a gradient the optimizer skips them, decay included) and its scheduler."""
+    later: without a gradient the optimizer skips them, decay included) and its scheduler, for a
+    stage of ``epochs`` (None: ``trainer.epochs``)."""
     later = cfg.model.get("freeze_epochs") is not None
     params = [p for p in model.parameters() if p.requires_grad or later]
     optimizer = build(cfg.optim, "optim", params)
     scheduler = build(cfg.scheduler, "scheduler", optimizer=optimizer,
-                      iters_per_epoch=iters_per_epoch)
+                      iters_per_epoch=iters_per_epoch,
+                      **stage_length(cfg.scheduler, cfg.trainer.epochs if epochs is None else epochs))
     return optimizer, scheduler

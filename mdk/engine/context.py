@@ -30,3 +30,4 @@ class StageContext:
     evaluate: Callable[..., dict[str, Any]] = field(repr=False, default=dict)
     step_offset: int = 0              # optimizer steps of the pipeline's earlier stages
     group: Optional[str] = None       # the sweep this job belongs to (metric sinks group by it)
+    started: float = 0.0              # time.perf_counter() when the stage began (trainer.time)

@@ -35,7 +35,8 @@ class EvalHook(HookBase):
 
     def after_epoch(self) -> None:
         t = self.trainer
-        if evaluates(t.epoch, self.every, t.epochs):
+        # trainer.time's budget ended the epoch early: its weights are the stage's last
+        if evaluates(t.epoch, self.every, t.epochs) or getattr(t, "budget_spent", False):
             t0 = time.perf_counter()
             t.metrics = self.eval_fn()
             t.last_eval_s = time.perf_counter() - t0
@@ -54,16 +55,44 @@ def evaluates(epoch: int, every: int, epochs: int) -> bool:
 class TimeLeftHook(HookBase):
     """After this process's first epoch (and again after its first evaluation, when that came
     later), one line with the time to the end of the stage: the epochs left times the measured
-    epoch, plus the evaluations left times the measured evaluation. Register it last."""
+    epoch (``weights``: each epoch's cost relative to the first, for a resolution schedule), plus
+    the evaluations left times the measured evaluation; with a time budget, how that stands
+    against it. Register it last."""
 
-    def __init__(self, stage: str, eval_every: int, is_main: bool) -> None:
+    def __init__(self, stage: str, eval_every: int, is_main: bool,
+                 weights: Optional[Callable[[], list[float]]] = None,
+                 budget: Optional[Any] = None) -> None:
         self.stage, self.every, self.is_main = stage, max(1, eval_every), is_main
+        self.weights, self.budget = weights, budget
         self.epoch_s: Optional[float] = None  # a training epoch, evaluation excluded
         self.said_eval = False
 
     def before_epoch(self) -> None:
         self._t0 = time.perf_counter()
+        self._steps: list[float] = []  # the ends of this epoch's first and latest steps
+        self._b0 = self.trainer.batch_in_epoch  # a resumed epoch starts part-way
         self.trainer.last_eval_s = None
+
+    def after_step(self) -> None:
+        if self.epoch_s is None:  # the first epoch measures the steady step
+            self._steps[1:] = [time.perf_counter()] if self._steps else []
+            if not self._steps:
+                self._steps.append(time.perf_counter())
+
+    def _steady(self, took: float, eval_s: float) -> float:
+        """The first epoch's time without what only it pays (loader start-up, first-step set-up):
+        its later steps' mean for every step, plus what followed the last step (the checkpoint)."""
+        t = self.trainer
+        n = t.batch_in_epoch - self._b0
+        if len(self._steps) < 2 or n < 3:
+            return took - eval_s
+        first, last = self._steps
+        after = (self._t0 + took) - last - eval_s
+        return (last - first) / (n - 1) * t.iters_per_epoch + max(0.0, after)
+
+    def _weight(self, epoch: int) -> float:
+        w = self.weights() if self.weights is not None else None
+        return w[epoch] / w[self._first] if w and epoch < len(w) else 1.0
 
     def after_epoch(self) -> None:
         t = self.trainer
@@ -71,21 +100,27 @@ class TimeLeftHook(HookBase):
         eval_s = getattr(t, "last_eval_s", None)
         first = self.epoch_s is None
         if first:
-            self.epoch_s = took - (eval_s or 0.0)
-        if not self.is_main or not (first or (eval_s is not None and not self.said_eval)):
+            self.epoch_s, self._first = self._steady(took, eval_s or 0.0), t.epoch
+        if not self.is_main or t.stop or not (first or (eval_s is not None and not self.said_eval)):
             return
         epochs_left = t.epochs - t.epoch - 1
         evals_left = sum(evaluates(e, self.every, t.epochs) for e in range(t.epoch + 1, t.epochs))
-        left = epochs_left * self.epoch_s + evals_left * (eval_s or 0.0)
+        left = sum(self._weight(e) for e in range(t.epoch + 1, t.epochs)) * self.epoch_s \
+            + evals_left * (eval_s or 0.0)
         done = f"epoch {t.epoch + 1} took {took:.0f} s" + (
             f" (its evaluation {eval_s:.0f} s)" if eval_s is not None else "")
         more = f"; {evals_left} evaluations not timed yet" if eval_s is None and evals_left else ""
+        if self.budget is not None:
+            spare = self.budget.left() - left
+            more += (f"; trainer.time={duration(self.budget.budget_s)}: "
+                     + (f"{duration(spare)} to spare" if spare >= 0 else
+                        f"{duration(-spare)} short, so the budget ends the stage early"))
         log.info("%s: %s; %d epochs and %d evaluations left: about %s to the end of the stage%s",
-                 self.stage, done, epochs_left, evals_left, _duration(left), more)
+                 self.stage, done, epochs_left, evals_left, duration(left), more)
         self.said_eval = self.said_eval or eval_s is not None
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
     return f"{m} min {s:02d} s" if m else f"{s} s"
 

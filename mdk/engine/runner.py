@@ -55,7 +55,7 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
         metric=str(ev.get("metric", "voc07")), keep=keep, world=world,
         box_rule=str(ev.get("box_rule", "devkit"))))
     ctx = StageContext(cfg, run_dir, world, spec, model, train_ds, val_ds, checkpoints, start,
-                       loss_fn, eval_fn, step_offset, group)
+                       loss_fn, eval_fn, step_offset, group, t_start)
     if start.finished and not spec.trains:
         done = start.resume.get("summary") or {}  # done before: report, do not redo
         result = StageResult.from_dict({**done, "stage": spec.name})

@@ -28,6 +28,7 @@ from mdk.engine.nan_guard import NanGuardHook
 from mdk.engine.loop import Trainer
 from mdk.engine.reports import ReportHook, maybe_reporter
 from mdk.engine.run_state import ConfiguredOptimizer, HookStates, RankRNG, RunState
+from mdk.engine.stage_length import plan_stage
 from mdk.engine.stop_hook import StopOnRequestHook
 from mdk.sched.curve import plot_lr_curve
 from mdk.sinks.build import build_sinks
@@ -93,11 +94,15 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
     model = ctx.model
     transform = _batch_transform(ctx)
     loader, sampler = build.build_train_loader(cfg, ctx.train_ds, world)
-    optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches)
-    trainer = Trainer(net, ctx.loss_fn, optimizer, loader, world.device, cfg.trainer.epochs,
+    amp_dtype = precision.amp_dtype(cfg.trainer, world.device, float_model)
+    plan = plan_stage(ctx, sampler.num_batches, amp_dtype, channels_last)
+    epochs = plan.epochs
+    optimizer, scheduler = build.build_optim_sched(cfg, model, sampler.num_batches, epochs)
+    plan.allow_replan(ctx, scheduler, loader, sampler.num_batches)
+    trainer = Trainer(net, ctx.loss_fn, optimizer, loader, world.device, epochs,
                       sampler.num_batches, grad_clip=cfg.trainer.grad_clip,
                       exact_chunk=cfg.dist.get("exact_chunk"),
-                      amp_dtype=precision.amp_dtype(cfg.trainer, world.device, float_model),
+                      amp_dtype=amp_dtype,
                       batch_transform=transform,
                       channels_last=channels_last, world_size=world.size)
     if trainer.amp_dtype is not None:
@@ -140,10 +145,12 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
                             ReportHook(reporter, ckpt, ctx.step_offset,
                                        ctx.checkpoints.dir / BEST) if reporter else None,
                             *extra,  # trainer.hooks: after the epoch's checkpoints are written
+                            plan.budget,  # trainer.time: ends the stage at the budget
                             # after ckpt: a stop request writes last.pth and leaves the loop
                             StopOnRequestHook(ckpt.save_last, world.distributed),
                             # last: the epoch's evaluation and checkpoints are part of its time
-                            TimeLeftHook(ctx.spec.name, cfg.trainer.eval_every, world.is_main)])
+                            TimeLeftHook(ctx.spec.name, cfg.trainer.eval_every, world.is_main,
+                                         plan.epoch_weights, plan.budget)])
     # What last.pth holds, saved and resumed by walking the same names (RNG last: restored
     # right before the loop starts drawing).
     state = RunState({"optimizer": ConfiguredOptimizer(optimizer), "scheduler": scheduler,
@@ -160,15 +167,20 @@ def train_stage(ctx: StageContext) -> dict[str, Any]:
         state.load_state_dict({k: v for k, v in resume.items() if k not in fresh})
     elif world.is_main:
         try:
-            plot_lr_curve(cfg.scheduler, sampler.num_batches, cfg.trainer.epochs,
+            plot_lr_curve(cfg.scheduler, sampler.num_batches, epochs,
                           ctx.run_dir / f"lr_{ctx.spec.name}.png", base_lr=cfg.optim.lr)
         except Exception as e:  # a plot must never stop training
             log.warning("could not draw the LR curve: %s", e)
     try:
-        trainer.train()
+        if not plan.done:  # else the budget ended this stage before: its best stands
+            trainer.train()
     finally:
         sink.close()
-    return _summary(ckpt, metrics, trainer)
+    out = _summary(ckpt, metrics, trainer)
+    if plan.budget is not None:
+        out.update(time_budget_s=plan.budget.budget_s, planned_epochs=plan.epochs,
+                   ended_at_budget=plan.budget.done)
+    return out
 
 
 def _so_far(ckpt: CheckpointHook, metrics: MetricsHook) -> dict[str, Any]:
