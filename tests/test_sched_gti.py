@@ -13,6 +13,7 @@ from torch.optim.lr_scheduler import (ConstantLR, CosineAnnealingLR, CosineAnnea
                                       LinearLR, MultiStepLR, SequentialLR, StepLR)
 
 from conftest import TINY, compose
+from mdk.sched.base import stage_length
 from mdk.sched.schedules import (WarmupCosineAnnealingLR, WarmupCosineAnnealingWarmRestarts,
                                  WarmupMultiStepLR, WarmupStepLR)
 
@@ -149,7 +150,9 @@ def test_resume_inside_gti_warmup_is_exact():
 def test_config_keys_exist_and_select_gti(name):
     cfg = compose([*TINY, "trainer.device=cpu", f"scheduler={name}", "scheduler.warmup.mode=gti",
                    "scheduler.warmup.iters=0", "scheduler.warmup.epochs=1"])
-    s = instantiate(cfg.scheduler)(optimizer=_opt(), iters_per_epoch=IPE)
+    # the engine hands a cosine over the whole stage (T_max: null) the stage's length
+    s = instantiate(cfg.scheduler)(optimizer=_opt(), iters_per_epoch=IPE,
+                                   **stage_length(cfg.scheduler, cfg.trainer.epochs))
     assert s.warmup_mode == "gti" and s.warmup_iters == IPE
     dflt = compose([*TINY, "trainer.device=cpu", f"scheduler={name}"])
     assert dflt.scheduler.warmup.mode == "mdk" and dflt.scheduler.warmup.epochs == 0
