@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose
 from mdk.data.augment import BatchAugment, resize_image
-from mdk.data.config import AugmentConf
+from mdk.data.config import AugmentConf, check_dataset
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
@@ -114,3 +114,11 @@ def test_a_good_schedule_reads_back_and_none_means_none():
     assert image_sizes(cfg) == [(32, 0.5), (64, 0.5)]
     assert image_sizes(compose(["debug=tiny"])) is None
     assert OmegaConf.select(cfg, "model.image_size") == 64
+
+
+@pytest.mark.parametrize("value", ["-1", "5"])
+def test_a_bad_size_power_is_one_line(value):
+    cfg = compose(["debug=tiny", f"dataset.augmentation.size_power={value}"])
+    with pytest.raises(ConfigError, match=r"^dataset.augmentation.size_power=.* must be a number "
+                                          r"in \[0, 4\] \(0: the same strengths at every size"):
+        check_dataset(cfg)
