@@ -56,7 +56,7 @@ def test_evaluations_not_yet_timed_are_said_then_counted(caplog, monkeypatch):
     assert lines == [
         "step1: epoch 1 took 10 s; 5 epochs and 2 evaluations left: about 50 s to the end of "
         "the stage; 2 evaluations not timed yet",
-        "step1: epoch 3 took 30 s (its evaluation 20 s); 3 epochs and 1 evaluations left: about "
+        "step1: epoch 3 took 30 s (its evaluation 20 s); 3 epochs and 1 evaluation left: about "
         "50 s to the end of the stage"]
 
 
@@ -81,5 +81,5 @@ def test_the_first_epochs_start_up_is_not_counted_for_every_epoch(caplog, monkey
     lines = [r.getMessage() for r in caplog.records if "to the end of the stage" in r.getMessage()]
     # epoch 1 took 20 s, but a steady epoch is 5 x 2 s: 10 epochs left are 100 s (+ the last
     # evaluation, not timed yet)
-    assert lines[0].startswith("step1: epoch 1 took 20 s; 10 epochs and 1 evaluations left: "
+    assert lines[0].startswith("step1: epoch 1 took 20 s; 10 epochs and 1 evaluation left: "
                                "about 1 min 40 s to the end of the stage")

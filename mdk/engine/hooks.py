@@ -109,15 +109,22 @@ class TimeLeftHook(HookBase):
             + evals_left * (eval_s or 0.0)
         done = f"epoch {t.epoch + 1} took {took:.0f} s" + (
             f" (its evaluation {eval_s:.0f} s)" if eval_s is not None else "")
-        more = f"; {evals_left} evaluations not timed yet" if eval_s is None and evals_left else ""
+        more = (f"; {counted(evals_left, 'evaluation')} not timed yet"
+                if eval_s is None and evals_left else "")
         if self.budget is not None:
             spare = self.budget.left() - left
             more += (f"; trainer.time={duration(self.budget.budget_s)}: "
                      + (f"{duration(spare)} to spare" if spare >= 0 else
                         f"{duration(-spare)} short, so the budget ends the stage early"))
-        log.info("%s: %s; %d epochs and %d evaluations left: about %s to the end of the stage%s",
-                 self.stage, done, epochs_left, evals_left, duration(left), more)
+        log.info("%s: %s; %s and %s left: about %s to the end of the stage%s", self.stage, done,
+                 counted(epochs_left, "epoch"), counted(evals_left, "evaluation"), duration(left),
+                 more)
         self.said_eval = self.said_eval or eval_s is not None
+
+
+def counted(n: int, word: str) -> str:
+    """``1 epoch``, ``3 epochs``: the time-left line reads as a sentence."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def duration(seconds: float) -> str:
