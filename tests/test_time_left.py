@@ -7,8 +7,9 @@ import types
 
 import torch
 
-from mdk.engine import hooks
-from mdk.engine.hooks import EvalHook, TimeLeftHook
+from mdk.engine import hooks, time_left
+from mdk.engine.hooks import EvalHook
+from mdk.engine.time_left import TimeLeftHook
 from mdk.engine.loop import HookBase, Trainer
 
 
@@ -22,8 +23,9 @@ class _Clock:
 
 def _train(epochs: int, every: int, caplog, monkeypatch) -> list[str]:
     clock = _Clock()
-    monkeypatch.setattr(hooks, "time", types.SimpleNamespace(perf_counter=clock,
-                                                            monotonic=clock))
+    fake = types.SimpleNamespace(perf_counter=clock, monotonic=clock)
+    for module in (hooks, time_left):
+        monkeypatch.setattr(module, "time", fake)
 
     class Step(HookBase):
         def after_step(self) -> None:
@@ -39,7 +41,7 @@ def _train(epochs: int, every: int, caplog, monkeypatch) -> list[str]:
                 torch.optim.SGD(net.parameters(), lr=0.1), data, torch.device("cpu"), epochs=epochs,
                 iters_per_epoch=5)
     t.register_hooks([Step(), EvalHook(evaluate, every), TimeLeftHook("step1", every, True)])
-    with caplog.at_level("INFO", logger="mdk.engine.hooks"):
+    with caplog.at_level("INFO", logger="mdk.engine"):
         t.train()
     return [r.getMessage() for r in caplog.records if "to the end of the stage" in r.getMessage()]
 
@@ -63,8 +65,9 @@ def test_evaluations_not_yet_timed_are_said_then_counted(caplog, monkeypatch):
 def test_the_first_epochs_start_up_is_not_counted_for_every_epoch(caplog, monkeypatch):
     """A first step that takes 12 s (loader workers starting) instead of 2 s is paid once."""
     clock = _Clock()
-    monkeypatch.setattr(hooks, "time", types.SimpleNamespace(perf_counter=clock,
-                                                            monotonic=clock))
+    fake = types.SimpleNamespace(perf_counter=clock, monotonic=clock)
+    for module in (hooks, time_left):
+        monkeypatch.setattr(module, "time", fake)
 
     class Step(HookBase):
         def after_step(self) -> None:
@@ -76,7 +79,7 @@ def test_the_first_epochs_start_up_is_not_counted_for_every_epoch(caplog, monkey
                 torch.optim.SGD(net.parameters(), lr=0.1), data, torch.device("cpu"), epochs=11,
                 iters_per_epoch=5)
     t.register_hooks([Step(), EvalHook(lambda: {"map50": 0.5}, 100), TimeLeftHook("step1", 100, True)])
-    with caplog.at_level("INFO", logger="mdk.engine.hooks"):
+    with caplog.at_level("INFO", logger="mdk.engine"):
         t.train()
     lines = [r.getMessage() for r in caplog.records if "to the end of the stage" in r.getMessage()]
     # epoch 1 took 20 s, but a steady epoch is 5 x 2 s: 10 epochs left are 100 s (+ the last

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from mdk.engine.context import StageContext
-from mdk.engine.hooks import duration
+from mdk.engine.time_left import duration
 from mdk.engine.time_budget import Costs, Replan, TimeBudgetHook, fit_epochs, probe_costs
 from mdk.trainer_config import epoch_sizes, image_sizes, seconds
 

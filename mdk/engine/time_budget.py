@@ -23,7 +23,8 @@ import torch
 from mdk import dist
 from mdk.data.augment import resize_image
 from mdk.engine.context import StageContext
-from mdk.engine.hooks import duration, evaluates
+from mdk.engine.hooks import evaluates
+from mdk.engine.time_left import duration
 from mdk.engine.loop import HookBase
 from mdk.trainer_config import epoch_sizes
 

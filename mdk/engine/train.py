@@ -23,13 +23,14 @@ from mdk.engine.ema import EMAHook, ema_from_config
 from mdk.engine.extra_hooks import build_extra_hooks
 from mdk.engine.freeze import ReleaseFrozenHook
 from mdk.engine.hooks import (CheckpointHook, EvalHook, FaultHook, LRSchedulerHook, MetricsHook,
-                              ProgressHook, TimeLeftHook, sampler_epoch_hook)
+                              ProgressHook, sampler_epoch_hook)
 from mdk.engine.nan_guard import NanGuardHook
 from mdk.engine.loop import Trainer
 from mdk.engine.reports import ReportHook, maybe_reporter
 from mdk.engine.run_state import ConfiguredOptimizer, HookStates, RankRNG, RunState
 from mdk.engine.stage_length import plan_stage
 from mdk.engine.stop_hook import StopOnRequestHook
+from mdk.engine.time_left import TimeLeftHook
 from mdk.sched.curve import plot_lr_curve
 from mdk.sinks.build import build_sinks
 from mdk.checkpoint.layout import BEST, iteration
