@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 
 from conftest import REPO, compose, run_cmd_env
 from launchers.hydra_app.user_error_line import user_error_line
+from mdk.data.class_names import fill_class_names
 from mdk.config import validate
 from mdk.errors import ConfigError
 from mdk.models.build import build_model
@@ -22,7 +23,7 @@ from mdk.schema import SCHEMAS, schema_name
 
 GROUPS = {
     "model": ["gnetdet", "gnetdet_224", "gnetdet_small"],
-    "dataset": ["shapes", "shapes_hard", "voc", "coco"],
+    "dataset": ["shapes", "shapes_hard", "voc", "coco", "yolo"],
     "step": ["step1", "step2", "cal", "step3", "step4", "quant_report"],
     "step/calibration": ["percentile", "max", "mse", "kl"],  # a group of the cal stage's record
     "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
@@ -44,11 +45,15 @@ def test_group_folders_match_the_list():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option, tmp_path):
-    extra = ["dataset.root=" + str(tmp_path)] if option in ("voc", "coco") else []
+    # a folder of your own: its class list is read from the data at the start of a run
+    # (mdk.data.class_names, tested in test_data_class_names.py); here there is none, so given
+    extra = (["dataset.root=" + str(tmp_path), "dataset.class_names=[a,b]"]
+             if option in ("voc", "coco", "yolo") else [])
     if (group, option) == ("loss", "anchors"):
         extra.append("head=anchors")  # its loss reads the head's priors (refused with yolov1)
     stage = ["step=cal"] if group == "step/calibration" else []
     cfg = compose([*stage, f"{group}={option}", *extra])
+    fill_class_names(cfg)   # as a run does before its checks: num_classes follows the list
     validate(cfg)
     if group == "step/calibration":
         made = observers(cfg.step.calibration)()

@@ -23,7 +23,10 @@ def test_every_dataset_yaml_fits_the_schema(path):
     del own["defaults"]
     merged = OmegaConf.merge(OmegaConf.structured(DatasetConf), own)
     assert set(merged) == set(DatasetConf.__dataclass_fields__)   # no key missing, none extra
-    assert merged.num_classes == len(merged.class_names)
+    if merged.class_names is None:   # read from the data (mdk.data.class_names)
+        assert merged.num_classes is None
+    else:
+        assert merged.num_classes == len(merged.class_names)
     assert merged.reader._target_.startswith("mdk.data.")
     assert merged.augment_on in AUGMENT_ON and merged.on_bad_image in POLICIES
 
@@ -42,6 +45,10 @@ def test_the_schema_rejects_a_wrong_type_naming_the_key():
 def test_check_names_the_key(over, match):
     d = {**OmegaConf.to_container(OmegaConf.load(REPO / "conf/dataset/coco.yaml")), "root": "/x"}
     del d["defaults"]
+    with pytest.raises(DataError, match=r"^dataset.class_names is not set and was not read from "
+                       r"the data; set dataset.class_names=\[...\] \(see conf/dataset/coco.yaml\)$"):
+        check(d)   # a list left out is filled from the data before the checks
+    d["class_names"] = ["a", "b"]
     assert check(d)["name"] == "coco"
     with pytest.raises(DataError, match=match):
         check({**d, **over})

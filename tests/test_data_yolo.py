@@ -83,11 +83,11 @@ def test_names_as_list_mapping_or_nc(yolo):
     # a mapping in another key order, ids as text: the same classes
     write_yaml(yolo, {**doc, "names": {str(i): CLASSES[i] for i in (3, 0, 4, 1, 2)}, "nc": 5})
     reader = YOLOReader(yolo, None)
-    assert reader.data_class_names() == CLASSES
+    assert reader.data_class_names("train", "val") == CLASSES
     assert_same(reader.records("train").records, want)
     # nc alone: class_<i>
     write_yaml(yolo, {"train": "images/train", "val": "images/val", "nc": 5})
-    assert YOLOReader(yolo, None).data_class_names() == [f"class_{i}" for i in range(5)]
+    assert YOLOReader(yolo, None).data_class_names("train", "val") == [f"class_{i}" for i in range(5)]
     # a class list in another order: ids are matched by name
     reverse = CLASSES[::-1]
     write_yaml(yolo, doc)

@@ -39,9 +39,10 @@ def test_dataset_yolo_trains_exactly_as_its_voc_form(tmp_path):
 
     voc = run("voc", *TINY, f"paths.data={tmp_path / 'data'}")
     export_voc_to_yolo(tmp_path / "data/shapes", tmp_path / "yolo", class_names=CLASSES)
+    # nothing typed but the folder: the class list is data.yaml's names
     yolo = run("yolo", "debug=tiny_model", "dataset.num_workers=0", "dataset=yolo",
-               f"dataset.root={tmp_path / 'yolo'}", f"dataset.class_names=[{','.join(CLASSES)}]",
-               "dataset.num_classes=5", f"paths.data={tmp_path / 'data_yolo'}")
+               f"dataset.root={tmp_path / 'yolo'}", f"paths.data={tmp_path / 'data_yolo'}")
+    assert f"dataset.class_names read from {tmp_path / 'yolo'}: [{', '.join(CLASSES)}]" in yolo.stdout
     assert "split 'train': 48 images" in yolo.stdout and "split 'val': 16 images" in yolo.stdout
     assert _losses(yolo.stdout) == _losses(voc.stdout) and len(_losses(voc.stdout)) == 4
     a = torch.load(tmp_path / "voc/step1/last.pth", weights_only=False)

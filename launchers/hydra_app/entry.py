@@ -23,6 +23,7 @@ from launchers.reports.run_summary import print_summary
 from launchers.reports.stop_line import SEARCH_RERUN, stop_line, sweep_rerun
 from mdk import faults
 from mdk.config import validate
+from mdk.data.class_names import fill_class_names
 from mdk.engine.result import StageResult
 from mdk.engine.runner import stage_on_rank
 from mdk.folder_lock import one_run
@@ -63,6 +64,7 @@ def run(cfg: DictConfig) -> Any:
 def _run(cfg: DictConfig) -> list[StageResult]:
     register_resolvers()
     env = detect()
+    fill_class_names(cfg)  # a class list left out is read from the data, before any check
     validate(cfg, env.world_size if env.external else None)  # the real world under torchrun/SLURM
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     stages = running_stages(cfg)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_app.submitit_requeue import slurm_dist_url
 from mdk.config import validate
+from mdk.data.class_names import fill_class_names
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.stage import stage_config
@@ -47,6 +48,7 @@ def check_job(cfg: DictConfig, slurm: bool = False) -> None:
     register_resolvers()
     if slurm:  # the job fills in its first node's address; a stand-in passes the same checks
         slurm_dist_url(cfg, "slurm-node0", 29500)
+    fill_class_names(cfg)
     validate(cfg)
     for stage in running_stages(cfg):
         stage_config(cfg, stage)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from mdk.data.config import VOC_READER, check, plain
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records, fresh_count
-from mdk.data.records import READER_METHODS, Reader
+from mdk.data.records import READER_METHODS, Reader, only_in_val
 from mdk.targets import build
 from mdk.errors import DataError
 from mdk.paths import resolve_path
@@ -42,7 +42,7 @@ def build_reader(d: Mapping[str, Any], root: str | Path) -> Reader:
                         f"needs the methods {', '.join(READER_METHODS)}: mdk/data/records.py); "
                         "name a reader class such as mdk.data.voc.VOCReader")
     return build(node, "dataset.reader", error=DataError, hint=hint, root=root,
-                 class_names=list(d["class_names"]))
+                 class_names=list(d.get("class_names") or []))
 
 
 def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str | Path,
@@ -94,4 +94,8 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
             augmentation=d.get("augmentation"))
 
     train_ds = one(d["train_split"], bool(d.get("augment", True))) if train else None
-    return train_ds, one(d["val_split"], False)
+    val_ds = one(d["val_split"], False)
+    line = only_in_val(train_ds.records, val_ds.records, d["class_names"]) if train_ds else None
+    if line:
+        log.warning("%s: %s", root, line)
+    return train_ds, val_ds

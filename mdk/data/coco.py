@@ -99,10 +99,31 @@ class COCOReader:
     def sources(self, split: str) -> list[Path]:
         return [self.annotation_file(split)]
 
+    def _categories(self, split: str) -> dict[int | str, str]:
+        doc, path = self._load(split), self.annotation_file(split)
+        return {_id(c, "id", path, f"categories[{k}]"): str(_get(c, "name", path, f"categories[{k}]"))
+                for k, c in enumerate(doc["categories"])}
+
+    def data_class_names(self, train_split: str, val_split: str) -> list[str]:
+        """The train file's categories by id; a category only the val file has is refused."""
+        cats, path = self._categories(train_split), self.annotation_file(train_split)
+        names = [cats[k] for k in sorted(cats, key=lambda k: (isinstance(k, str), k))]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice or not names:
+            raise DataError(f"{path}: categories " + (f"name {twice} more than once" if twice
+                            else "is empty") + "; give each class one category (or set "
+                            "dataset.class_names=[...])")
+        extra = sorted(set(self._categories(val_split).values()) - set(names))
+        if extra:
+            raise DataError(f"{self.annotation_file(val_split)}: categories {extra} are not in "
+                            f"the {train_split!r} file's categories ({path}), so the model could "
+                            "never learn them; add them there, or set dataset.class_names to a "
+                            "list that holds them")
+        return names
+
     def records(self, split: str) -> SplitRecords:
         doc, path = self._load(split), self.annotation_file(split)
-        cats = {_id(c, "id", path, f"categories[{k}]"): str(_get(c, "name", path, f"categories[{k}]"))
-                for k, c in enumerate(doc["categories"])}
+        cats = self._categories(split)
         index = {name: i for i, name in enumerate(self.class_names)}
         folder = PurePosixPath(self._pattern("images", split))
         images: dict[int | str, tuple[str, int, int]] = {}

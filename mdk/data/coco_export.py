@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
 from mdk.atomic_file import write_json
 from mdk.data.records import Record
-from mdk.data.voc import VOCReader, read_split
+from mdk.data.voc import VOCReader, split_class_names
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +51,8 @@ def voc_class_names(voc_root: str | Path, splits: Sequence[str]) -> list[str]:
     parse is skipped here; reading it for the export then names it)."""
     names: set[str] = set()
     for split in splits:
-        for image_id in read_split(voc_root, split):
-            try:
-                tree = ET.parse(Path(voc_root) / "Annotations" / f"{image_id}.xml")
-            except (OSError, ET.ParseError):
-                continue
-            names.update((n.text or "").strip() for n in tree.getroot().iter("name"))
-    return sorted(n for n in names if n)
+        names.update(split_class_names(voc_root, split))
+    return sorted(names)
 
 
 def _place(src: Path, dst: Path, copy: bool) -> None:

@@ -15,7 +15,7 @@ AUGMENT_ON = ("auto", "loader", "device")
 # dataset.on_bad_image: what an image that does not decode does (mdk/data/image_check.py).
 POLICIES = ("error", "skip")
 VOC_READER = "mdk.data.voc.VOCReader"   # the reader of a null dataset.reader
-REQUIRED = ("name", "root", "class_names", "num_classes", "train_split", "val_split")
+REQUIRED = ("name", "root", "train_split", "val_split")
 
 
 @dataclass
@@ -51,8 +51,10 @@ class DatasetConf:
 
     name: str = MISSING                  # labels the dataset's folders (meta files, checkpoints)
     root: str = MISSING                  # '???' in a YAML: the user must pass dataset.root=...
-    class_names: List[str] = MISSING     # label order; annotations are matched by name
-    num_classes: int = MISSING           # must equal len(class_names)
+    # Label order; annotations are matched by name. null: read from the data when the run starts
+    # (mdk/data/class_names.py: VOC's sorted names, COCO's categories by id, YOLO's names).
+    class_names: Optional[List[str]] = None
+    num_classes: Optional[int] = None    # null: len(class_names); else it must equal it
     train_split: str = "train"
     val_split: str = "val"
     reader: Any = None                   # {_target_: reader class, its own keys}; null: VOC layout
@@ -94,12 +96,16 @@ def check(cfg_dataset: Mapping[str, Any] | DictConfig) -> dict:
     if gen is not None and not (isinstance(gen, dict) and gen.get("_target_")):
         raise DataError(f"dataset.generate={gen!r} must be null or a node with a _target_ (a "
                         "function called with root= and class_names= that makes the data)")
-    names = d["class_names"]
+    names = d.get("class_names")
+    if names is None:  # filled from the data before the checks (mdk.data.class_names)
+        raise DataError(f"dataset.class_names is not set and was not read from the data; set "
+                        f"dataset.class_names=[...] (see conf/dataset/{d.get('name')}.yaml)")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise DataError(f"dataset.class_names={names!r} must be a non-empty list of strings")
     if len(set(names)) != len(names):
         raise DataError(f"dataset.class_names={names} has duplicates; each class once")
-    if d["num_classes"] != len(names):  # a config slip, not a file's: a config error
+    # a config slip, not a file's: a config error
+    if d.get("num_classes") is not None and d["num_classes"] != len(names):
         raise ConfigError(f"dataset.num_classes={d['num_classes']} but dataset.class_names has "
                           f"{len(names)} names; make them agree")
     reader = d.get("reader")

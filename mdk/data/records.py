@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -63,6 +63,9 @@ class Reader(Protocol):
     def sources(self, split: str) -> list[Path]:
         """The files the records of ``split`` are read from (they key the index cache)."""
 
+    # Optional: ``data_class_names(train_split, val_split) -> list[str]``, the class list the data
+    # itself gives, read when ``dataset.class_names`` is left out (mdk/data/class_names.py).
+
 
 def clip_to_image(box: list[float], width: int, height: int) -> tuple[list[float], bool]:
     """The bad-box policy: ``(box clipped to [0, width] x [0, height], whether it changed)``. VOC
@@ -100,3 +103,22 @@ def make_record(image: str, width: int, height: int, boxes: Sequence[Sequence[fl
                   boxes=np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
                   labels=np.asarray(labels, dtype=np.int64),
                   difficult=np.asarray(difficult, dtype=bool))
+
+
+def only_in_val(train: Sequence[Record], val: Sequence[Record], class_names: Sequence[str]
+                ) -> Optional[str]:
+    """One line naming the classes that have objects in the val split and none in the train
+    split (the model cannot learn them; each counts as a miss), or None."""
+    def counts(records: Sequence[Record]) -> np.ndarray:
+        labels = [r.labels for r in records if len(r.labels)]
+        return np.bincount(np.concatenate(labels) if labels else np.zeros(0, np.int64),
+                           minlength=len(class_names))
+
+    trained, scored = counts(train), counts(val)
+    missing = [f"{class_names[c]} ({scored[c]})" for c in range(len(class_names))
+               if scored[c] and not trained[c]]
+    if not missing:
+        return None
+    return (f"class(es) {', '.join(missing)} have objects in the val split but none in the train "
+            "split: the model cannot learn them and each counts as a miss; add train images of "
+            "them or leave them out of val")

@@ -119,6 +119,27 @@ def find_image(root: str | Path, image_id: str, split_path: Path | None = None) 
                     f"{', '.join(IMAGE_EXTENSIONS)}); add the image or remove the id from the split")
 
 
+def object_names(path: Path) -> list[str]:
+    """The ``<name>`` of each ``<object>`` of one annotation (not its parts' names); a file that
+    does not parse gives none (reading it for the records then names it)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    return [n for n in ((obj.findtext("name") or "").strip() for obj in root.iter("object")) if n]
+
+
+def split_class_names(root: str | Path, split: str) -> dict[str, Path]:
+    """Each object name of ``split``'s annotations -> the first file that uses it."""
+    root = Path(root)
+    first: dict[str, Path] = {}
+    for image_id in read_split(root, split):
+        path = root / "Annotations" / f"{image_id}.xml"
+        for name in object_names(path):
+            first.setdefault(name, path)
+    return first
+
+
 class VOCReader:
     """Pascal VOC layout: ``<root>/JPEGImages/<id>.jpg``, ``Annotations/<id>.xml`` and the split
     lists ``ImageSets/Main/<split>.txt``; records in split-list order. Takes no keys of its own."""
@@ -146,6 +167,23 @@ class VOCReader:
             out.records.append(rec)
             out.clipped, out.zero_area = out.clipped + clipped, out.zero_area + flat
         return out
+
+    def data_class_names(self, train_split: str, val_split: str) -> list[str]:
+        """The sorted set of object names of the train split; a name only the val split uses
+        is refused (no class list could train it)."""
+        train = split_class_names(self.root, train_split)
+        extra = {n: p for n, p in split_class_names(self.root, val_split).items() if n not in train}
+        if extra:
+            name, path = next(iter(extra.items()))
+            others = f" (and {sorted(extra)[1:]})" if len(extra) > 1 else ""
+            raise DataError(f"{path}: class {name!r}{others} is in the {val_split!r} split but in "
+                            f"no annotation of the {train_split!r} split, so the model could "
+                            "never learn it; add train images of it, fix the name, or set "
+                            "dataset.class_names to a list that holds it")
+        if not train:
+            raise DataError(f"{split_file(self.root, train_split)}: no object in any annotation "
+                            "of the split, so no class to read; set dataset.class_names=[...]")
+        return sorted(train)
 
     def sources(self, split: str) -> list[Path]:
         ids = read_split(self.root, split)

@@ -102,7 +102,7 @@ class YOLOReader:
     def yaml_path(self) -> Path:
         return find_yaml(self.root).resolve()
 
-    def data_class_names(self) -> list[str]:
+    def yaml_names(self) -> list[str]:
         """The class names the yaml gives, in id order."""
         if self._names is None:
             path = self.yaml_path
@@ -110,10 +110,14 @@ class YOLOReader:
             self._names = class_names_of(self._doc, path)
         return list(self._names)
 
+    def data_class_names(self, train_split: str, val_split: str) -> list[str]:
+        """data.yaml's names (every split's labels use its ids)."""
+        return self.yaml_names()
+
     def _split(self, split: str) -> tuple[list[Path], list[str]]:
         """(the split's folders and lists, its images: absolute paths, sorted)."""
         if split not in self._images:
-            names = self.data_class_names()
+            names = self.yaml_names()
             if not self.class_names:
                 self.class_names = names
             path = self.yaml_path
@@ -145,13 +149,13 @@ class YOLOReader:
     def _label_index(self) -> list[int]:
         """The yaml's class id -> the index in ``class_names`` (-1: not in it)."""
         index = {name: i for i, name in enumerate(self.class_names)}
-        return [index.get(name, -1) for name in self.data_class_names()]
+        return [index.get(name, -1) for name in self.yaml_names()]
 
     def records(self, split: str) -> SplitRecords:
         _, images = self._split(split)
         root = self.root.resolve()
         inside = str(root) + os.sep if root.is_dir() else None
-        to_label, names = self._label_index(), self.data_class_names()
+        to_label, names = self._label_index(), self.yaml_names()
         out, polygons = SplitRecords([]), 0
         for image in images:
             try:

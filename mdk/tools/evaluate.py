@@ -34,6 +34,7 @@ from mdk.checkpoint.saved_models import (RUNTIMES, ChipModelNet, ToolError, head
 from mdk.checkpoint.sources import Source, Want, read_source
 from mdk.checkpoint.transfer import load_all
 from mdk.compose import compose
+from mdk.data.class_names import fill_class_names
 from mdk.engine.build import build_data, build_loss
 from mdk.engine.reports import EvalReporter
 from mdk.errors import ConfigError
@@ -60,9 +61,11 @@ class Loaded:
 def tool_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The real ``conf/`` composed with ``overrides`` (mdk.compose), errors as ToolError."""
     try:
-        return compose(list(overrides))
+        cfg = compose(list(overrides))
     except ConfigError as e:
         raise ToolError(f"bad override in {list(overrides)}: {e}") from None
+    fill_class_names(cfg)  # a class list left out is read from the data, as a run reads it
+    return cfg
 
 
 def load_checkpoint_model(path: Path, overrides: Sequence[str] = (),
