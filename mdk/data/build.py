@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from mdk.data.config import VOC_READER, check, plain
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records, fresh_count
-from mdk.data.records import READER_METHODS, Reader, only_in_val
+from mdk.data.records import READER_METHODS, Reader, Record, only_in_val
 from mdk.targets import build
 from mdk.errors import DataError
 from mdk.paths import resolve_path
@@ -65,6 +65,22 @@ def check_dataset_files(cfg_dataset: Mapping[str, Any] | DictConfig, base: str |
             n = reader.count(split)
         counts[split] = n
     return counts[d["train_split"]]
+
+
+def split_records(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
+                  cache_root: str | Path) -> dict[str, list[Record]]:
+    """The train and val records through the index cache (no image check): what a report on the
+    data needs. A ``generate`` node first makes the data."""
+    d = check(cfg_dataset)
+    root = Path(d["root"]).expanduser()
+    if d.get("generate"):
+        build({"image_size": image_size, **d["generate"]}, "dataset.generate", error=DataError,
+              root=root, class_names=list(d["class_names"]),
+              hint="name a function as package.module.function")
+    reader = build_reader(d, root)
+    meta_dir = meta_dir_for(d, cache_root)
+    return {split: cached_records(reader, split, meta_dir)
+            for split in dict.fromkeys((d["train_split"], d["val_split"]))}
 
 
 def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int, grid: int,
