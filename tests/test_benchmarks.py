@@ -48,6 +48,10 @@ RESULTS = {
     "bench_recipe.py": [rf"step1\s+{NUM} ± {NUM}(\s+{NUM})+", rf"step4\s+{NUM} ± {NUM}",
                         rf"all seeds: {NUM} s wall",
                         rf"seed 0: 0 reached at epoch 1, \d+ min \d\d s after the command"],
+    "bench_yolo_index.py": [rf"VOC  first use of 40 images: {NUM} s \(index {NUM} s, image check "
+                            rf"{NUM} s\), peak RSS {NUM} MB",
+                            rf"YOLO first use of 40 images: {NUM} s",
+                            rf"YOLO / VOC: time {NUM}x, index {NUM}x, peak memory {NUM}x"],
     "bench_startup.py": [rf"command -> first iteration: {NUM} s wall", rf"median {NUM} s",
                          r"slowest imports of `run\.py --help`"],
 }

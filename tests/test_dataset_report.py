@@ -9,7 +9,8 @@ import numpy as np
 from PIL import Image
 
 from mdk.data.records import make_record
-from mdk.data.report import grid_loss, input_sizes, summarize
+from mdk.data.report import cell_capacity, grid_loss, input_sizes, short_report, summarize
+from mdk.models.heads import AnchorHead, YoloV1Head
 from mdk.tools.dataset_report import main as dataset_report
 
 # image -> [(class, [x1, y1, x2, y2], difficult)]
@@ -84,3 +85,11 @@ def test_a_bad_dataset_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 1 and err.startswith(f"error: dataset.root='{tmp_path / 'nope'}' does not "
                                           "exist") and len(err.strip().splitlines()) == 1
+
+
+def test_the_short_form_for_the_log():
+    assert short_report(records(), ["a", "b", "c"], 64, 32, 1) == (
+        "train split at 64 px (2x2 grid): 2 of 6 objects (33.3 %) share a cell beyond its 1 and "
+        "are lost from the targets (a 2); 2 boxes under 8 px at the input (python -m "
+        "mdk.tools.dataset_report with this run's overrides says more)")
+    assert cell_capacity(YoloV1Head(3, 2)) == 1 and cell_capacity(AnchorHead(3, [[.2, .2]] * 2)) == 2

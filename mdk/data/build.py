@@ -16,6 +16,7 @@ from mdk.data.config import VOC_READER, check, plain
 from mdk.data.dataset import DetectionDataset
 from mdk.data.index import cached_records, fresh_count
 from mdk.data.records import READER_METHODS, Reader, Record, only_in_val
+from mdk.data.report import cell_capacity, short_report
 from mdk.targets import build
 from mdk.errors import DataError
 from mdk.paths import resolve_path
@@ -111,7 +112,10 @@ def build_datasets(cfg_dataset: Mapping[str, Any] | DictConfig, image_size: int,
 
     train_ds = one(d["train_split"], bool(d.get("augment", True))) if train else None
     val_ds = one(d["val_split"], False)
-    line = only_in_val(train_ds.records, val_ds.records, d["class_names"]) if train_ds else None
-    if line:
-        log.warning("%s: %s", root, line)
+    if train_ds is not None:
+        line = only_in_val(train_ds.records, val_ds.records, d["class_names"])
+        if line:
+            log.warning("%s: %s", root, line)
+        log.info("%s", short_report(train_ds.records, d["class_names"], image_size,
+                                    image_size // grid, cell_capacity(head)))
     return train_ds, val_ds

@@ -12,7 +12,7 @@ objects between cells; the counts are of the images as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -83,13 +83,37 @@ def grid_loss(records: Sequence[Record], num_classes: int, size: int, stride: in
         col = np.clip((cx // stride).astype(np.int64), 0, grid - 1)
         row = np.clip((cy // stride).astype(np.int64), 0, grid - 1)
         cell = row * grid + col
+        cells, counts = np.unique(cell, return_counts=True)
+        if counts.max() < 2:
+            continue
         area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-        for c in np.unique(cell):
+        for c in cells[counts >= 2]:
             members = np.flatnonzero(cell == c)
-            if len(members) < 2:
-                continue
             np.add.at(share, lab[members], 1)
             # the larger boxes are kept (on a tie the later object, as the encoding writes it)
             order = members[np.lexsort((members, area[members]))][::-1]
             np.add.at(lost, lab[order[capacity:]], 1)
     return GridLoss(size, grid, share, lost, total)
+
+
+def cell_capacity(head: Any) -> int:
+    """Objects one cell holds: one per prior with the anchor head, else one (GNetDet's YOLOv1
+    encoding keeps the larger box whatever its boxes per cell)."""
+    return int(head.boxes_per_cell) if getattr(head, "kind", None) == "anchors" else 1
+
+
+def short_report(records: Sequence[Record], class_names: Sequence[str], size: int, stride: int,
+                 capacity: int, min_px: int = 8) -> str:
+    """One line for the log: the train objects the grid cannot hold and the boxes under
+    ``min_px`` at the input (the whole report: python -m mdk.tools.dataset_report)."""
+    g = grid_loss(records, len(class_names), size, stride, capacity)
+    w, h, _ = input_sizes(records, size)
+    total, lost = int(g.total.sum()), int(g.lost.sum())
+    worst = sorted(((int(g.lost[c]), name) for c, name in enumerate(class_names) if g.lost[c]),
+                   reverse=True)[:3]
+    which = f" ({', '.join(f'{name} {n}' for n, name in worst)})" if worst else ""
+    share = f"{100 * lost / total:.1f} %" if total else "0 %"
+    return (f"train split at {size} px ({g.grid}x{g.grid} grid): {lost} of {total} objects "
+            f"({share}) share a cell beyond its {capacity} and are lost from the targets{which}; "
+            f"{int((np.minimum(w, h) < min_px).sum())} boxes under {min_px} px at the input "
+            "(python -m mdk.tools.dataset_report with this run's overrides says more)")

@@ -24,7 +24,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from mdk.data.build import split_records
-from mdk.data.report import grid_loss, input_sizes, summarize
+from mdk.data.report import cell_capacity, grid_loss, input_sizes, summarize
 from mdk.errors import UserError
 from mdk.models.build import build_head
 from mdk.paths import resolve_path
@@ -39,10 +39,10 @@ def _pct(n: int, total: int) -> str:
 def capacity_of(cfg: DictConfig) -> tuple[int, str]:
     """How many objects a cell holds with the config's head, and that in words."""
     head = build_head(cfg)
-    if getattr(head, "kind", "yolov1") == "anchors":
-        b = int(head.boxes_per_cell)
+    b = cell_capacity(head)
+    if getattr(head, "kind", None) == "anchors":
         return b, f"one object per prior, {b} prior(s) per cell"
-    return 1, "one object per cell (the larger box is kept)"
+    return b, "one object per cell (the larger box is kept)"
 
 
 def report_lines(cfg: DictConfig, records: dict, min_px: int) -> list[str]:
