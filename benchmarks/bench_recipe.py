@@ -130,6 +130,9 @@ def main() -> None:
     total = time.perf_counter() - t0
     cfg = common.compose(([] if args.recipe == "none" else [f"experiment={args.recipe}"])
                          + ([f"dataset.root={args.root}"] if args.root else []) + overrides)
+    from mdk.data.class_names import fill_class_names  # after compose: mdk imports the config
+
+    fill_class_names(cfg)  # a class list left out is read from the data, as the runs read it
     metric = records[0]["stages"][0].get("metric") or str(cfg.eval.metric)
     print(f"{metric} on the val split, {len(records)} seed(s):")
     for line in table(records, list(cfg.dataset.class_names)):

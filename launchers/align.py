@@ -27,6 +27,7 @@ from mdk.dist_config import check_split
 from mdk.engine import build
 from mdk.models.build import build_model
 from mdk.engine.align_rank import alignment_config, perturb, train_rank
+from mdk.data.class_names import fill_class_names
 from mdk.errors import ConfigError
 from mdk.tools.ckpt_diff import diff_state_dicts, format_table
 from mdk.world import World
@@ -37,6 +38,7 @@ log = logging.getLogger("launchers.align")
 def validated_config(overrides: list[str]) -> DictConfig:
     """The real conf/ plus ``overrides``, validated and resolved."""
     cfg = compose(overrides)
+    fill_class_names(cfg)  # a class list left out is read from the data, as a run reads it
     validate(cfg)
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
