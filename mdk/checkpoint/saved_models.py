@@ -1,25 +1,12 @@
-"""Models from saved files for the tools and the quantization report: a stage checkpoint's own
-model config, and an exported chip model behind the usual ``model(images)`` call."""
+"""A stage checkpoint's own model config, for the tools and the quantization report."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from mdk.targets import build
 from mdk.errors import ConfigError
-from mdk.quant.chip_model import load_chip_model
-from mdk.quant.export import ONNX_FILE
-from mdk.quant.integer_ref import integer_forward
-
-RUNTIMES = ("integer", "onnx")
-
-
-class ToolError(ValueError):
-    """A user error of a tool (bad path, file or override): printed as one line, exit status 1."""
 
 
 def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
@@ -48,37 +35,3 @@ def head_kind(node: Any) -> Optional[str]:
         return getattr(build(node, "head"), "kind", None)
     except ConfigError:  # a head of a package this machine lacks: keep the command's
         return None
-
-
-class ChipModelNet(nn.Module):
-    """An exported chip model behind the usual ``model(images)`` call (CPU only): the integer
-    reference (its float32 cast is exact: every output is a 5-bit level times ``out_scale``) or
-    the exported ``model.onnx`` in onnxruntime."""
-
-    def __init__(self, directory: Path, runtime: str = "integer") -> None:
-        super().__init__()
-        if runtime not in RUNTIMES:
-            raise ToolError(f"--runtime {runtime!r}: use one of {RUNTIMES}")
-        self.cm = load_chip_model(directory)
-        self.session = None
-        if runtime == "onnx":
-            import onnxruntime as ort  # here: a heavy optional runtime, only for --runtime onnx
-
-            onnx_path = Path(directory) / ONNX_FILE
-            if not onnx_path.is_file():
-                raise ToolError(f"{onnx_path} is missing: export again with step=step4, or use "
-                                "--runtime integer")
-            try:
-                self.session = ort.InferenceSession(str(onnx_path),
-                                                    providers=["CPUExecutionProvider"])
-            except Exception as e:  # onnxruntime raises its own Fail/InvalidProtobuf types
-                raise ToolError(f"{onnx_path} cannot be loaded by onnxruntime ({e}); export again "
-                                "with step=step4") from None
-
-    @torch.no_grad()
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.session is not None:
-            u8 = images if images.dtype == torch.uint8 else images.clamp(0, 255).to(torch.uint8)
-            out = self.session.run(None, {"image_u8": u8.cpu().numpy()})[0]
-            return torch.from_numpy(out).float()
-        return integer_forward(self.cm, images.cpu(), keep=False)[0].float()

@@ -18,7 +18,8 @@ from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.export_stage import CHIP_MODEL_DIR
 from mdk.errors import ConfigError, MissingStageInput
 from mdk.quant.bn_fold import chip_layers, fold_bn
-from mdk.checkpoint.saved_models import ChipModelNet, with_checkpoint_model
+from mdk.checkpoint.saved_models import with_checkpoint_model
+from mdk.quant.chip_model_net import ChipModelNet
 from mdk.stage import chain, stage_names, stage_spec
 from mdk.stage_config import StageConf
 from mdk.checkpoint.layout import BEST, checkpoint_root

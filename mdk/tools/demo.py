@@ -23,7 +23,8 @@ from torchvision.utils import draw_bounding_boxes
 
 from mdk.models.build import build_head
 from mdk.checkpoint.sources import Want
-from mdk.tools.evaluate import ToolError, add_model_args, gti_args, load_any
+from mdk.errors import ToolError
+from mdk.tools.evaluate import add_model_args, gti_args, load_any
 
 MIN_DRAW_SIZE = 384  # enlarge smaller images so the default bitmap font is legible
 PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",

@@ -29,17 +29,17 @@ from torch import nn
 from mdk.checkpoint.files import CheckpointError
 from mdk.checkpoint.gti_mdk import STEPS as GTI_MODES
 from mdk.checkpoint.loading import load_model_for, spec_of
-from mdk.checkpoint.saved_models import (RUNTIMES, ChipModelNet, ToolError, head_kind,
-                                         with_checkpoint_model)
+from mdk.checkpoint.saved_models import head_kind, with_checkpoint_model
 from mdk.checkpoint.sources import Source, Want, read_source
 from mdk.checkpoint.transfer import load_all
 from mdk.compose import compose
 from mdk.engine.build import build_data, build_loss
 from mdk.engine.reports import EvalReporter
-from mdk.errors import ConfigError
+from mdk.errors import ConfigError, ToolError
 from mdk.eval.config import METRICS
 from mdk.eval.distributed import evaluate
 from mdk.models.build import build_model
+from mdk.quant.chip_model_net import RUNTIMES, ChipModelNet
 from mdk.quant.modes import apply_mode
 from mdk.sinks.base import NullSink
 from mdk.stage import stage_spec

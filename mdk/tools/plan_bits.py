@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from mdk.atomic_file import write_json
 from mdk.compose import compose
-from mdk.errors import error_line
+from mdk.errors import ToolError, error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
 from mdk.insight.scoring import EvalSet
@@ -25,7 +25,7 @@ from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
 from mdk.stage import chain, stage_names, stage_spec
 from mdk.checkpoint.layout import BEST, checkpoint_root
-from mdk.tools.evaluate import Loaded, ToolError, tool_config, load_checkpoint_model
+from mdk.tools.evaluate import Loaded, tool_config, load_checkpoint_model
 
 TOOL_KEYS = {"budget_kb": None, "budget": None, "max_cost": None, "images": "200", "by": "loss",
              "out": None}

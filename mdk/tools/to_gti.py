@@ -21,9 +21,8 @@ from mdk.checkpoint import gti_mdk
 from mdk.checkpoint.files import atomic_save, load_checkpoint
 from mdk.checkpoint.layout import BEST
 from mdk.checkpoint.loading import spec_of
-from mdk.checkpoint.saved_models import ToolError
 from mdk.checkpoint.sources import chip_layer_count, weights_of
-from mdk.errors import CheckpointError
+from mdk.errors import CheckpointError, ToolError
 from mdk.stage_config import CHANNEL_ORDERS
 
 
