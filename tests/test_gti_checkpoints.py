@@ -16,9 +16,9 @@ from helpers.gti_layout import GTI_224, GTI_448, gti_features, gti_forward, save
 from mdk.checkpoint import gti_mdk
 from mdk.checkpoint.files import atomic_save
 from mdk.checkpoint.layout import StageCheckpointer
-from mdk.checkpoint.loading import load_start, want_for
-from mdk.checkpoint.sources import Want, read_source
+from mdk.checkpoint.sources import Want
 from mdk.checkpoint.transfer import load_all
+from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.errors import CheckpointError
 from mdk.models.build import build_model
 from mdk.models.heads import YoloV1Head
@@ -44,8 +44,7 @@ def _start(cfg, stage: str, path, **init):
     spec = StageConf.from_node(st.step)
     spec = dataclasses.replace(spec, **init)
     model = build_model(cfg)
-    src = read_source(path, model, want_for(cfg, spec), "advice")
-    said = load_start(model, src, cfg, spec)
+    said = load_start(model, read_weights(path, "advice"), cfg, spec)
     return model, spec, said
 
 
@@ -168,7 +167,7 @@ def test_step4_from_a_gti_step3_file_equals_the_gti_step4_file_and_fusing_in_mdk
             prev = c
     p4 = save_gti(fused, root, 4)
     b = build_model(cfg)
-    src = read_source(p4, b, Want(as_written=True, preset="gnetdet"), "advice")
+    src = read_weights(p4, "advice").source(b, Want(as_written=True, preset="gnetdet"))
     assert "GTI step 4, gain-fused (its folder step4/)" in src.notes[0]
     load_all(b, src, "gnetdet")
     apply_mode(b, gti_mdk.STEPS[4], "5801")
@@ -224,7 +223,7 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
     lines = files[1].read_text().split()
     assert lines[:-1] == ["31.0"] * 15 and float(lines[-1]) == float(model.out_scale) * 31
     again = build_model(cfg)
-    load_all(again, read_source(files[0], again, Want(as_written=True), "advice"), "x")
+    load_all(again, read_weights(files[0]).source(again, Want(as_written=True)), "x")
     for k, v in model.state_dict().items():
         assert torch.equal(again.state_dict()[k], v), k
 

@@ -16,8 +16,8 @@ from conftest import TINY, compose
 from helpers.catalogue import argv_of, assert_intact, cli, one_error_line, snapshot
 from mdk.checkpoint import gti_mdk
 from mdk.checkpoint.files import load_checkpoint
-from mdk.checkpoint.loading import load_start, want_for
-from mdk.checkpoint.sources import chip_layer_count, read_source
+from mdk.checkpoint.sources import chip_layer_count
+from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.data.shapes import ensure_shapes_dataset
 from mdk.engine.runner import run_stage
 from mdk.models.build import build_model
@@ -86,8 +86,7 @@ def test_a_5_class_model_in_step0_starts_a_step1_of_another_class_count(chain, t
     model = build_model(cfg)
     torch.manual_seed(0)
     fresh = build_model(cfg)
-    src = read_source(step0 / "best.pth", model, want_for(cfg, spec), "advice")
-    load_start(model, src, cfg, spec)
+    load_start(model, read_weights(step0 / "best.pth", "advice"), cfg, spec)
     theirs = load_checkpoint(step0 / "best.pth")["model"]
     for k, v in model.state_dict().items():
         if k.startswith("layers.6.conv."):
@@ -148,7 +147,8 @@ def test_gti_files_start_every_stage_and_evaluate(chain, gti_root, tmp_path, cap
                                  argv_of(tmp_path / "ev", ()))
     ref = evaluate.evaluate_path(chain / "step3" / "best.pth", argv_of(tmp_path / "ev", ()))
     assert (res["map50"], res["loss"]) == (ref["map50"], ref["loss"])
-    assert res["description"].startswith(f"GTI MDK checkpoint {gti_root}") and \
+    assert res["description"].startswith(
+        f"{gti_root / 'checkpoint' / 'step3' / 'best.pth'} is a GTI MDK checkpoint (") and \
         "GTI step 3, quantized weights and 5-bit activations" in res["description"]
 
 

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 import torchvision
 
 from conftest import compose
-from mdk.checkpoint.loading import load_start, want_for
-from mdk.checkpoint.sources import read_source
+from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.checkpoint.vgg import MEAN, STD
 from mdk.errors import CheckpointError
 from mdk.models.build import build_model
@@ -31,7 +30,7 @@ def _vgg_file(tmp_path, bn: bool = False):
 def _start(cfg, path):
     spec = StageConf.from_node(stage_config(cfg, "step1").step)
     model = build_model(cfg)
-    said = load_start(model, read_source(path, model, want_for(cfg, spec), "advice"), cfg, spec)
+    said = load_start(model, read_weights(path, "advice"), cfg, spec)
     return model, said
 
 
@@ -84,4 +83,4 @@ def test_a_vgg_file_is_no_input_of_a_quantized_stage(tmp_path):
     spec = StageConf.from_node(stage_config(cfg, "step2").step)
     model = build_model(cfg)
     with pytest.raises(CheckpointError, match="a starting point for a float stage"):
-        load_start(model, read_source(path, model, want_for(cfg, spec), "advice"), cfg, spec)
+        load_start(model, read_weights(path, "advice"), cfg, spec)

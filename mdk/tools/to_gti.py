@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mdk.checkpoint import gti_mdk
-from mdk.checkpoint.files import atomic_save, load_checkpoint
+from mdk.checkpoint.files import atomic_save
 from mdk.checkpoint.layout import BEST
-from mdk.checkpoint.loading import spec_of
 from mdk.checkpoint.sources import chip_layer_count, weights_of
+from mdk.checkpoint.weights_file import read_weights
 from mdk.errors import CheckpointError, ToolError
 from mdk.stage_config import CHANNEL_ORDERS
 
@@ -54,11 +54,13 @@ def to_gti(path: str | Path, out_dir: str | Path, channels: str = "BGR") -> tupl
     in the GTI MDK's layout under ``out_dir``; returns the files written and the GTI MDK's
     settings that read them."""
     path = Path(path)
+    advice = "pass a best.pth/last.pth written by `python run.py`"
     try:
-        ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
+        f = read_weights(path, advice)
+        ck = f.stage_checkpoint(advice)
     except CheckpointError as e:
         raise ToolError(str(e)) from None
-    spec, cfg = spec_of(ck), ck.get("config") or {}
+    spec, cfg = f.stage, ck.get("config") or {}
     model_cfg = cfg.get("model") or {}
     if spec is None or not model_cfg.get("net"):
         raise ToolError(f"{path} records no stage or model config (written by an older mdk?); "
