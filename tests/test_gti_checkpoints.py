@@ -217,7 +217,7 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
     sc = stage_config(cfg, "step4")
     mine = tmp_path / "mdk" / "step4" / "best.pth"
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
-    files, settings = to_gti.to_gti(mine, tmp_path / "out")
+    files, settings, _ = to_gti.to_gti(mine, tmp_path / "out")
     assert [f.relative_to(tmp_path / "out").as_posix() for f in files] == [
         "checkpoint/step4/best.pth", "model/relu_cap.txt"]
     lines = files[1].read_text().split()
