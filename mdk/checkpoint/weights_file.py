@@ -80,19 +80,14 @@ class WeightsFile:
     def what(self) -> str:
         return KINDS[self.kind]
 
-    @property
-    def checkpoint(self) -> Optional[dict[str, Any]]:
-        """The mdk checkpoint (its training state, record, config), or None for other kinds."""
-        return self.content if self.kind == "mdk" else None
-
     @functools.cached_property
     def stage(self) -> Optional[StageConf]:
         """The stage that wrote it (an mdk checkpoint of a stage declared here), else None."""
         return written_by(self.content) if self.kind == "mdk" else None
 
     def describe(self) -> str:
-        """What it is and holds, in words: ``an mdk checkpoint of step3 (3 classes, 2 boxes per
-        cell)``, ``a GTI MDK checkpoint (16 conv layers, 20 classes)``."""
+        """What it is and holds, in words: ``an mdk checkpoint of stage step3 (3 classes, 2 boxes
+        per cell)``, ``a GTI MDK checkpoint (16 conv layers, 20 classes)``."""
         if self.kind == "mdk":
             classes, boxes = mdk_output(self.content)
             of = f" of stage {self.content['stage']}" if self.content.get("stage") else ""
