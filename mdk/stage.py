@@ -65,7 +65,7 @@ def apply_stage(model: nn.Module, stage: str | StageConf, chip: str = "5801",
     return apply_mode(model, spec.eval_mode if evaluate else spec.quant, str(chip), spec.name)
 
 
-def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
+def config_for_stage(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
     """``cfg`` (not mutated) as stage ``stage`` runs it (docs/pipeline.md: its record, its
     ``stages.<stage>`` overrides, epochs and lr; ``train_images``, the train split's size, for
     ``min_iters``). Call it on the unresolved config so ``${trainer.epochs}`` follows the stage."""
@@ -139,7 +139,7 @@ def check_pipeline(cfg: DictConfig) -> None:
     (each chunk would normalise with its own statistics)."""
     check_stages(cfg, stage_names())
     # each running stage's config checks its calibration node (with_calibration_node)
-    specs = {s: StageConf.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}
+    specs = {s: StageConf.from_node(config_for_stage(cfg, s).step) for s in running_stages(cfg)}
     if any(spec.export for spec in specs.values()):
         check_export_size(cfg)
     chunk = cfg.dist.get("exact_chunk")

@@ -24,7 +24,7 @@ from mdk.models.build import build_model
 from mdk.models.heads import YoloV1Head
 from mdk.quant.activation import quantize_input
 from mdk.quant.modes import apply_mode
-from mdk.stage import apply_stage, stage_config
+from mdk.stage import apply_stage, config_for_stage
 from mdk.stage_config import StageConf
 from mdk.tools import to_gti
 
@@ -40,7 +40,7 @@ def _cfg(preset: str, bn: bool = False, size: int = SIZE):
 
 def _start(cfg, stage: str, path, **init):
     """``stage``'s model with ``path`` loaded the way the stage loads its starting file."""
-    st = stage_config(cfg, stage)
+    st = config_for_stage(cfg, stage)
     spec = StageConf.from_node(st.step)
     spec = dataclasses.replace(spec, **init)
     model = build_model(cfg)
@@ -187,7 +187,7 @@ def test_to_gti_round_trips(tmp_path, bn, capsys):
     feats = gti_features(GTI_224, 10 + C, bn, seed=6)
     p1 = save_gti(feats, tmp_path / "gti", 1)
     model, spec, _ = _start(cfg, "step1", p1)
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     ck = StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model)
     mine = tmp_path / "mdk" / "step1" / "best.pth"
     atomic_save(ck, mine)
@@ -214,7 +214,7 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
     feats = gti_features(GTI_224, 10 + C, False, seed=7)
     model, spec4, _ = _start(cfg, "step4", save_gti(feats, root, 3))
     apply_stage(model, spec4, "5801")  # fuses
-    sc = stage_config(cfg, "step4")
+    sc = config_for_stage(cfg, "step4")
     mine = tmp_path / "mdk" / "step4" / "best.pth"
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
     files, settings, _ = to_gti.to_gti(mine, tmp_path / "out")
@@ -231,7 +231,7 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
 def test_to_gti_refuses_what_the_gti_mdk_cannot_build(tmp_path, capsys):
     cfg = _cfg("gnetdet_small")
     model = build_model(cfg)
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     mine = tmp_path / "step1" / "best.pth"
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
     assert to_gti.main([str(mine), str(tmp_path / "out")]) == 1
@@ -239,7 +239,7 @@ def test_to_gti_refuses_what_the_gti_mdk_cannot_build(tmp_path, capsys):
     assert len(err) == 1 and "cannot be written for the GTI MDK: its layer list [16, 'M'" in err[0]
     assert not (tmp_path / "out").exists()
     cfg = compose(["model=gnetdet_224", "model.net.boxes_per_cell=1"])  # one box per cell
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(build_model(cfg)),
                 mine)
     assert to_gti.main([str(mine), str(tmp_path / "out")]) == 1

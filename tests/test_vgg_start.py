@@ -15,7 +15,7 @@ from mdk.checkpoint.vgg import MEAN, STD
 from mdk.errors import CheckpointError
 from mdk.models.build import build_model
 from mdk.quant.activation import quantize_input
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import StageConf
 
 
@@ -28,7 +28,7 @@ def _vgg_file(tmp_path, bn: bool = False):
 
 
 def _start(cfg, path):
-    spec = StageConf.from_node(stage_config(cfg, "step1").step)
+    spec = StageConf.from_node(config_for_stage(cfg, "step1").step)
     model = build_model(cfg)
     said = load_start(model, read_weights(path, "advice"), cfg, spec)
     return model, said
@@ -80,7 +80,7 @@ def test_a_vgg_file_no_layer_of_which_fits_is_refused(tmp_path):
 def test_a_vgg_file_is_no_input_of_a_quantized_stage(tmp_path):
     _, path = _vgg_file(tmp_path)
     cfg = compose(["model=gnetdet", "model.image_size=64"])
-    spec = StageConf.from_node(stage_config(cfg, "step2").step)
+    spec = StageConf.from_node(config_for_stage(cfg, "step2").step)
     model = build_model(cfg)
     with pytest.raises(CheckpointError, match="a starting point for a float stage"):
         load_start(model, read_weights(path, "advice"), cfg, spec)

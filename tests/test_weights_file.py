@@ -24,7 +24,7 @@ from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.errors import CheckpointError
 from mdk.insight.stages import Present, load_row
 from mdk.models.build import build_model
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import StageConf
 from mdk.tools import ckpt_diff, demo, evaluate, to_gti
 
@@ -51,7 +51,7 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights")
     cfg = compose([*OVERRIDES, f"paths.checkpoints={root}/mdk"])
     out = {}
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     torch.manual_seed(0)
     out["mdk"] = root / "mdk" / "step1" / "best.pth"
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(build_model(cfg)),
@@ -152,7 +152,7 @@ def test_the_tools_and_a_stage_load_the_same_tensors(files, tmp_path):
                for k in saved)
     # a GTI float file: evaluate's model (GTI step 1's mode) is step1's start from it
     evaluated = evaluate.load_any(files["gti"], OVERRIDES).model.state_dict()
-    spec = StageConf.from_node(stage_config(cfg, "step1").step)
+    spec = StageConf.from_node(config_for_stage(cfg, "step1").step)
     started = build_model(cfg)
     said = load_start(started, read_weights(files["gti"]), cfg, spec)
     assert said.startswith("32 of 32 tensors copied")

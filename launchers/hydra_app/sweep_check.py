@@ -18,7 +18,7 @@ from launchers.hydra_app.submitit_requeue import slurm_dist_url
 from mdk.config import validate
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import running_stages
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def check_job(cfg: DictConfig, slurm: bool = False) -> None:
         slurm_dist_url(cfg, "slurm-node0", 29500)
     validate(cfg)
     for stage in running_stages(cfg):
-        stage_config(cfg, stage)
+        config_for_stage(cfg, stage)
 
 
 def _swept(jobs: Sequence[Sequence[str]]) -> set[str]:
