@@ -7,7 +7,6 @@ the GTI MDK and to_gti both read."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
