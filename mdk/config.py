@@ -17,14 +17,14 @@ from mdk.models.config import check_loss, check_model
 from mdk.quant.chips import check_chip
 from mdk.sched.base import check_config as check_scheduler_node
 from mdk.sinks.config import check_logger
-from mdk.stage import check_pipeline, stage_config
+from mdk.stage import check_pipeline, config_for_stage
 from mdk.stage_config import StageConf, running_stages
 
 
 def check_schedulers(cfg: DictConfig) -> None:
     """The ``scheduler`` node as each training stage builds it (its ``epochs`` reach T_max)."""
     for s in running_stages(cfg):
-        scfg = stage_config(cfg, s)
+        scfg = config_for_stage(cfg, s)
         if StageConf.from_node(scfg.step).trains:
             check_scheduler_node(scfg.scheduler, int(scfg.trainer.epochs))
 

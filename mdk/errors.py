@@ -56,6 +56,12 @@ class DiskError(UserError, OSError):
     label = "disk error"
 
 
+class ToolError(ValueError):
+    """A user error of a command-line tool (``python -m mdk.tools.*``: a bad path, file or
+    override): the tool prints ``error: <message>`` and exits with status 1. Not a run's error:
+    run.py never sees one."""
+
+
 # OSErrors that are the machine's or the user's, not a bug: what each means, and its cure.
 FREE = ("free space there, or set {keys} to a folder on another disk, then run the same command "
         "again")

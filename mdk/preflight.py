@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 
 from mdk.checkpoint.files import load_checkpoint
 from mdk.targets import build
-from mdk.checkpoint.loading import input_advice, load_into, load_start, want_for
 from mdk.checkpoint.meaning import check_resume
-from mdk.checkpoint.sources import read_source
+from mdk.checkpoint.weights_file import (OWN, input_advice, load_start, of_checkpoint,
+                                         read_weights)
 from mdk.data.build import check_dataset_files, meta_dir_for
 from mdk.data.config import plain
 from mdk.data import shapes, shapes_hard
@@ -164,7 +164,7 @@ def _check_start(cfg: DictConfig) -> None:
     if init is None:
         return
     model = build_model(cfg)  # what the engine does with it: its meaning, then its tensors
-    load_start(model, read_source(init, model, want_for(cfg, spec), input_advice(spec)), cfg, spec)
+    load_start(model, read_weights(init, input_advice(spec)), cfg, spec)
 
 
 def _readable(path: Path) -> Optional[dict]:
@@ -176,7 +176,7 @@ def _readable(path: Path) -> Optional[dict]:
 
 def _check_fits(model, ck, path, advice: str) -> None:
     try:
-        load_into(model, ck, path)
+        of_checkpoint(path, ck).load(model, OWN)
     except CheckpointError as e:
         raise CheckpointError(f"{e} ({advice})") from None
 

@@ -43,28 +43,29 @@ def stage_record(name: str) -> DictConfig:
     return _record(str(name), tuple(running_app()[0])).copy()
 
 
-def stage_spec(name: str) -> StageConf:
+def stage_conf(name: str) -> StageConf:
+    """The typed record of stage ``name`` (``StageConf``: its kind, mode, input, ...)."""
     return StageConf.from_node(stage_record(name))
 
 
 def chain(name: str) -> list[str]:
     """The stages that lead to ``name`` (following ``init_from``), first stage first."""
     out = [name]
-    src = stage_spec(name).init_from
+    src = stage_conf(name).init_from
     while src and src not in out:
         out.insert(0, src)
-        src = stage_spec(src).init_from
+        src = stage_conf(src).init_from
     return out
 
 
 def apply_stage(model: nn.Module, stage: str | StageConf, chip: str = "5801",
                 evaluate: bool = False) -> ModeReport:
     """Switch the chip layers into ``stage``'s mode (its ``eval_quant`` mode with ``evaluate``)."""
-    spec = stage if isinstance(stage, StageConf) else stage_spec(stage)
+    spec = stage if isinstance(stage, StageConf) else stage_conf(stage)
     return apply_mode(model, spec.eval_mode if evaluate else spec.quant, str(chip), spec.name)
 
 
-def stage_config(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
+def config_for_stage(cfg: DictConfig, stage: str, train_images: Optional[int] = None) -> DictConfig:
     """``cfg`` (not mutated) as stage ``stage`` runs it (docs/pipeline.md: its record, its
     ``stages.<stage>`` overrides, epochs and lr; ``train_images``, the train split's size, for
     ``min_iters``). Call it on the unresolved config so ``${trainer.epochs}`` follows the stage."""
@@ -138,7 +139,7 @@ def check_pipeline(cfg: DictConfig) -> None:
     (each chunk would normalise with its own statistics)."""
     check_stages(cfg, stage_names())
     # each running stage's config checks its calibration node (with_calibration_node)
-    specs = {s: StageConf.from_node(stage_config(cfg, s).step) for s in running_stages(cfg)}
+    specs = {s: StageConf.from_node(config_for_stage(cfg, s).step) for s in running_stages(cfg)}
     if any(spec.export for spec in specs.values()):
         check_export_size(cfg)
     chunk = cfg.dist.get("exact_chunk")
@@ -147,8 +148,8 @@ def check_pipeline(cfg: DictConfig) -> None:
     for s, spec in specs.items():
         if spec.trains and not spec.folds_bn:
             folded = spec.next
-            while folded and not stage_spec(folded).folds_bn:
-                folded = stage_spec(folded).next
+            while folded and not stage_conf(folded).folds_bn:
+                folded = stage_conf(folded).next
             where = f"use exact_chunk from {folded} on (BN is folded there), or " if folded else ""
             raise ConfigError(
                 f"dist.exact_chunk={chunk} cannot train {s} with BatchNorm "

@@ -21,7 +21,7 @@ import torch
 
 from conftest import TINY, compose
 from mdk.engine.runner import run_stage
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 
 STAGES = ("step1", "step2", "cal", "step3", "step4")
 # The GTI MDK's linear score readings: a logistic head's background logits lie below 0, where the
@@ -54,7 +54,7 @@ def fitted_chain(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) ->
             try:
                 for s in STAGES:
                     cfg = compose(overrides + PER_STAGE.get(s, FINE_TUNE))
-                    run_stage(stage_config(cfg, s), root / "run")
+                    run_stage(config_for_stage(cfg, s), root / "run")
             finally:
                 torch.set_num_threads(threads)
             (root / "done").touch()

@@ -14,7 +14,7 @@ from mdk.engine.runner import run_stage, stage_on_rank
 from mdk.errors import ConfigError
 from mdk.calibration_config import calibration_node
 from mdk.quant.calibrate import KlCap, MseCap, PercentileCap, rank_share
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from helpers.ddp import tiny_cfg
 
 # (method, max_values): 10007 is odd and prime, so the sample stride is > 1 on the tiny model's
@@ -42,7 +42,7 @@ def step2_done(tmp_path_factory):
     base = tiny_cfg(tmp, "trainer.epochs=1", "trainer.limit_train_batches=2")
     (tmp / "run").mkdir()
     for s in ("step1", "step2"):
-        run_stage(stage_config(base, s), tmp / "run")
+        run_stage(config_for_stage(base, s), tmp / "run")
     return tmp
 
 
@@ -58,7 +58,7 @@ def test_cal_caps_are_bit_identical_on_1_and_2_processes(step2_done, tmp_path, m
         sampled = [f"step.calibration.max_values={mv}"] if method in SAMPLED else []
         cfg = tiny_cfg(step2_done, "step=cal", f"paths.checkpoints={ck}", f"dist.gpus={world}",
                        "dist.cpu_threads=1", f"step/calibration={method}", *sampled)
-        run_ranks(stage_config(cfg, "cal"), tmp_path / f"run{world}", stage_on_rank)
+        run_ranks(config_for_stage(cfg, "cal"), tmp_path / f"run{world}", stage_on_rank)
         doc = json.loads((ck / "cal" / "caps.json").read_text())
         assert doc["meta"]["world_size"] == world
         assert doc["meta"]["method"] == f"mdk.quant.calibrate.{CLASSES[method]}"

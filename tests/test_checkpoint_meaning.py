@@ -10,14 +10,14 @@ from conftest import TINY, compose
 from mdk.checkpoint.meaning import (_ABSENT, check_input, check_resume, hparams_of, meaning_of,
                                     nothing_left, resume_changes, unfit_parts)
 from mdk.errors import CheckpointError
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import StageConf
 
 PATH = Path("/ck/stage/last.pth")
 
 
 def _cfg(stage: str, *extra: str):
-    return stage_config(compose([*TINY, f"step={stage}", *extra]), stage)
+    return config_for_stage(compose([*TINY, f"step={stage}", *extra]), stage)
 
 
 def _ck(cfg, **state) -> dict:
@@ -155,7 +155,7 @@ def test_the_old_method_words_still_choose_the_method():
     assert _cfg("cal", "+step.calibration.method=kl").step.calibration == kl
     piped = compose([*TINY, "pipeline=[step1,step2,cal]", "+stages.cal.calibration.method=kl",
                      "+stages.cal.calibration.max_values=null"])
-    assert stage_config(piped, "cal").step.calibration == {**kl, "max_values": None}
+    assert config_for_stage(piped, "cal").step.calibration == {**kl, "max_values": None}
 
 
 def test_an_optimizer_or_loss_of_another_class_starts_fresh():

@@ -117,12 +117,12 @@ def test_an_ema_checkpoint_holds_the_ema_once_and_every_loader_reads_it(tmp_path
     from mdk.checkpoint.files import load_checkpoint
     from mdk.checkpoint.sources import weights_of
     from mdk.engine.runner import run_stage
-    from mdk.stage import stage_config
+    from mdk.stage import config_for_stage
     from mdk.tools.evaluate import evaluate_path
 
     common = [*TINY, f"paths.data={shared_data}", f"paths.checkpoints={tmp_path}/ck",
               "trainer.ema.enabled=true", "trainer.ema.tau=0", "trainer.ema.decay=0.5"]
-    run_stage(stage_config(compose(common), "step1"), tmp_path / "run")
+    run_stage(config_for_stage(compose(common), "step1"), tmp_path / "run")
     ck = load_checkpoint(tmp_path / "ck" / "step1" / "best.pth")
     assert "model_ema" not in ck and ck["ema"]["updates"] > 0
     ema = weights_of(ck)

@@ -152,20 +152,20 @@ def test_exact_chunk_quantized_stage_of_a_bn_model_is_world_size_invariant(tmp_p
 
     from launchers.processes.spawn import run_ranks
     from mdk.engine.runner import run_stage, stage_on_rank
-    from mdk.stage import stage_config
+    from mdk.stage import config_for_stage
 
     base = tiny_cfg(tmp_path, "trainer.batch_size=8", "trainer.epochs=1")
     assert base.model.net.batch_norm is True
     (tmp_path / "run").mkdir()
     for s in ("step1", "step2", "cal"):
-        run_stage(stage_config(base, s), tmp_path / "run")
+        run_stage(config_for_stage(base, s), tmp_path / "run")
     shutil.copytree(tmp_path / "ck", tmp_path / "ck2")
     states = []
     for world, ck in ((1, "ck"), (2, "ck2")):
         cfg = tiny_cfg(tmp_path, "trainer.batch_size=8", "trainer.epochs=1", "step=step3",
                        f"paths.checkpoints={tmp_path}/{ck}", f"dist.gpus={world}",
                        "dist.exact_chunk=2", "dist.cpu_threads=1")
-        run_ranks(stage_config(cfg, "step3"), tmp_path / "run", stage_on_rank)
+        run_ranks(config_for_stage(cfg, "step3"), tmp_path / "run", stage_on_rank)
         states.append(torch.load(tmp_path / ck / "step3" / "last.pth", weights_only=False))
     a, b = states
     assert a["trainer"]["iter"] == b["trainer"]["iter"] > 0 and b["world_size"] == 2

@@ -16,11 +16,11 @@ FROZEN = ["model.freeze=[layers.0.*,layers.1.*]", "model.freeze_epochs=1"]
 def _run(tmp_path, *extra: str):
     from launchers.processes.spawn import run_ranks
     from mdk.engine.runner import stage_on_rank
-    from mdk.stage import stage_config
+    from mdk.stage import config_for_stage
 
     cfg = tiny_cfg(tmp_path, "trainer.epochs=2", "trainer.checkpoint_every_iters=1",
                    "model.net.batch_norm=false", *extra)
-    run_ranks(stage_config(cfg, "step1"), tmp_path / "run", stage_on_rank)
+    run_ranks(config_for_stage(cfg, "step1"), tmp_path / "run", stage_on_rank)
     return cfg
 
 

@@ -16,15 +16,15 @@ from helpers.gti_layout import GTI_224, GTI_448, gti_features, gti_forward, save
 from mdk.checkpoint import gti_mdk
 from mdk.checkpoint.files import atomic_save
 from mdk.checkpoint.layout import StageCheckpointer
-from mdk.checkpoint.loading import load_start, want_for
-from mdk.checkpoint.sources import Want, read_source
+from mdk.checkpoint.sources import Want
 from mdk.checkpoint.transfer import load_all
+from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.errors import CheckpointError
 from mdk.models.build import build_model
 from mdk.models.heads import YoloV1Head
 from mdk.quant.activation import quantize_input
 from mdk.quant.modes import apply_mode
-from mdk.stage import apply_stage, stage_config
+from mdk.stage import apply_stage, config_for_stage
 from mdk.stage_config import StageConf
 from mdk.tools import to_gti
 
@@ -40,12 +40,11 @@ def _cfg(preset: str, bn: bool = False, size: int = SIZE):
 
 def _start(cfg, stage: str, path, **init):
     """``stage``'s model with ``path`` loaded the way the stage loads its starting file."""
-    st = stage_config(cfg, stage)
+    st = config_for_stage(cfg, stage)
     spec = StageConf.from_node(st.step)
     spec = dataclasses.replace(spec, **init)
     model = build_model(cfg)
-    src = read_source(path, model, want_for(cfg, spec), "advice")
-    said = load_start(model, src, cfg, spec)
+    said = load_start(model, read_weights(path, "advice"), cfg, spec)
     return model, spec, said
 
 
@@ -168,7 +167,7 @@ def test_step4_from_a_gti_step3_file_equals_the_gti_step4_file_and_fusing_in_mdk
             prev = c
     p4 = save_gti(fused, root, 4)
     b = build_model(cfg)
-    src = read_source(p4, b, Want(as_written=True, preset="gnetdet"), "advice")
+    src = read_weights(p4, "advice").source(b, Want(as_written=True, preset="gnetdet"))
     assert "GTI step 4, gain-fused (its folder step4/)" in src.notes[0]
     load_all(b, src, "gnetdet")
     apply_mode(b, gti_mdk.STEPS[4], "5801")
@@ -188,7 +187,7 @@ def test_to_gti_round_trips(tmp_path, bn, capsys):
     feats = gti_features(GTI_224, 10 + C, bn, seed=6)
     p1 = save_gti(feats, tmp_path / "gti", 1)
     model, spec, _ = _start(cfg, "step1", p1)
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     ck = StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model)
     mine = tmp_path / "mdk" / "step1" / "best.pth"
     atomic_save(ck, mine)
@@ -215,16 +214,16 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
     feats = gti_features(GTI_224, 10 + C, False, seed=7)
     model, spec4, _ = _start(cfg, "step4", save_gti(feats, root, 3))
     apply_stage(model, spec4, "5801")  # fuses
-    sc = stage_config(cfg, "step4")
+    sc = config_for_stage(cfg, "step4")
     mine = tmp_path / "mdk" / "step4" / "best.pth"
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
-    files, settings = to_gti.to_gti(mine, tmp_path / "out")
+    files, settings, _ = to_gti.to_gti(mine, tmp_path / "out")
     assert [f.relative_to(tmp_path / "out").as_posix() for f in files] == [
         "checkpoint/step4/best.pth", "model/relu_cap.txt"]
     lines = files[1].read_text().split()
     assert lines[:-1] == ["31.0"] * 15 and float(lines[-1]) == float(model.out_scale) * 31
     again = build_model(cfg)
-    load_all(again, read_source(files[0], again, Want(as_written=True), "advice"), "x")
+    load_all(again, read_weights(files[0]).source(again, Want(as_written=True)), "x")
     for k, v in model.state_dict().items():
         assert torch.equal(again.state_dict()[k], v), k
 
@@ -232,7 +231,7 @@ def test_to_gti_writes_the_caps_and_the_fused_output_scale(tmp_path):
 def test_to_gti_refuses_what_the_gti_mdk_cannot_build(tmp_path, capsys):
     cfg = _cfg("gnetdet_small")
     model = build_model(cfg)
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     mine = tmp_path / "step1" / "best.pth"
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(model), mine)
     assert to_gti.main([str(mine), str(tmp_path / "out")]) == 1
@@ -240,7 +239,7 @@ def test_to_gti_refuses_what_the_gti_mdk_cannot_build(tmp_path, capsys):
     assert len(err) == 1 and "cannot be written for the GTI MDK: its layer list [16, 'M'" in err[0]
     assert not (tmp_path / "out").exists()
     cfg = compose(["model=gnetdet_224", "model.net.boxes_per_cell=1"])  # one box per cell
-    sc = stage_config(cfg, "step1")
+    sc = config_for_stage(cfg, "step1")
     atomic_save(StageCheckpointer(sc, StageConf.from_node(sc.step)).contents(build_model(cfg)),
                 mine)
     assert to_gti.main([str(mine), str(tmp_path / "out")]) == 1

@@ -9,7 +9,7 @@ import torch
 
 from conftest import TINY, compose
 from mdk.engine.runner import run_stage
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.tools import evaluate
 
 pytestmark = pytest.mark.slow  # a tiny chain, ~20 s on 2 cores
@@ -22,7 +22,7 @@ def test_anchor_head_chain_exports_its_head_and_the_tools_read_it(tmp_path, shar
               "dataset.augment=false"]
     for s in ("step1", "step2", "cal", "step3", "step4"):
         epochs = "trainer.epochs=6" if s == "step1" else "trainer.epochs=1"
-        res = run_stage(stage_config(compose([*common, *ANCHORS, epochs]), s), tmp_path / "run")
+        res = run_stage(config_for_stage(compose([*common, *ANCHORS, epochs]), s), tmp_path / "run")
         assert res.best_map50 is not None
     chip = tmp_path / "ckpt" / "step4" / "chip_model"
     meta = json.loads((chip / "chip_model.json").read_text())["meta"]

@@ -21,7 +21,7 @@ from mdk.insight.sqnr import db, layer_table, weight_sqnr
 from mdk.models.build import build_model
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.layers import ChipConv
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.tools import quant_report
 
 
@@ -136,4 +136,4 @@ def test_no_checkpoints_is_one_line_naming_the_folder(tmp_path):
 def test_a_bad_sensitivity_subset_is_one_config_error(tiny_cfg, tmp_path):
     cfg = tiny_cfg("step=quant_report", "step.report.sensitivity_images=0")
     with pytest.raises(ConfigError, match=r"step\.report\.sensitivity_images=0 must be >= 1"):
-        run_stage(stage_config(cfg, "quant_report"), tmp_path / "run")
+        run_stage(config_for_stage(cfg, "quant_report"), tmp_path / "run")

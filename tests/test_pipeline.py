@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import MissingStageInput
@@ -21,7 +21,7 @@ def test_stage_without_its_input_says_what_to_run_first(tiny_cfg, tmp_path):
 @pytest.mark.slow
 def test_full_chain_runs_and_exports_a_bit_exact_chip_model(tiny_cfg, tmp_path):
     base = tiny_cfg("trainer.limit_train_batches=3", "trainer.epochs=1")
-    results = {s: run_stage(stage_config(base, s), tmp_path)
+    results = {s: run_stage(config_for_stage(base, s), tmp_path)
                for s in ("step1", "step2", "cal", "step3", "step4")}
     root = Path(base.paths.checkpoints)
     for s in ("step1", "step2", "cal", "step3", "step4"):

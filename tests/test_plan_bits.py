@@ -19,7 +19,7 @@ from mdk.quant.weights import quantize_conv
 from mdk.quant.bit_plan import plan_bits
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.tools import plan_bits as tool
 from mdk.tools.evaluate import load_checkpoint_model
 
@@ -31,7 +31,7 @@ def step1_done(tmp_path_factory) -> tuple[Path, list[str]]:
                  "trainer.epochs=1", "trainer.limit_train_batches=3"]
     from conftest import compose
 
-    run_stage(stage_config(compose(overrides), "step1"), tmp / "run")
+    run_stage(config_for_stage(compose(overrides), "step1"), tmp / "run")
     return tmp, overrides
 
 

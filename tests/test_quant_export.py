@@ -9,7 +9,7 @@ from mdk.models.gnetdet import GNetDet
 from mdk.quant import calibrate, integer_ref
 from mdk.quant.chip_model import chip_model_from, load_chip_model
 from mdk.quant.export import export_chip_model
-from mdk.checkpoint.saved_models import ChipModelNet
+from mdk.quant.chip_model_net import ChipModelNet
 from mdk.stage import apply_stage
 
 CFG = dict(num_classes=3, channels=[8, "M", 8, "M", 16, 16, "M", 16, "M", 16, "M", 16],

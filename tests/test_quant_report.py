@@ -25,7 +25,7 @@ from mdk.checkpoint.files import load_checkpoint, save_checkpoint
 from mdk.engine.runner import run_stage
 from mdk.errors import ConfigError
 from mdk.models.build import build_model
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 
 REPORT = "quant_report"
 LAYER_KEYS = {"index": int, "mask_bits": int, "shift": int, "cap": float,
@@ -45,7 +45,7 @@ def chain(fitted_chain):
 
 def _report(overrides: list[str], run_dir: Path) -> dict:
     cfg = compose([*overrides, f"step={REPORT}"])
-    res = run_stage(stage_config(cfg, REPORT), run_dir)
+    res = run_stage(config_for_stage(cfg, REPORT), run_dir)
     assert res.extra["report"] == str(run_dir / "quant_report.json")
     return json.loads((run_dir / "quant_report.json").read_text())
 

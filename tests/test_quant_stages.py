@@ -11,7 +11,7 @@ from mdk.quant import calibrate
 from mdk.quant.bn_fold import fold_bn
 from mdk.quant.fusion import fuse_gains, is_fused
 from mdk.stage import apply_stage
-from mdk.checkpoint.loading import load_into
+from mdk.checkpoint.weights_file import OWN, of_checkpoint
 
 CFG = dict(num_classes=3, channels=[8, "M", 8, "M", 16, 16, "M", 16, "M", 16, "M", 16],
            mask_bits=[3] * 6 + [8, 8], image_size=64, batch_norm=True)
@@ -135,7 +135,7 @@ def test_step4_is_fused_once_and_checkpoints_round_trip():
     # a step3 checkpoint loads (the engine's path: the structure of its stage first) and step4
     # fuses it
     fresh3 = GNetDet(**CFG)
-    load_into(fresh3, {"model": sd3, "stage": "step3"}, Path("step3/best.pth"))
+    of_checkpoint(Path("step3/best.pth"), {"model": sd3, "stage": "step3"}).load(fresh3, OWN)
     assert all(l.bn is None for l in fresh3.layers)
     assert not is_fused(fresh3) and apply_stage(fresh3, "step4", "5801").fused_now
     with torch.no_grad():

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, compose, run_cmd_env
 from mdk.config import validate
 from mdk.data.shapes import SHAPE_CLASSES, ensure_shapes_dataset
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 
 RECIPES = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
@@ -28,8 +28,8 @@ def test_the_bccd_recipes():
         (448, "bccd", ["WBC", "RBC", "Platelets"])
     assert big.head._target_.endswith("AnchorHead") and big.loss._target_.endswith("AnchorLoss")
     assert big.model.net.mask_bits[0] == 8
-    assert stage_config(big, "step2", train_images=205).trainer.epochs == 30   # 360 steps / 12
-    assert stage_config(big, "cal").step.calibration._target_ == "mdk.quant.calibrate.KlCap"
+    assert config_for_stage(big, "step2", train_images=205).trainer.epochs == 30   # 360 steps / 12
+    assert config_for_stage(big, "cal").step.calibration._target_ == "mdk.quant.calibrate.KlCap"
     small = compose(["experiment=bccd_224", "dataset.root=/data/BCCD"])
     assert small.model.image_size == 224 and small.trainer.epochs == 120
     assert str(small.paths.checkpoints).endswith("gnetdet_small_bccd_224")

@@ -16,7 +16,7 @@ from helpers.catalogue import assert_intact, cli, one_error_line, snapshot
 from mdk.checkpoint.files import load_checkpoint
 from mdk.checkpoint.layout import find_resume, iteration
 from mdk.engine.runner import run_stage
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.tools import evaluate, to_gti
 
 
@@ -70,7 +70,7 @@ def test_everything_mdk_writes_loads_with_the_safe_unpickler(tmp_path, shared_da
     common = [*TINY, f"paths.data={shared_data}", f"paths.checkpoints={tmp_path}/ck",
               "trainer.epochs=1", "trainer.ema.enabled=true"]
     for s in ("step1", "step2", "cal", "step3", "step4"):
-        run_stage(stage_config(compose(common), s), tmp_path / "run")
+        run_stage(config_for_stage(compose(common), s), tmp_path / "run")
     files = sorted((tmp_path / "ck").rglob("*.pth"))
     assert len(files) == 10
     for p in files:  # torch's own default allow-list: no numpy, no classes

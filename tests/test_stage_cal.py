@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.checkpoint.files import load_checkpoint
 from mdk.data.dataset import DetectionDataset
 from mdk.engine.runner import run_stage
@@ -21,8 +21,8 @@ from mdk.tools.evaluate import load_checkpoint_model
 def step2_ready(tiny_cfg, tmp_path):
     """step1 and step2 (two batches each) in tmp_path: cal's input exists."""
     for s in ("step1", "step2"):
-        run_stage(stage_config(tiny_cfg("trainer.epochs=1", "trainer.limit_train_batches=2"), s),
-                  tmp_path / "run")
+        cfg = tiny_cfg("trainer.epochs=1", "trainer.limit_train_batches=2")
+        run_stage(config_for_stage(cfg, s), tmp_path / "run")
     return Path(tiny_cfg().paths.checkpoints)
 
 
@@ -43,7 +43,7 @@ def test_cal_is_one_pass_without_optimizer_whatever_epochs_says(tiny_cfg, step2_
     monkeypatch.setattr(DetectionDataset, "__getitem__", counting_getitem)
     monkeypatch.setattr(torch.optim.Optimizer, "step", no_step)
     monkeypatch.setattr(torch.optim.AdamW, "step", no_step)
-    res = run_stage(stage_config(tiny_cfg("trainer.epochs=5"), "cal"), tmp_path / "run")
+    res = run_stage(config_for_stage(tiny_cfg("trainer.epochs=5"), "cal"), tmp_path / "run")
     # every one of the 48 training images exactly once: one pass, not trainer.epochs=5 passes
     assert sorted(seen) == list(range(48)) and set(seen.values()) == {1}
     assert steps == []
@@ -64,7 +64,7 @@ def test_cal_is_one_pass_without_optimizer_whatever_epochs_says(tiny_cfg, step2_
 
 def test_cal_max_caps_equal_the_max_of_the_conv_outputs(tiny_cfg, step2_ready, tmp_path):
     cfg = tiny_cfg("step=cal", "step/calibration=max")
-    res = run_stage(stage_config(cfg, "cal"), tmp_path / "run")
+    res = run_stage(config_for_stage(cfg, "cal"), tmp_path / "run")
     # Independent reference: the step2 model (quantized weights, float activations) on every
     # un-augmented training image; each layer's conv output = F.conv2d(its input, quantized W, b).
     loaded = load_checkpoint_model(step2_ready / "step2" / "best.pth", _overrides(cfg))

@@ -10,18 +10,18 @@ import pytest
 
 from conftest import REPO, TINY, run_cmd_env
 from mdk.errors import ConfigError
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 
 
 def test_min_iters_rounds_up_to_whole_epochs_and_leaves_long_stages(tiny_cfg):
     cfg = tiny_cfg("step.min_iters=13", "trainer.epochs=1")
-    assert stage_config(cfg, "step1", train_images=48).trainer.epochs == 3   # 6 steps an epoch
-    assert stage_config(cfg, "step1", train_images=13 * 8).trainer.epochs == 1
-    assert stage_config(cfg, "step1").trainer.epochs == 1                     # count unknown
+    assert config_for_stage(cfg, "step1", train_images=48).trainer.epochs == 3   # 6 steps an epoch
+    assert config_for_stage(cfg, "step1", train_images=13 * 8).trainer.epochs == 1
+    assert config_for_stage(cfg, "step1").trainer.epochs == 1                     # count unknown
     assert cfg.trainer.epochs == 1                                            # not mutated
     quick = tiny_cfg("step.min_iters=13", "trainer.epochs=1", "trainer.limit_train_batches=2")
-    assert stage_config(quick, "step1", train_images=48).trainer.epochs == 1  # a quick run
-    longer = stage_config(tiny_cfg("+stages.step2.min_iters=60"), "step2", train_images=48)
+    assert config_for_stage(quick, "step1", train_images=48).trainer.epochs == 1  # a quick run
+    longer = config_for_stage(tiny_cfg("+stages.step2.min_iters=60"), "step2", train_images=48)
     assert longer.trainer.epochs == 10 and longer.scheduler.T_max is None  # was 8 x 6 = 48
 
 
@@ -42,9 +42,9 @@ def test_a_command_with_min_iters_trains_that_many_steps_on_the_longer_schedule(
 
 def test_trainer_finetune_min_iters_reaches_the_fine_tuning_stages_only(tiny_cfg):
     cfg = tiny_cfg("trainer.finetune_min_iters=60", "trainer.epochs=2")
-    assert [stage_config(cfg, s, train_images=48).trainer.epochs
+    assert [config_for_stage(cfg, s, train_images=48).trainer.epochs
             for s in ("step1", "step2", "step3", "step4")] == [2, 10, 10, 10]
-    cal = stage_config(cfg, "cal", train_images=48)
+    cal = config_for_stage(cfg, "cal", train_images=48)
     assert cal.step.get("min_iters") is None   # cal makes no optimizer steps
 
 
@@ -52,6 +52,6 @@ def test_bad_min_iters_is_one_line(tiny_cfg):
     from mdk.config import validate
 
     with pytest.raises(ConfigError, match=r"^step.min_iters=-1 \(step1\) must be an integer >= 0"):
-        stage_config(tiny_cfg("step.min_iters=-1"), "step1")
+        config_for_stage(tiny_cfg("step.min_iters=-1"), "step1")
     with pytest.raises(ConfigError, match=r"^trainer.finetune_min_iters=-5 must be an integer >= 0"):
         validate(tiny_cfg("trainer.finetune_min_iters=-5"))

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO, TINY, compose, run_cmd_env
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.config import validate
 from omegaconf import OmegaConf
 
@@ -81,7 +81,7 @@ def test_pipeline_composes_inside_a_sweep():
         validate(cfg)
         assert list(cfg.pipeline) == CHAIN
         for s in CHAIN:  # every stage of every job keeps the job's swept scheduler
-            scfg = stage_config(cfg, s)
+            scfg = config_for_stage(cfg, s)
             assert scfg.step.name == s and scfg.scheduler._target_ == cfg.scheduler._target_
             assert scfg.scheduler.warmup == cfg.scheduler.warmup
     sweep = parser.parse_overrides(["pipeline=choice([step1,step2],[step1,step2,cal,step3])"])
@@ -91,17 +91,17 @@ def test_pipeline_composes_inside_a_sweep():
 
 def test_stage_epochs_and_lr_scale_follow_the_stage():
     cfg = compose(TINY + ["trainer.epochs=7", "optim.lr=0.004"])
-    one = stage_config(cfg, "step1")  # epochs: null -> trainer.epochs
+    one = config_for_stage(cfg, "step1")  # epochs: null -> trainer.epochs
     assert one.trainer.epochs == 7 and one.scheduler.T_max is None and one.optim.lr == 0.004
     for s in ("step2", "step3", "step4"):
         step = OmegaConf.load(REPO / "conf" / "step" / f"{s}.yaml")
-        scfg = stage_config(cfg, s)
+        scfg = config_for_stage(cfg, s)
         # the stage's own length, and the cosine schedule anneals over it (interpolation follows)
         assert scfg.trainer.epochs == step.epochs and scfg.scheduler.T_max is None
         assert scfg.optim.lr == pytest.approx(0.004 * step.lr_scale)
     assert cfg.trainer.epochs == 7 and cfg.optim.lr == 0.004  # the input is not changed
     # step=step2 from the command line: its step.* overrides apply
-    two = stage_config(compose(TINY + ["step=step2", "step.epochs=2", "step.lr_scale=0.5",
+    two = config_for_stage(compose(TINY + ["step=step2", "step.epochs=2", "step.lr_scale=0.5",
                                        "optim.lr=0.004"]), "step2")
     assert two.trainer.epochs == 2 and two.scheduler.T_max is None and two.optim.lr == 0.002
 
@@ -111,7 +111,7 @@ def test_bad_stage_schedule_names_the_key(bad):
     from mdk.errors import ConfigError
 
     with pytest.raises(ConfigError, match=bad.split("=")[0]):
-        stage_config(compose(TINY + ["step=step2", bad]), "step2")
+        config_for_stage(compose(TINY + ["step=step2", bad]), "step2")
 
 
 def test_stages_override_one_stage_of_a_pipeline():
@@ -120,13 +120,13 @@ def test_stages_override_one_stage_of_a_pipeline():
                           "+stages.step3.epochs=12", "+stages.step3.lr_scale=0.25",
                           "+stages.step2.init_required=false"])
     validate(cfg)
-    s3 = stage_config(cfg, "step3")
+    s3 = config_for_stage(cfg, "step3")
     assert s3.step.epochs == 12 and s3.trainer.epochs == 12 and s3.scheduler.T_max is None
     assert s3.optim.lr == pytest.approx(0.001) and s3.step.init_from == "cal"  # the rest kept
-    assert stage_config(cfg, "step2").step.init_required is False
+    assert config_for_stage(cfg, "step2").step.init_required is False
     step4 = OmegaConf.load(REPO / "conf" / "step" / "step4.yaml")
-    assert stage_config(cfg, "step4").trainer.epochs == step4.epochs  # untouched
-    assert stage_config(cfg, "step1").trainer.epochs == 7
+    assert config_for_stage(cfg, "step4").trainer.epochs == step4.epochs  # untouched
+    assert config_for_stage(cfg, "step1").trainer.epochs == 7
 
 
 @pytest.mark.parametrize("over, needle", [
@@ -141,4 +141,4 @@ def test_bad_stages_override_names_the_key(over, needle):
     cfg = compose(TINY + [f"pipeline=[{','.join(CHAIN)}]", over])
     with pytest.raises(ConfigError, match=needle):
         validate(cfg)
-        stage_config(cfg, "step3")
+        config_for_stage(cfg, "step3")

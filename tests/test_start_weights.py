@@ -16,12 +16,12 @@ from conftest import TINY, compose
 from helpers.catalogue import argv_of, assert_intact, cli, one_error_line, snapshot
 from mdk.checkpoint import gti_mdk
 from mdk.checkpoint.files import load_checkpoint
-from mdk.checkpoint.loading import load_start, want_for
-from mdk.checkpoint.sources import chip_layer_count, read_source
+from mdk.checkpoint.sources import chip_layer_count
+from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.data.shapes import ensure_shapes_dataset
 from mdk.engine.runner import run_stage
 from mdk.models.build import build_model
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import StageConf
 from mdk.tools import evaluate
 
@@ -37,7 +37,7 @@ def chain(tmp_path_factory, shared_data) -> Path:
     common = [*TINY, f"paths.data={shared_data}", f"paths.checkpoints={root}/ck",
               "trainer.epochs=1"]
     for s in CHAIN:
-        run_stage(stage_config(compose(common), s), root / "run")
+        run_stage(config_for_stage(compose(common), s), root / "run")
     return root / "ck"
 
 
@@ -81,13 +81,12 @@ def test_a_5_class_model_in_step0_starts_a_step1_of_another_class_count(chain, t
     assert load_checkpoint(tmp_path / "ck" / "step1" / "last.pth")["trainer"]["iter"] == 2
     # every tensor that came over equals the file's; the output layer kept its initialisation
     cfg = compose(argv_of(tmp_path, tuple(data)))
-    spec = StageConf.from_node(stage_config(cfg, "step1").step)
+    spec = StageConf.from_node(config_for_stage(cfg, "step1").step)
     torch.manual_seed(0)
     model = build_model(cfg)
     torch.manual_seed(0)
     fresh = build_model(cfg)
-    src = read_source(step0 / "best.pth", model, want_for(cfg, spec), "advice")
-    load_start(model, src, cfg, spec)
+    load_start(model, read_weights(step0 / "best.pth", "advice"), cfg, spec)
     theirs = load_checkpoint(step0 / "best.pth")["model"]
     for k, v in model.state_dict().items():
         if k.startswith("layers.6.conv."):
@@ -148,7 +147,8 @@ def test_gti_files_start_every_stage_and_evaluate(chain, gti_root, tmp_path, cap
                                  argv_of(tmp_path / "ev", ()))
     ref = evaluate.evaluate_path(chain / "step3" / "best.pth", argv_of(tmp_path / "ev", ()))
     assert (res["map50"], res["loss"]) == (ref["map50"], ref["loss"])
-    assert res["description"].startswith(f"GTI MDK checkpoint {gti_root}") and \
+    assert res["description"].startswith(
+        f"{gti_root / 'checkpoint' / 'step3' / 'best.pth'} is a GTI MDK checkpoint (") and \
         "GTI step 3, quantized weights and 5-bit activations" in res["description"]
 
 
@@ -201,10 +201,11 @@ def test_the_transfer_recipe_starts_from_the_shapes_hard_recipes_step1(recipe, s
     transfer = compose([f"experiment={recipe}_transfer", "dataset.root=/data/BCCD"])
     source = compose(["experiment=shapes_hard", "pipeline=[step1]"])
     scratch = compose([f"experiment={recipe}", "dataset.root=/data/BCCD"])
-    step1 = stage_config(transfer, "step1").step
+    step1 = config_for_stage(transfer, "step1").step
     assert step1.init_weights == f"{source.paths.checkpoints}/step1/best.pth"
     assert transfer.model.image_size == size
     assert transfer.trainer.epochs == (scratch.trainer.epochs if epochs is None else epochs)
     assert transfer.trainer.eval_every == scratch.trainer.eval_every  # the rest unchanged
     assert transfer.paths.checkpoints != scratch.paths.checkpoints
-    assert stage_config(transfer, "step2").step.init_weights is None  # the chain continues as before
+    # the chain continues as before
+    assert config_for_stage(transfer, "step2").step.init_weights is None

@@ -18,7 +18,7 @@ from conftest import TINY
 from launchers.hydra_app import sweep_summary as ss
 from launchers.reports import sweep_bars, sweep_results, sweep_stats
 from mdk.engine.result import StageResult
-from mdk.stage import stage_spec
+from mdk.stage import stage_conf
 from helpers.sweep import run_py
 
 CHAIN = "pipeline=[step1,step2,cal,step3,step4]"
@@ -36,7 +36,7 @@ def _job(root: Path, n: int, overrides: list[str], maps: dict[str, float] | None
     else:
         stages = [StageResult(stage=s, checkpoints=f"{d}/checkpoints/{s}", best_map50=m,
                               best_epoch=None if s == "cal" else 3 + i, final_loss=loss + i,
-                              time_s=10.0 * (i + 1), bar=stage_spec(s).bar)
+                              time_s=10.0 * (i + 1), bar=stage_conf(s).bar)
                   for i, (s, m) in enumerate((maps or {}).items())]
         rec = sweep_results.job_record(stages, overrides, started=0.0)
     (d / "result.json").write_text(json.dumps(rec))
@@ -152,7 +152,7 @@ def test_a_bar_met_exactly_is_met_and_each_bar_needs_both_stages(tmp_path):
     groups = sweep_stats.aggregate(sweep_results.collect_results(tmp_path))["groups"]
     assert [(b["stage"], b["met"], b["met_per_seed"]) for b in groups[0]["bars"]] == [("step3", True, 2)]
     # the bars are the stage records' own (conf/step/step3.yaml, step4.yaml)
-    assert [str(sweep_bars.Bar.from_record(s, stage_spec(s).bar)) for s in ("step3", "step4")] == [
+    assert [str(sweep_bars.Bar.from_record(s, stage_conf(s).bar)) for s in ("step3", "step4")] == [
         "step3 >= step1 - 0.02 (2 points)", "step4 >= step3 - 0.005 (0.5 points)"]
 
 

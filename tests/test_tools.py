@@ -106,7 +106,7 @@ def test_evaluate_reports_on_demand_equal_what_each_stage_drew_at_its_end(chain,
 def test_demo_draws_labelled_detections_to_png(chain, tmp_path, shared_data):
     ds_img = sorted(Path(shared_data).rglob("*.jpg"))[0]
     out = tmp_path / "out.png"
-    det = demo.run_demo(chain["ckpt"] / "step4/chip_model", ds_img, out, chain["overrides"],
+    det, _ = demo.run_demo(chain["ckpt"] / "step4/chip_model", ds_img, out, chain["overrides"],
                         score_thresh=0.0)
     assert len(det["boxes"]) > 0
     drawn = np.asarray(Image.open(out))
@@ -121,8 +121,8 @@ def test_demo_draws_labelled_detections_to_png(chain, tmp_path, shared_data):
     assert changed[:, 1].min() >= int(boxes[:, 0].min()) - 2
     assert changed[:, 0].max() <= int(boxes[:, 3].max()) + 2
     # the same detections from a checkpoint (fake-quant step4 == chip model)
-    det2 = demo.run_demo(chain["ckpt"] / "step4/best.pth", ds_img, tmp_path / "b.png",
-                         chain["overrides"], score_thresh=0.0)
+    det2, _ = demo.run_demo(chain["ckpt"] / "step4/best.pth", ds_img, tmp_path / "b.png",
+                            chain["overrides"], score_thresh=0.0)
     assert torch.equal(det["scores"], det2["scores"]) and torch.equal(det["labels"], det2["labels"])
 
 

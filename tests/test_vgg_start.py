@@ -10,13 +10,12 @@ import torch.nn.functional as F
 import torchvision
 
 from conftest import compose
-from mdk.checkpoint.loading import load_start, want_for
-from mdk.checkpoint.sources import read_source
+from mdk.checkpoint.weights_file import load_start, read_weights
 from mdk.checkpoint.vgg import MEAN, STD
 from mdk.errors import CheckpointError
 from mdk.models.build import build_model
 from mdk.quant.activation import quantize_input
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import StageConf
 
 
@@ -29,9 +28,9 @@ def _vgg_file(tmp_path, bn: bool = False):
 
 
 def _start(cfg, path):
-    spec = StageConf.from_node(stage_config(cfg, "step1").step)
+    spec = StageConf.from_node(config_for_stage(cfg, "step1").step)
     model = build_model(cfg)
-    said = load_start(model, read_source(path, model, want_for(cfg, spec), "advice"), cfg, spec)
+    said = load_start(model, read_weights(path, "advice"), cfg, spec)
     return model, said
 
 
@@ -81,7 +80,7 @@ def test_a_vgg_file_no_layer_of_which_fits_is_refused(tmp_path):
 def test_a_vgg_file_is_no_input_of_a_quantized_stage(tmp_path):
     _, path = _vgg_file(tmp_path)
     cfg = compose(["model=gnetdet", "model.image_size=64"])
-    spec = StageConf.from_node(stage_config(cfg, "step2").step)
+    spec = StageConf.from_node(config_for_stage(cfg, "step2").step)
     model = build_model(cfg)
     with pytest.raises(CheckpointError, match="a starting point for a float stage"):
-        load_start(model, read_source(path, model, want_for(cfg, spec), "advice"), cfg, spec)
+        load_start(model, read_weights(path, "advice"), cfg, spec)

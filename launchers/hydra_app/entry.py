@@ -29,7 +29,7 @@ from mdk.engine.runner import stage_on_rank
 from mdk.folder_lock import one_run
 from mdk.paths import register_resolvers
 from mdk.preflight import preflight, train_images
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.checkpoint.layout import checkpoint_root
 from mdk.stage_config import StageConf, running_stages
 from mdk.stop import StopRequested, stop_requested
@@ -70,10 +70,10 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     stages = running_stages(cfg)
     # Resolved here, once per stage: spawned workers have no Hydra resolvers, and each stage's
     # epochs/lr_scale must be in place before interpolations resolve.
-    n_train = train_images(cfg) if any(stage_config(cfg, s).step.get("min_iters")
+    n_train = train_images(cfg) if any(config_for_stage(cfg, s).step.get("min_iters")
                                        for s in stages) else None
-    configs = [OmegaConf.create(OmegaConf.to_container(stage_config(cfg, s, n_train), resolve=True))
-               for s in stages]
+    configs = [OmegaConf.create(OmegaConf.to_container(config_for_stage(cfg, s, n_train),
+                                                      resolve=True)) for s in stages]
     trial = trial_hook(cfg, stages)
     if trial is not None and trial[0] in stages:
         configs[stages.index(trial[0])].trainer.hooks[HOOK] = trial[1]

@@ -19,7 +19,7 @@ from mdk.config import validate
 from mdk.data.class_names import fill_class_names
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 from mdk.stage_config import running_stages
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def check_job(cfg: DictConfig, slurm: bool = False) -> None:
     fill_class_names(cfg)
     validate(cfg)
     for stage in running_stages(cfg):
-        stage_config(cfg, stage)
+        config_for_stage(cfg, stage)
 
 
 def _swept(jobs: Sequence[Sequence[str]]) -> set[str]:

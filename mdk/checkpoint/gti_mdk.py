@@ -22,12 +22,11 @@ import torch
 from mdk.atomic_file import write_text
 from mdk.errors import CheckpointError
 from mdk.quant.activation import LEVELS
-from mdk.quant.bn_fold import folded
+from mdk.quant.bn_fold import BN_KEYS, folded
 from mdk.stage_config import GTI_STEPS, QuantMode
 
 KEY = re.compile(r"^(module\.)?features\.(conv|BatchNorm)(\d+)\.(\w+)$")
 NUMBERS = ("best_loss",)  # plain numbers some of its checkpoints hold beside the tensors
-BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 BN_EPS = 1e-5  # torch's BatchNorm2d default, which the GTI MDK builds (eps is not in a state_dict)
 CAP_FILE = "relu_cap.txt"
 # What the file of each GTI step holds (its STEP_SETTINGS, and step 4's gain fusion)

@@ -1,7 +1,7 @@
 """The one owner of stage checkpoints: the layout ``<paths.checkpoints>/<stage>/{best,last}.pth``,
 what a checkpoint holds, and where a stage starts (docs/pipeline.md, "Where a stage's weights come
-from"; loading them: mdk/checkpoint/loading.py). A finished checkpoint of a stage that does not
-train means "done": a rerun reports it and does not redo the work.
+from"; reading and loading them: mdk/checkpoint/weights_file.py). A finished checkpoint of a stage
+that does not train means "done": a rerun reports it and does not redo the work.
 """
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from omegaconf import DictConfig
 from mdk import dist
 from mdk.checkpoint.files import (CheckpointError, atomic_save, load_checkpoint,
                                   remove_stale_temps, save_checkpoint)
-from mdk.checkpoint.loading import input_advice, load_into, load_start, want_for
 from mdk.checkpoint.meaning import check_resume, hparams_of, log_changes, meaning_of, plain
-from mdk.checkpoint.sources import read_source
+from mdk.checkpoint.weights_file import OWN, input_advice, load_start, of_checkpoint, read_weights
 from mdk.errors import MissingStageInput
 from mdk.paths import resolve_path
 from mdk.stage import chain
@@ -160,7 +159,7 @@ class StageCheckpointer:
             ck, path = self.resumable()
             if ck is not None:
                 changes = check_resume(ck, path, self.cfg, self.spec)  # refuses another meaning
-                load_into(model, ck, path, prefer_ema=False)
+                of_checkpoint(path, ck).load(model, OWN, prefer_ema=False)
                 if ck.get("finished"):
                     log.info("%s already done (%s); delete it to run it again", self.spec.name, path)
                 else:
@@ -172,10 +171,10 @@ class StageCheckpointer:
         init = self.input_path()
         if init is None:
             return Start()
-        src = read_source(init, model, want_for(self.cfg, self.spec), input_advice(self.spec))
-        said = load_start(model, src, self.cfg, self.spec)
+        start = read_weights(init, input_advice(self.spec))
+        said = load_start(model, start, self.cfg, self.spec)
         if self.world.is_main:
-            log.info("%s starts from %s (%s)%s", self.spec.name, init, src.what,
+            log.info("%s starts from %s (%s)%s", self.spec.name, init, start.what,
                      f": {said}" if said else "")
         return Start(None, init)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -209,3 +209,25 @@ def log_changes(stage: str, path: Path, iteration: int, changes: Optional[list[C
                     iteration, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changes),
                     f"; another class: the {' and '.join(fresh)} state starts fresh" if fresh
                     else "")
+
+
+def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
+    names = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    return any(n == k or n.startswith(k + ".") for n in names for k in keys)
+
+
+def with_checkpoint_model(cfg: DictConfig, ck: Mapping[str, Any],
+                          overrides: Sequence[str]) -> DictConfig:
+    """``cfg`` with the checkpoint's own model/chip config unless the user overrode them, and
+    its head and loss (they read the model's output) unless the user named a head or loss: the
+    model a tool or the report rebuilds for a stage checkpoint."""
+    saved = ck.get("config")
+    if not isinstance(saved, dict) or _overrides_key(overrides, "model", "chip"):
+        return cfg
+    keys = ["model", "chip"]
+    if not _overrides_key(overrides, "head", "loss"):
+        keys += ["head", "loss"]
+    patch = {k: saved[k] for k in keys if k in saved}
+    # nodes replaced whole (another head's schema has other keys), plain values merged
+    merged = OmegaConf.merge(cfg, {k: None for k in patch if OmegaConf.is_dict(cfg.get(k))})
+    return OmegaConf.merge(merged, patch)

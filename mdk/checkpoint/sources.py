@@ -1,7 +1,8 @@
-"""A starting file, whatever wrote it, as tensors in mdk's names: an mdk checkpoint, a bare mdk
-``state_dict``, a GTI MDK checkpoint (mdk/checkpoint/gti_mdk.py) or a torchvision VGG file
-(mdk/checkpoint/vgg.py), recognised by its keys (docs/pipeline.md, "Start from weights"). Every
-file is read with torch's safe unpickler (mdk/checkpoint/files.py).
+"""A weights file's tensors in mdk's names, for a given model: an mdk checkpoint's (its EMA
+weights where it has them), a bare mdk ``state_dict``'s, a GTI MDK checkpoint's
+(mdk/checkpoint/gti_mdk.py: mapped, its step and caps said) or a torchvision VGG file's
+(mdk/checkpoint/vgg.py: the leading convs that fit). Which kind a file is, and reading it:
+mdk/checkpoint/weights_file.py; docs/pipeline.md, "Start from weights".
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from mdk.checkpoint import gti_mdk, vgg
-from mdk.checkpoint.files import check_finite, read_pth
+from mdk.checkpoint.files import check_finite
 from mdk.errors import CheckpointError
 from mdk.quant.bn_fold import chip_layers
 
@@ -77,7 +78,7 @@ def weights_of(ck: dict[str, Any], prefer_ema: bool = True) -> dict[str, torch.T
     return {k: v.to(model[k].dtype) if k in model else v for k, v in shadow.items()}
 
 
-def _mdk_output(ck: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
+def mdk_output(ck: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
     """(classes, boxes per cell) an mdk checkpoint's output layer predicts, from its config."""
     net = ((ck.get("config") or {}).get("model") or {}).get("net") or {}
     head = net.get("head") if isinstance(net.get("head"), dict) else {}
@@ -89,32 +90,23 @@ def _mdk_output(ck: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
             int(boxes) if isinstance(boxes, int) else None)
 
 
-def read_source(path: Path, model: torch.nn.Module, want: Want, advice: str,
-                prefer_ema: bool = True) -> Source:
-    """The file at ``path`` as a Source for ``model``; CheckpointError (one line) for a file
-    that is none of the four kinds, or a GTI/VGG file that cannot fit the model at all."""
-    path = Path(path)
-    obj = read_pth(path, advice)
+def to_source(kind: str, obj: Any, path: Path, model: torch.nn.Module, want: Want, advice: str,
+              prefer_ema: bool = True) -> Source:
+    """The tensors of ``obj`` (a file of ``kind``, read from ``path``) in ``model``'s names;
+    CheckpointError (one line) for a GTI/VGG file that cannot fit the model at all or NaN/Inf
+    weights."""
     own = model.state_dict()
     n = chip_layer_count(own)
-    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
-        classes, boxes = _mdk_output(obj)
+    if kind == "mdk":
+        classes, boxes = mdk_output(obj)
         src = Source(path, "mdk", dict(weights_of(obj, prefer_ema)), obj, classes, boxes)
-    elif gti_mdk.is_gti(obj):
+    elif kind == "gti":
         src = _gti(obj, path, model, want, n)
-    elif vgg.is_vgg(obj):
+    elif kind == "vgg":
         state, notes = vgg.to_mdk(obj, path, own, n, want.preset)
         src = Source(path, "vgg", state, notes=notes)
-    elif isinstance(obj, dict) and obj and all(torch.is_tensor(v) for v in obj.values()) and \
-            chip_layer_count(obj):
-        src = Source(path, "weights", dict(obj))
     else:
-        what = (f"a state_dict of {len(obj)} tensors named like {list(obj)[:2]}"
-                if isinstance(obj, dict) and obj else f"a {type(obj).__name__}")
-        raise CheckpointError(
-            f"checkpoint {path} is none of the files mdk starts from ({what}): an mdk checkpoint, "
-            "an mdk state_dict (layers.{i}...), a GTI MDK checkpoint (features.conv{i}...) or a "
-            f"torchvision VGG file; {advice}")
+        src = Source(path, "weights", dict(obj))
     check_finite(src.state, path, advice)
     return src
 

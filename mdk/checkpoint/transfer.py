@@ -15,12 +15,10 @@ import torch
 from mdk.checkpoint.files import load_model_weights
 from mdk.checkpoint.sources import Source, chip_layer_count
 from mdk.errors import CheckpointError
-from mdk.quant.bn_fold import folded
+from mdk.quant.bn_fold import BN_KEYS, folded
 from mdk.quant.modes import drop_bn
 
 log = logging.getLogger(__name__)
-
-BN_SUFFIXES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
 def _fold_extra_bn(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], n: int
@@ -34,7 +32,7 @@ def _fold_extra_bn(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
                           out[f"{p}running_mean"], out[f"{p}running_var"], out.get(f"{p}weight"),
                           out.get(f"{p}bias"))
             out[f"layers.{i}.conv.weight"], out[f"layers.{i}.conv.bias"] = w, b
-            for k in BN_SUFFIXES:
+            for k in BN_KEYS:
                 out.pop(p + k, None)
             count += 1
     return out, count

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from mdk.errors import CheckpointError
+from mdk.quant.bn_fold import BN_KEYS
 
 KEY = re.compile(r"^(features|classifier)\.(\d+)\.(weight|bias|running_mean|running_var|"
                  r"num_batches_tracked)$")
-BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 # torchvision's ImageNet normalisation (IMAGENET1K_V1 transforms), RGB
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

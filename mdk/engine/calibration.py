@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def calibrate_stage(ctx: StageContext) -> dict[str, Any]:
     """Calibrate; returns StageResult fields (the val mAP at the new caps, the caps)."""
     cfg, model, train_ds, world = ctx.cfg, ctx.model, ctx.train_ds, ctx.world
-    c = calibration_node(cfg.step.calibration)  # the node stage_config wrote (any spelling reads)
+    c = calibration_node(cfg.step.calibration)  # config_for_stage's node (any spelling reads)
     train_ds.set_epoch(0)
     aug = getattr(train_ds, "augment", False)
     train_ds.augment = False  # calibrate on the images as the chip will see them

@@ -13,7 +13,7 @@ from mdk.quant.chips import allow_any_size
 from mdk.quant.export import export_chip_model
 from mdk.quant.integer_ref import count_mismatches
 from mdk.checkpoint.layout import StageCheckpointer
-from mdk.checkpoint.loading import load_model_for
+from mdk.checkpoint.weights_file import evaluation_model, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ CHIP_MODEL_DIR = "chip_model"  # under the exporting stage's checkpoint folder
 
 def export_best(cfg: DictConfig, checkpoints: StageCheckpointer, val_ds: Any) -> Path:
     src = checkpoints.best if checkpoints.best.is_file() else checkpoints.last
-    model, _ = load_model_for(cfg, src)
+    model, _, _ = evaluation_model(read_weights(src), cfg)
     out = checkpoints.dir / CHIP_MODEL_DIR
     cm = export_chip_model(model, out, str(cfg.chip), onnx=True,
                            allow_any_size=allow_any_size(cfg))

@@ -14,17 +14,19 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from mdk.checkpoint.files import load_checkpoint
 from mdk.engine.export_stage import CHIP_MODEL_DIR
 from mdk.errors import ConfigError, MissingStageInput
 from mdk.quant.bn_fold import chip_layers, fold_bn
-from mdk.checkpoint.saved_models import ChipModelNet, with_checkpoint_model
-from mdk.stage import chain, stage_names, stage_spec
+from mdk.checkpoint.meaning import with_checkpoint_model
+from mdk.quant.chip_model_net import ChipModelNet
+from mdk.stage import chain, stage_conf, stage_names
 from mdk.stage_config import StageConf
 from mdk.checkpoint.layout import BEST, checkpoint_root
-from mdk.checkpoint.loading import load_model_for
+from mdk.checkpoint.weights_file import evaluation_model, read_weights
 
 INTEGER = "integer"  # the waterfall's row of the exported chip model under the integer reference
+NOT_A_STAGE = ("the report reads the stages' own best.pth: run the stage again to rebuild it, or "
+               "give paths.checkpoints=<a chain's folder>")
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,15 @@ def present_stages(cfg: DictConfig, exclude: str) -> list[Present]:
     own stage."""
     root = checkpoint_root(cfg)
     names = [s for s in stage_names() if s != exclude and (root / s / BEST).is_file()]
-    rows = [Present(s, root / s / BEST, mode_words(stage_spec(s)))
+    rows = [Present(s, root / s / BEST, mode_words(stage_conf(s)))
             for s in sorted(names, key=lambda s: (len(chain(s)), s))]
     for s in names:
-        if stage_spec(s).export and (root / s / CHIP_MODEL_DIR).is_dir():
+        if stage_conf(s).export and (root / s / CHIP_MODEL_DIR).is_dir():
             rows.append(Present(INTEGER, root / s / CHIP_MODEL_DIR,
                                 f"{s}'s exported chip model, integer reference"))
             break
     if not rows:
-        ends = [s for s in stage_names() if s != exclude and stage_spec(s).export]
+        ends = [s for s in stage_names() if s != exclude and stage_conf(s).export]
         whole = max((chain(s) for s in ends or stage_names()), key=len)
         raise MissingStageInput(
             f"paths.checkpoints={root} holds no stage checkpoint (<stage>/{BEST}) to report on; "
@@ -90,7 +92,7 @@ def per_layer_of(rows: list[Present]) -> PerLayer:
     subject = weights = None
     for r in rows:
         if not r.is_chip_model:
-            q = stage_spec(r.stage).eval_mode
+            q = stage_conf(r.stage).eval_mode
             if q.activations and not q.fuse_gains:
                 subject = r
             if q.is_float:
@@ -105,9 +107,9 @@ def load_row(cfg: DictConfig, row: Present, grid: int) -> nn.Module:
         size = int(net.cm.meta.get("image_size", cfg.model.image_size))
         _same_geometry(row.path, size, int(net.cm.meta.get("grid", grid)), cfg, grid)
         return net.eval()
-    ck = load_checkpoint(row.path, advice="run its stage again to rebuild it, or restore it")
-    model_cfg = with_checkpoint_model(cfg, ck, ())
-    model, _ = load_model_for(model_cfg, row.path)
+    f = read_weights(row.path, advice="run its stage again to rebuild it, or restore it")
+    model_cfg = with_checkpoint_model(cfg, f.stage_checkpoint(NOT_A_STAGE), ())
+    model, _, _ = evaluation_model(f, model_cfg)
     _same_geometry(row.path, int(model_cfg.model.image_size), int(model.grid), cfg, grid)
     return model
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
 
+from mdk.errors import ConfigError
 from mdk.targets import build
 from mdk.models.heads import YoloV1Head
 
@@ -21,6 +22,14 @@ def build_head(cfg: DictConfig) -> Any:
     if node is None:
         return YoloV1Head(int(cfg.model.net.num_classes), int(cfg.model.net.boxes_per_cell))
     return build(node, "head")
+
+
+def head_kind(node: Any) -> Optional[str]:
+    """The ``kind`` of the head a config node builds (its conf/head/ option name), or None."""
+    try:
+        return getattr(build(node, "head"), "kind", None)
+    except ConfigError:  # a head of a package this machine lacks: keep the command's
+        return None
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:

@@ -12,6 +12,9 @@ from mdk.quant.layers import ChipConv
 
 log = logging.getLogger(__name__)
 
+# The tensors of a BatchNorm2d's state_dict (mdk's, the GTI MDK's and torchvision's alike)
+BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
 
 def chip_layers(model: nn.Module) -> list[ChipConv]:
     """All ChipConv layers in forward order (also through DDP / other wrappers)."""

@@ -15,7 +15,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from mdk.checkpoint.files import CheckpointError, load_checkpoint
+from mdk.checkpoint.weights_file import read_weights
+from mdk.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,13 @@ def format_table(diffs: list[TensorDiff], top: Optional[int] = None) -> str:
 
 
 def _load(path: str, key: str) -> Mapping:
+    advice = "compare two checkpoints written by mdk (a stage's best.pth/last.pth)"
     try:
-        ck = load_checkpoint(Path(path))
+        f = read_weights(Path(path), advice)
+        ck = f.stage_checkpoint(advice)
     except CheckpointError as e:
         raise SystemExit(f"ckpt_diff: {e}") from None
+    print(f"{path} is {f.describe()}")
     if key not in ck:
         raise SystemExit(f"ckpt_diff: {path} has no '{key}' entry (it has {sorted(ck)}); "
                          "choose one with --key")

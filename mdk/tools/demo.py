@@ -23,7 +23,8 @@ from torchvision.utils import draw_bounding_boxes
 
 from mdk.models.build import build_head
 from mdk.checkpoint.sources import Want
-from mdk.tools.evaluate import ToolError, add_model_args, gti_args, load_any
+from mdk.errors import ToolError
+from mdk.tools.evaluate import add_model_args, gti_args, load_any
 
 MIN_DRAW_SIZE = 384  # enlarge smaller images so the default bitmap font is legible
 PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
@@ -75,9 +76,11 @@ def draw(image: torch.Tensor, det: dict[str, torch.Tensor], class_names: Sequenc
 
 def run_demo(path: str | Path, image_path: str | Path, out: str | Path,
              overrides: Sequence[str] = (), runtime: str = "integer",
-             score_thresh: float = 0.3, gti: Optional[Want] = None) -> dict[str, torch.Tensor]:
+             score_thresh: float = 0.3, gti: Optional[Want] = None
+             ) -> tuple[dict[str, torch.Tensor], str]:
     """Detect on ``image_path`` with the model at ``path`` and write the drawing to ``out``
-    (``gti``: what the command line says of a GTI MDK checkpoint)."""
+    (``gti``: what the command line says of a GTI MDK checkpoint); (the detections, what the
+    model is, as ``mdk.tools.evaluate`` says it)."""
     image = read_image(Path(image_path))
     loaded = load_any(path, overrides, runtime, gti)
     cfg = loaded.cfg
@@ -89,7 +92,7 @@ def run_demo(path: str | Path, image_path: str | Path, out: str | Path,
         raise ToolError(f"--out {out}: the demo writes PNG files; use a .png name")
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(drawn.permute(1, 2, 0).numpy()).save(out)
-    return det
+    return det, loaded.description
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -103,11 +106,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        det = run_demo(args.path, args.image, args.out, args.overrides, args.runtime,
+        det, description = run_demo(args.path, args.image, args.out, args.overrides, args.runtime,
                        args.score_thresh, gti_args(args))
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    print(description)
     print(f"{len(det['boxes'])} detections above {args.score_thresh} drawn to {args.out}")
     return 0
 

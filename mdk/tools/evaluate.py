@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -26,24 +26,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from mdk.checkpoint.files import CheckpointError
-from mdk.checkpoint.gti_mdk import STEPS as GTI_MODES
-from mdk.checkpoint.loading import load_model_for, spec_of
-from mdk.checkpoint.saved_models import (RUNTIMES, ChipModelNet, ToolError, head_kind,
-                                         with_checkpoint_model)
-from mdk.checkpoint.sources import Source, Want, read_source
-from mdk.checkpoint.transfer import load_all
+from mdk.checkpoint.meaning import with_checkpoint_model
+from mdk.checkpoint.sources import Want
+from mdk.checkpoint.weights_file import evaluation_model, read_weights
 from mdk.compose import compose
 from mdk.data.class_names import fill_class_names
 from mdk.engine.build import build_data, build_loss
 from mdk.engine.reports import EvalReporter
-from mdk.errors import ConfigError
+from mdk.errors import CheckpointError, ConfigError, ToolError
 from mdk.eval.config import METRICS
 from mdk.eval.distributed import evaluate
-from mdk.models.build import build_model
-from mdk.quant.modes import apply_mode
+from mdk.models.build import head_kind
+from mdk.quant.chip_model_net import RUNTIMES, ChipModelNet
 from mdk.sinks.base import NullSink
-from mdk.stage import stage_spec
+from mdk.stage import stage_conf
 from mdk.stage_config import CHANNEL_ORDERS, GTI_STEPS
 from mdk.world import World, single_process
 
@@ -70,49 +66,33 @@ def tool_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 def load_checkpoint_model(path: Path, overrides: Sequence[str] = (),
                           gti: Optional[Want] = None) -> Loaded:
-    """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant);
-    a GTI MDK checkpoint in its GTI step's mode (``gti``: what the user said of it)."""
+    """A stage checkpoint as a model in its stage's evaluation mode (the record's eval_quant),
+    with the model config saved in it; a GTI MDK checkpoint in its GTI step's mode, in the
+    preset ``overrides`` name (``gti``: what the user said of it). The config is composed once,
+    the file read once, the model built once."""
     cfg = tool_config(overrides)
-    probe = build_model(cfg)
-    want = replace(gti or Want(), as_written=True, preset=str(cfg.model.name))
-    src = read_source(path, probe, want,
-                      advice="pass a best.pth/last.pth written by `python run.py`, or a GTI MDK "
-                             "checkpoint with the model= of its structure")
-    if src.kind != "mdk":
-        return _foreign_model(src, probe, cfg)
-    ck = src.ck
-    cfg = with_checkpoint_model(tool_config(overrides), ck, overrides)
-    model, _ = load_model_for(cfg, path)
-    spec = spec_of(ck)
+    f = read_weights(path, advice="pass a best.pth/last.pth written by `python run.py`, or a GTI "
+                                  "MDK checkpoint with the model= of its structure")
+    if f.kind == "mdk":
+        cfg = with_checkpoint_model(cfg, f.content, overrides)
+    model, said, name = evaluation_model(f, cfg, gti)
+    device = single_process(cfg.trainer.device).device
+    if f.kind != "mdk":
+        return Loaded(model.to(device), cfg, device,
+                      f"{path} is {f.describe()}, read as model={cfg.model.name}: {said}", name)
     if model.num_classes != int(cfg.dataset.num_classes):
         raise ToolError(f"checkpoint {path} predicts {model.num_classes} classes but "
                         f"dataset={cfg.dataset.name} has {cfg.dataset.num_classes}; choose the "
                         "dataset it was trained on (dataset=...)")
-    device = single_process(cfg.trainer.device).device
-    return Loaded(model.to(device).eval(), cfg, device,
-                  f"checkpoint {path} (stage {spec.name}, evaluated as {_mode_name(spec)})",
-                  spec.name)
-
-
-def _foreign_model(src: Source, model: nn.Module, cfg: DictConfig) -> Loaded:
-    """A GTI MDK checkpoint in the mode of the GTI step that wrote it, in ``cfg``'s preset."""
-    if src.kind != "gti":
-        raise ToolError(f"{src.path} is {src.what}, which records no stage to evaluate it in "
-                        "(a VGG file has no detection layer at all); start a stage from it with "
-                        "step.init_weights=PATH and evaluate that stage's checkpoint")
-    said = load_all(model, src, str(cfg.model.name))
-    apply_mode(model, GTI_MODES[src.mode_step], str(cfg.chip), f"GTI step {src.mode_step}")
-    device = single_process(cfg.trainer.device).device
-    return Loaded(model.to(device).eval(), cfg, device,
-                  f"GTI MDK checkpoint {src.path} (read as model={cfg.model.name}: {said})",
-                  f"gti_step{src.mode_step}")
+    return Loaded(model.to(device), cfg, device,
+                  f"{path} is {f.describe()}, evaluated as {_mode_name(f.stage)}", name)
 
 
 def _mode_name(spec: Any) -> str:
     """The stage whose mode a checkpoint is evaluated in: its own, or (cal) the next stage's."""
     if spec.eval_mode == spec.quant:
         return spec.name
-    if spec.next and stage_spec(spec.next).quant == spec.eval_mode:
+    if spec.next and stage_conf(spec.next).quant == spec.eval_mode:
         return spec.next
     return str(spec.eval_mode)
 

@@ -16,16 +16,16 @@ from typing import Any, Optional, Sequence
 
 from mdk.atomic_file import write_json
 from mdk.compose import compose
-from mdk.errors import error_line
+from mdk.errors import ToolError, error_line
 from mdk.engine.build import build_data
 from mdk.insight.bit_sensitivity import (BY, WidthCosts, chip_widths, memory_of, width_costs)
 from mdk.insight.scoring import EvalSet
 from mdk.quant.bit_plan import BitPlan, PlanLayer, plan_bits, plan_within_cost
 from mdk.quant.bn_fold import chip_layers
 from mdk.quant.modes import QuantMode, apply_mode
-from mdk.stage import chain, stage_names, stage_spec
+from mdk.stage import chain, stage_conf, stage_names
 from mdk.checkpoint.layout import BEST, checkpoint_root
-from mdk.tools.evaluate import Loaded, ToolError, tool_config, load_checkpoint_model
+from mdk.tools.evaluate import Loaded, tool_config, load_checkpoint_model
 
 TOOL_KEYS = {"budget_kb": None, "budget": None, "max_cost": None, "images": "200", "by": "loss",
              "out": None}
@@ -67,7 +67,7 @@ def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 def float_checkpoint(cfg: Any) -> Path:
     """best.pth of the last float training stage that has one under paths.checkpoints."""
     root = checkpoint_root(cfg)
-    floats = [s for s in stage_names() if stage_spec(s).trains and stage_spec(s).quant.is_float]
+    floats = [s for s in stage_names() if stage_conf(s).trains and stage_conf(s).quant.is_float]
     for s in sorted(floats, key=lambda s: -len(chain(s))):
         if (root / s / BEST).is_file():
             return root / s / BEST

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mdk.checkpoint import gti_mdk
-from mdk.checkpoint.files import atomic_save, load_checkpoint
+from mdk.checkpoint.files import atomic_save
 from mdk.checkpoint.layout import BEST
-from mdk.checkpoint.loading import spec_of
-from mdk.checkpoint.saved_models import ToolError
 from mdk.checkpoint.sources import chip_layer_count, weights_of
-from mdk.errors import CheckpointError
+from mdk.checkpoint.weights_file import read_weights
+from mdk.errors import CheckpointError, ToolError
 from mdk.stage_config import CHANNEL_ORDERS
 
 
@@ -50,16 +49,19 @@ def gti_refusal(net: dict[str, Any], image_size: Any, quantized: bool) -> Option
     return None
 
 
-def to_gti(path: str | Path, out_dir: str | Path, channels: str = "BGR") -> tuple[list[Path], str]:
+def to_gti(path: str | Path, out_dir: str | Path, channels: str = "BGR"
+           ) -> tuple[list[Path], str, str]:
     """Write ``path``'s weights (its EMA weights when it has them: what best.pth was chosen by)
-    in the GTI MDK's layout under ``out_dir``; returns the files written and the GTI MDK's
-    settings that read them."""
+    in the GTI MDK's layout under ``out_dir``; returns the files written, the GTI MDK's settings
+    that read them, and what the file is (``WeightsFile.describe``)."""
     path = Path(path)
+    advice = "pass a best.pth/last.pth written by `python run.py`"
     try:
-        ck = load_checkpoint(path, advice="pass a best.pth/last.pth written by `python run.py`")
+        f = read_weights(path, advice)
+        ck = f.stage_checkpoint(advice)
     except CheckpointError as e:
         raise ToolError(str(e)) from None
-    spec, cfg = spec_of(ck), ck.get("config") or {}
+    spec, cfg = f.stage, ck.get("config") or {}
     model_cfg = cfg.get("model") or {}
     if spec is None or not model_cfg.get("net"):
         raise ToolError(f"{path} records no stage or model config (written by an older mdk?); "
@@ -83,7 +85,7 @@ def to_gti(path: str | Path, out_dir: str | Path, channels: str = "BGR") -> tupl
     settings = (f"image_size = {model_cfg['image_size']}, batch_norm = {bn}, image_format = "
                 f"{channels!r}, VOC_CLASSES = {list((cfg.get('dataset') or {}).get('class_names', []))}"
                 f" (GTI step {step}: {gti_mdk.STEP_WORDS[step]})")
-    return written, settings
+    return written, settings, f.describe()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -96,10 +98,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "BGR, the GTI MDK's; mdk trains on RGB)")
     args = ap.parse_args(argv)
     try:
-        files, settings = to_gti(args.checkpoint, args.out_dir, args.channels)
+        files, settings, what = to_gti(args.checkpoint, args.out_dir, args.channels)
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    print(f"{args.checkpoint} is {what}")
     for f in files:
         print(f"wrote {f}")
     print(f"the GTI MDK's configs.py for it: {settings}")

@@ -1,53 +1,18 @@
-"""Models from saved files for the tools and the quantization report: a stage checkpoint's own
-model config, and an exported chip model behind the usual ``model(images)`` call."""
+"""An exported chip model (mdk/quant/chip_model.py) behind the usual ``model(images)`` call, for the
+tools and the quantization report: the integer reference or the exported ``model.onnx``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from mdk.targets import build
-from mdk.errors import ConfigError
+from mdk.errors import ToolError
 from mdk.quant.chip_model import load_chip_model
 from mdk.quant.export import ONNX_FILE
 from mdk.quant.integer_ref import integer_forward
 
 RUNTIMES = ("integer", "onnx")
-
-
-class ToolError(ValueError):
-    """A user error of a tool (bad path, file or override): printed as one line, exit status 1."""
-
-
-def _overrides_key(overrides: Sequence[str], *keys: str) -> bool:
-    names = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
-    return any(n == k or n.startswith(k + ".") for n in names for k in keys)
-
-
-def with_checkpoint_model(cfg: DictConfig, ck: dict, overrides: Sequence[str]) -> DictConfig:
-    """``cfg`` with the checkpoint's own model/chip config unless the user overrode them, and
-    its head and loss (they read the model's output) unless the user named a head or loss."""
-    saved = ck.get("config")
-    if not isinstance(saved, dict) or _overrides_key(overrides, "model", "chip"):
-        return cfg
-    keys = ["model", "chip"]
-    if not _overrides_key(overrides, "head", "loss"):
-        keys += ["head", "loss"]
-    patch = {k: saved[k] for k in keys if k in saved}
-    # nodes replaced whole (another head's schema has other keys), plain values merged
-    merged = OmegaConf.merge(cfg, {k: None for k in patch if OmegaConf.is_dict(cfg.get(k))})
-    return OmegaConf.merge(merged, patch)
-
-
-def head_kind(node: Any) -> Optional[str]:
-    """The ``kind`` of the head a config node builds (its conf/head/ option name), or None."""
-    try:
-        return getattr(build(node, "head"), "kind", None)
-    except ConfigError:  # a head of a package this machine lacks: keep the command's
-        return None
 
 
 class ChipModelNet(nn.Module):
