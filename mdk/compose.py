@@ -14,15 +14,12 @@ from typing import Any, Iterator, Optional, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from mdk.compose_cache import cache_composition
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.schema import register_schemas
@@ -44,7 +41,6 @@ def _hydra_context(config_dir: Optional[Path] = None) -> Iterator[None]:
     """Hydra's global state for the compose API: the running app's, or ``config_dir``."""
     register_resolvers()
     register_schemas()
-    cache_composition()
     other = config_dir is not None and Path(config_dir).resolve() != CONF_DIR
     if GlobalHydra.instance().is_initialized() and not other:
         yield
@@ -79,15 +75,12 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
 def group_options(group: str) -> list[str]:
     """The options of a config group (e.g. ``step``: every declared stage), sorted."""
     searchpath, _ = running_app()
+    # The app's loader lists conf/ only: its hydra.searchpath additions apply per composition,
+    # so they are given again here, as compose() does.
+    over = ["hydra.searchpath=[" + ",".join(searchpath) + "]"] if searchpath else []
     with _hydra_context():
         loader = GlobalHydra.instance().config_loader()
-        if searchpath:
-            # The app's loader lists conf/ only (searchpath additions apply per composition).
-            path = create_config_search_path(str(CONF_DIR))
-            for entry in searchpath:
-                path.append("searchpath", entry)
-            loader = ConfigLoaderImpl(config_search_path=path)
-        return sorted(loader.get_group_options(group))
+        return sorted(loader.get_group_options(group, overrides=over))
 
 
 _TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a number"}

@@ -7,13 +7,13 @@ import logging
 import time
 from typing import Any, Optional, Sequence
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from launchers.hydra_app.hydra_internals import BASIC_SWEEPER, BasicSweeper
 from launchers.hydra_app.submitit_requeue import slurm_dist_url
 from mdk.config import validate
 from mdk.errors import ConfigError
@@ -22,8 +22,6 @@ from mdk.stage import stage_config
 from mdk.stage_config import running_stages
 
 log = logging.getLogger(__name__)
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 class SweepConfigError(SystemExit):
