@@ -20,6 +20,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from mdk.config_keys import not_in_struct_line
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.schema import register_schemas
@@ -154,6 +155,11 @@ def one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     head = lines[0].rstrip(".") if lines else type(e).__name__
     cause = e.__cause__ or (e if getattr(e, "full_key", None) else None)
+    append = [ln for ln in lines[1:] if ln.lower().startswith("to append to your config use +")]
+    if cause is not None and append and head.startswith("Could not override"):
+        typo = not_in_struct_line(cause, append[0].split(" use +", 1)[1])
+        if typo:  # a closed node: what was probably meant, not Hydra's advice to add the key
+            return typo
     if cause is not None:
         why = _explain_cause(cause)
         if head.startswith("Error merging override") and "must be" in why:

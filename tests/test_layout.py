@@ -39,7 +39,7 @@ FLOORS = [
     ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.targets", "mdk.paths", "mdk.dist_config",
      "mdk.trainer_config", "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
-    ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
+    ["mdk.schema", "mdk.config_keys", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
      "mdk.checkpoint.files", "mdk.atomic_file", "mdk.folder_lock", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     # data, measures, sinks, stage records and a stage's calibration node (read through conf/)

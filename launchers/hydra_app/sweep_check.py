@@ -71,8 +71,9 @@ def check_sweep(config: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
         except (ConfigError, HydraException, ValueError) as e:
             label = " ".join(o for o in job if o.partition("=")[0] in swept) or " ".join(job)
             line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            end = "" if line.endswith(("?", ".")) else "."  # a question ends the sentence itself
             raise SweepConfigError(
-                f"sweep job #{num} ({label}): {line}. Nothing was started ({len(jobs)} jobs); "
+                f"sweep job #{num} ({label}): {line}{end} Nothing was started ({len(jobs)} jobs); "
                 "fix that value or leave the combination out of the sweep") from None
     log.info("checked the configs of %d sweep jobs in %.1f s", len(jobs), time.perf_counter() - t0)
 
