@@ -14,15 +14,13 @@ from typing import Any, Iterator, Optional, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from mdk.compose_cache import cache_composition
+from mdk.config_keys import not_in_struct_line
 from mdk.errors import ConfigError
 from mdk.paths import register_resolvers
 from mdk.schema import register_schemas
@@ -44,7 +42,6 @@ def _hydra_context(config_dir: Optional[Path] = None) -> Iterator[None]:
     """Hydra's global state for the compose API: the running app's, or ``config_dir``."""
     register_resolvers()
     register_schemas()
-    cache_composition()
     other = config_dir is not None and Path(config_dir).resolve() != CONF_DIR
     if GlobalHydra.instance().is_initialized() and not other:
         yield
@@ -79,15 +76,12 @@ def compose(overrides: Sequence[str] = (), config_name: Any = _APP_DEFAULT,
 def group_options(group: str) -> list[str]:
     """The options of a config group (e.g. ``step``: every declared stage), sorted."""
     searchpath, _ = running_app()
+    # The app's loader lists conf/ only: its hydra.searchpath additions apply per composition,
+    # so they are given again here, as compose() does.
+    over = ["hydra.searchpath=[" + ",".join(searchpath) + "]"] if searchpath else []
     with _hydra_context():
         loader = GlobalHydra.instance().config_loader()
-        if searchpath:
-            # The app's loader lists conf/ only (searchpath additions apply per composition).
-            path = create_config_search_path(str(CONF_DIR))
-            for entry in searchpath:
-                path.append("searchpath", entry)
-            loader = ConfigLoaderImpl(config_search_path=path)
-        return sorted(loader.get_group_options(group))
+        return sorted(loader.get_group_options(group, overrides=over))
 
 
 _TYPE_WORDS = {"Integer": "an integer", "Boolean": "true or false", "Float": "a number"}
@@ -161,6 +155,11 @@ def one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     head = lines[0].rstrip(".") if lines else type(e).__name__
     cause = e.__cause__ or (e if getattr(e, "full_key", None) else None)
+    append = [ln for ln in lines[1:] if ln.lower().startswith("to append to your config use +")]
+    if cause is not None and append and head.startswith("Could not override"):
+        typo = not_in_struct_line(cause, append[0].split(" use +", 1)[1])
+        if typo:  # a closed node: what was probably meant, not Hydra's advice to add the key
+            return typo
     if cause is not None:
         why = _explain_cause(cause)
         if head.startswith("Error merging override") and "must be" in why:

@@ -8,6 +8,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from mdk.config_keys import check_added_keys
 from mdk.data.config import check_dataset
 from mdk.dist_config import check_dist
 from mdk.trainer_config import check_optim, check_trainer
@@ -33,6 +34,7 @@ def validate(cfg: DictConfig, world_size: Optional[int] = None) -> None:
     """Raise a user error naming the first bad key. ``world_size``: the real number of processes
     when something else started them (torchrun, SLURM); default ``dist.gpus * dist.nodes``."""
     try:
+        check_added_keys(cfg)  # a +key no schema or consumer reads: before it is ignored
         check_trainer(cfg)
         check_optim(cfg)
         check_dist(cfg, world_size)

@@ -91,8 +91,10 @@ def _needs(cfg: DictConfig, base: Path, run_dir: Optional[Path]) -> list[tuple[P
         root = resolve_path(d["root"], base)
         params = {k: v for k, v in gen.items() if not k.startswith("_")}
         params.setdefault("image_size", int(cfg.model.image_size))
-        fn = build(gen, "dataset.generate", error=DataError, check=True,
-                   hint="name a function as package.module.function")
+        # With the arguments the run gives it: a key the generator does not take is one line.
+        fn = build(gen, "dataset.generate", error=DataError, check=True, root=root,
+                   hint="name a function as package.module.function",
+                   class_names=d["class_names"], image_size=params["image_size"])
         # Another generator's size is unknown: its folder must only take files.
         size_of = GENERATOR_SIZES.get(fn)
         need = size_of(root, class_names=d["class_names"], **params) if size_of else 1

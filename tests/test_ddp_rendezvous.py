@@ -1,7 +1,6 @@
 """Rendezvous, port and environment failure paths, in one process (fast, no workers)."""
 from __future__ import annotations
 
-import inspect
 import logging
 import socket
 import time
@@ -71,36 +70,6 @@ def test_one_machine_never_binds_dist_url_so_a_busy_port_is_no_matter(tmp_path):
         busy.listen()
         cfg = tiny_cfg(tmp_path, "dist.gpus=2", f"dist.dist_url=127.0.0.1:{busy.getsockname()[1]}")
         assert spawn.run_ranks(cfg, tmp_path / "run", ordered_sum_rank)["ordered"] == [1.0, 1.0]
-
-
-def test_the_agents_event_names_come_from_the_frame_not_from_inspect_stack(tmp_path, monkeypatch):
-    """torch's rendezvous names each of its events after the method that recorded it, through
-    inspect.stack() (it reads every frame's source: seconds of CPU per launch from a deep stack);
-    spawn gives it the same name from the frame, and a launch never calls inspect.stack()."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    from helpers.ddp import ordered_sum_rank, tiny_cfg
-
-    assert dynamic_rendezvous.get_method_name is spawn._caller_name
-
-    def from_inspect_stack(depth: int = 2) -> str:  # how torch reads it
-        return inspect.stack()[depth].function
-
-    def record():  # where torch's _record calls it: the method that called _record is named
-        return spawn._caller_name(), from_inspect_stack()
-
-    def next_rendezvous():
-        return record()
-
-    assert next_rendezvous() == ("next_rendezvous", "next_rendezvous")
-    assert spawn._caller_name(10_000) == "no_method_name"  # torch's answer past the stack's end
-
-    def no_stack(*args, **kwargs):
-        raise AssertionError("inspect.stack() was called")
-
-    monkeypatch.setattr(inspect, "stack", no_stack)
-    cfg = tiny_cfg(tmp_path, "dist.gpus=2")
-    assert spawn.run_ranks(cfg, tmp_path / "run", ordered_sum_rank)["ordered"] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("url", ["localhost", "10.0.0.1:", "h:99999", "h:port"])

@@ -10,7 +10,11 @@
   names only in the stage checkpointer, a stage's name in no Python file;
 * one meaning per file name: no two Python files under mdk/ and launchers/ share a name, but for
   the names of a role every package may have (``ROLES``);
-* small files: at most 300 lines of Python each.
+* small files: at most 300 lines of Python each;
+* the libraries are used, not changed: nothing in mdk/ or launchers/ assigns to, deletes, wraps,
+  ``setattr``s or patches an attribute of Hydra, OmegaConf, torch or submitit (but torch's
+  documented ``torch.backends`` settings), and Hydra's private modules are imported in one
+  module only, read-only (tests/library_patches.py reads the source).
 """
 from __future__ import annotations
 
@@ -21,18 +25,21 @@ from pathlib import Path
 import pytest
 
 import import_graph as ig
+from library_patches import library_patches
 from conftest import REPO
 
 LIBRARY = sorted((REPO / "mdk").rglob("*.py"))
 LAUNCHERS = sorted(p for p in (REPO / "launchers").rglob("*.py") if "plugins" not in p.parts)
 CODE = LIBRARY + LAUNCHERS + [REPO / "run.py"]
+PLUGINS = sorted((REPO / "launchers" / "plugins").rglob("*.py"))  # Hydra's entry points to ours
+HYDRA_INTERNALS = "launchers/hydra_app/hydra_internals.py"  # the one reader of hydra._internal
 # From the ground up; a module's floor is the first whose patterns match it or its package.
 FLOORS = [
     # leaves: the errors, the stop flag, and each config group's words, schema and checks
     ["mdk", "mdk.errors", "mdk.stop", "mdk.checks", "mdk.targets", "mdk.paths", "mdk.dist_config",
      "mdk.trainer_config", "mdk.stage_config", "mdk.*.config", "mdk.quant.chips"],
     # the registry of schemas, composition, the process world and its collectives, files, bars
-    ["mdk.schema", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
+    ["mdk.schema", "mdk.config_keys", "mdk.compose", "mdk.world", "mdk.dist", "mdk.sync_bn", "mdk.faults",
      "mdk.checkpoint.files", "mdk.atomic_file", "mdk.folder_lock", "mdk.progress"],
     ["mdk.quant", "mdk.sched", "mdk.models"],             # what a model is and how it learns
     # data, measures, sinks, stage records and a stage's calibration node (read through conf/)
@@ -143,3 +150,55 @@ def test_no_two_files_share_a_name_with_different_meanings():
 def test_files_stay_small():
     big = {_rel(p): n for p in CODE if (n := len(p.read_text().splitlines())) > 300}
     assert big == {}
+
+
+def test_no_library_is_patched_and_hydras_insides_are_read_in_one_module():
+    found = {f"{_rel(p)}: {what}" for p in CODE + PLUGINS for _, what in library_patches(p)}
+    assert found == {
+        f"{HYDRA_INTERNALS}: imports hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+        f"{HYDRA_INTERNALS}: imports hydra._internal.core_plugins.basic_sweeper.BasicSweeper"}
+    assert len(CODE + PLUGINS) > 170  # every file was read
+
+
+def test_the_patch_check_catches_planted_patches_and_passes_plain_use(tmp_path):
+    planted = """import importlib
+import torch
+import torch.distributed.elastic.rendezvous.dynamic_rendezvous as rdzv
+from hydra._internal import defaults_list as hydra_defaults
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf, DictConfig
+from torch import nn
+
+rdzv.get_method_name = lambda depth=2: "x"
+hydra_defaults._create_defaults_list = wrap(hydra_defaults._create_defaults_list)
+ConfigStore.store, other = wrap(ConfigStore.store), 1
+setattr(OmegaConf, "merge", wrap(OmegaConf.merge))
+store_class = ConfigStore
+store_class.load = None
+sub = importlib.import_module("submitit.core.core")
+del sub.Job.results
+monkeypatch.setattr("torch.load", fake)
+mock.patch.object(nn.Module, "train", fake)
+torch.nn.functional.relu += 1
+DictConfig.__deepcopy__ = None
+torch.backends.cudnn.benchmark = True
+cfg = OmegaConf.create({"a": 1})
+cfg.a = 2
+model = nn.Linear(1, 1)
+model.weight = nn.Parameter(torch.zeros(1, 1))
+setattr(model, "bias", None)
+os.environ["RANK"] = "0"
+"""
+    found = library_patches(tmp_path / "planted.py", planted)
+    assert found == [
+        (4, "imports hydra._internal.defaults_list"),
+        (9, "assigns to torch.distributed.elastic.rendezvous.dynamic_rendezvous.get_method_name"),
+        (10, "assigns to hydra._internal.defaults_list._create_defaults_list"),
+        (11, "assigns to hydra.core.config_store.ConfigStore.store"),
+        (12, "setattr(omegaconf.OmegaConf, ...)"),
+        (14, "assigns to hydra.core.config_store.ConfigStore.load"),
+        (16, "deletes submitit.core.core.Job.results"),
+        (17, "monkeypatch.setattr(torch.load, ...)"),
+        (18, "mock.patch.object(torch.nn.Module, ...)"),
+        (19, "assigns to torch.nn.functional.relu"),
+        (20, "assigns to omegaconf.DictConfig.__deepcopy__")]

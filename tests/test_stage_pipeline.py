@@ -69,8 +69,9 @@ def test_pipeline_command_runs_every_stage_and_prints_the_table(tmp_path):
 def test_pipeline_composes_inside_a_sweep():
     # `python run.py -m pipeline=[...] scheduler=step,cosine` and a sweep over pipelines themselves:
     # expand the sweep as Hydra's basic sweeper does, compose each job with the real conf/.
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launchers.hydra_app.hydra_internals import BasicSweeper
 
     parser = OverridesParser.create()
     sweep = parser.parse_overrides([f"pipeline=[{','.join(CHAIN)}]", "scheduler=step,cosine"])

@@ -18,7 +18,6 @@ from launchers.processes.env import detect
 from launchers.processes.stop_signals import stop_signals
 from launchers.reports.stop_line import stop_line, stop_status
 from mdk.compose import one_line
-from mdk.compose_cache import cache_composition
 from mdk.errors import error_line
 from mdk.stop import StopRequested
 
@@ -42,7 +41,6 @@ def run_cli(main: Callable[[], object]) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     # A torchrun rank: its agent passes signals on and decides when to kill (repeats ignored).
     kind = "rank" if detect().source == "torchrun" else "launcher"
-    cache_composition()  # Hydra composes twice below (its mode probe, then the run)
     try:
         with stop_signals(kind):
             main()

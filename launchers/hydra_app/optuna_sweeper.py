@@ -11,13 +11,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launchers.hydra_app.hydra_internals import BasicLauncher
 from launchers.hydra_app.job_ends import JobsEndedError
 from launchers.hydra_app.objective import PRUNED, StageResults
 from launchers.hydra_app.optuna_space import SearchSpace, search_space, value_text

@@ -7,13 +7,13 @@ import logging
 import time
 from typing import Any, Optional, Sequence
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from launchers.hydra_app.hydra_internals import BASIC_SWEEPER, BasicSweeper
 from launchers.hydra_app.submitit_requeue import slurm_dist_url
 from mdk.config import validate
 from mdk.data.class_names import fill_class_names
@@ -23,8 +23,6 @@ from mdk.stage import config_for_stage
 from mdk.stage_config import running_stages
 
 log = logging.getLogger(__name__)
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 class SweepConfigError(SystemExit):
@@ -75,8 +73,9 @@ def check_sweep(config: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
         except (ConfigError, HydraException, ValueError) as e:
             label = " ".join(o for o in job if o.partition("=")[0] in swept) or " ".join(job)
             line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            end = "" if line.endswith(("?", ".")) else "."  # a question ends the sentence itself
             raise SweepConfigError(
-                f"sweep job #{num} ({label}): {line}. Nothing was started ({len(jobs)} jobs); "
+                f"sweep job #{num} ({label}): {line}{end} Nothing was started ({len(jobs)} jobs); "
                 "fix that value or leave the combination out of the sweep") from None
     log.info("checked the configs of %d sweep jobs in %.1f s", len(jobs), time.perf_counter() - t0)
 

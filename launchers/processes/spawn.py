@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import time
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -17,7 +16,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from launchers.processes.env import detect
@@ -37,22 +35,6 @@ logging.getLogger("torchelastic-events-null").setLevel(logging.CRITICAL)
 # torch.multiprocessing's "Terminating process ... via signal SIGTERM" when a rank failed: the
 # peers' ends are in ranks_outcome's one report.
 logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-
-
-def _caller_name(depth: int = 2) -> str:
-    """What torch's ``get_method_name`` returns (the function ``depth`` frames up), read from the
-    frame: torch's calls ``inspect.stack()`` twice, which reads the source of every frame on the
-    stack and walks ``sys.modules`` for each. Its rendezvous does so for each of its events (about
-    a dozen a launch, dropped unless an events handler is set): from a deep stack (a test, a
-    notebook, code run with runpy) that is seconds of CPU per launch, for a name nobody reads."""
-    try:
-        return sys._getframe(depth).f_code.co_name
-    except ValueError:  # the stack is not that deep
-        return "no_method_name"
-
-
-if callable(getattr(dynamic_rendezvous, "get_method_name", None)):  # absent in another torch
-    dynamic_rendezvous.get_method_name = _caller_name
 
 
 STOP_WAIT_S = 120  # after a stop signal: time for the ranks to save last.pth and end

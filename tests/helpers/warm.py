@@ -7,8 +7,7 @@ for, the cwd and environment, ``start_new_session``, its exit status or the sign
 (``subprocess.Popen`` semantics, through ``Popen`` below: a drop-in subclass). The server forks
 (the child then runs the script as ``__main__``, exactly as ``python script.py`` would), so what
 differs from a fresh interpreter is only what the imports did, and the composes the server made
-once (warm_server.WARM_COMPOSES: what mdk/compose_cache.py keeps of them serves a child's composes
-with the same group choices, checked against the config files as within any one process). So each
+once (warm_server.WARM_COMPOSES: Hydra's plugin scan and first-use imports done). So each
 server is started with the settings read at start-up (``PYTHON*``, ``LD_*``, ``OMP_*``, malloc and
 torch variables) that its children have: one server per such environment a test uses. A command
 with interpreter flags starts cold. A few are applied in the child instead, as a fresh interpreter

@@ -47,9 +47,9 @@ MAX_PASS_FDS = 4  # besides stdio: a forkserver's two (warm_forkserver.py)
 # What the server imports before it forks: what `run.py` and `python -m mdk.tools.*` load.
 PRELOAD = ["torch", "torchvision", "hydra", "omegaconf", "launchers.hydra_app.cli",
            "launchers.hydra_app.entry", "launchers.processes.rank", "mdk.engine.runner"]
-# Composed once before it forks, so a child's composes with these group choices (the suite's
-# tiny presets; each stage's record) reuse the defaults lists and merges kept then, which
-# mdk/compose_cache.py checks against the config files' state as it does within any one process.
+# Composed once before it forks (mdk's public compose: the suite's tiny presets, each stage's
+# record), so a child finds what a first compose loads already loaded: Hydra's plugin scan, the
+# modules it imports on first use. Nothing composed is kept: each compose of a child is Hydra's.
 WARM_COMPOSES = [["debug=tiny"], ["debug=tiny_model"]]
 
 
