@@ -13,7 +13,7 @@ from mdk.compose import compose as mdk_compose
 from mdk.config import validate
 from mdk.config_keys import check_added_keys, is_open, schema_maps
 from mdk.errors import ConfigError
-from mdk.stage import stage_config
+from mdk.stage import config_for_stage
 
 PIPELINE = "pipeline=[step1,step2,cal,step3]"
 
@@ -88,7 +88,7 @@ def test_the_nodes_open_by_design_keep_taking_new_keys():
                    "+logger.sinks.tensorboard.flush_secs=5", "+dataset.reader.strict=true"]
     cfg = compose(over)
     check_added_keys(cfg, over)
-    assert stage_config(cfg, "step3").trainer.epochs == 12
+    assert config_for_stage(cfg, "step3").trainer.epochs == 12
     assert cfg.trainer.hooks.mine._target_ == "mdk.engine.ema_hook.EMAHook"
     assert cfg.dataset.reader.strict is True
     assert schema_maps() == {"trainer.hooks", "logger.sinks"}
