@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -61,6 +62,27 @@ def test_two_concurrent_two_process_runs(tmp_path):
         assert "saved LR curve" in (run / "rank0.log").read_text()
         assert "saved LR curve" not in (run / "rank1.log").read_text()
         assert not (run / ".errors").exists() and not list(run.glob(".*result.json"))
+
+
+@pytest.mark.slow
+def test_a_five_stage_pipeline_on_two_processes_starts_its_ranks_once(tmp_path):
+    """`pipeline=[step1,step2,cal,step3,step4] dist.gpus=2`: the launcher starts its two ranks
+    once, and the five stages run one after another inside them (each rank one process, one
+    pid, for the whole command); the summary has a row per stage."""
+    chain = ["step1", "step2", "cal", "step3", "step4"]
+    out = _finish(_run_py(tmp_path / "p", tmp_path / "data", "trainer.device=cpu", "dist.gpus=2",
+                          f"pipeline=[{','.join(chain)}]", "trainer.limit_val_batches=1",
+                          "hydra.run.dir=run"))
+    run = tmp_path / "p" / "run"
+    assert out.count("running 2 CPU worker processes with gloo") == 1  # one launch
+    for r in (0, 1):
+        log = (run / f"rank{r}.log").read_text()
+        assert len(re.findall(rf"rank {r} runs as pid \d+", log)) == 1, log[-2000:]
+        assert re.findall(r"=== (\w+) ===", log) == chain  # every stage, in that one process
+    table = (run / "summary.txt").read_text().splitlines()
+    assert [row.split()[0] for row in table[1:1 + len(chain)]] == chain
+    for s in chain:
+        assert (tmp_path / "p" / "ck" / s / "best.pth").is_file(), s
 
 
 @pytest.mark.slow

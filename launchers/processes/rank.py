@@ -78,8 +78,8 @@ def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Op
         try:
             try:
                 out = join(cfg, run, fn, env, spawned=True)
-                # Done: from here a stop signal (the launcher's, between stages) ends this rank
-                # at once; it only waits for torch to collect its result.
+                # Done (every stage): from here a stop signal ends this rank at once; it only
+                # waits for torch to collect its result.
                 end_on_stop_signals()
                 return out if env.rank == 0 else None
             except BaseException as e:
