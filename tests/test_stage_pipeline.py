@@ -143,3 +143,17 @@ def test_bad_stages_override_names_the_key(over, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(cfg)
         config_for_stage(cfg, "step3")
+
+
+def test_only_a_stage_whose_world_differs_gets_ranks_of_its_own():
+    """The stages of a pipeline share one start of the ranks; a stage with other ``dist``
+    settings (or device) than the one before it starts ranks of its own."""
+    from launchers.hydra_app.entry import same_world
+
+    cfg = compose(TINY + [f"pipeline=[{','.join(CHAIN)}]"])
+    configs = [config_for_stage(cfg, s) for s in CHAIN]
+    assert same_world(configs) == [[0, 1, 2, 3, 4]]
+    configs[2] = OmegaConf.merge(configs[2], {"dist": {"gpus": 2}})
+    assert same_world(configs) == [[0, 1], [2], [3, 4]]
+    configs[4] = OmegaConf.merge(configs[4], {"trainer": {"device": "cuda"}})
+    assert same_world(configs) == [[0, 1], [2], [3], [4]]

@@ -230,6 +230,15 @@ def test_a_rank_that_left_with_the_stop_status_is_a_stop_not_a_failure(tmp_path)
                       RankFailedError)
 
 
+def test_the_rank_sent_the_signal_is_named_when_the_agents_sigterm_reached_a_peer_too(tmp_path):
+    """SIGTERM to rank 1: it leaves first (the agent's report), and the agent's SIGTERM to rank 0
+    may land while rank 0 still saves, so both records name SIGTERM; rank 1 is the one named."""
+    record_stop(tmp_path, "tag", 1, stop.StopRequested("SIGTERM", 6, 2, stage="step1"))
+    record_stop(tmp_path, "tag", 0, stop.StopRequested("SIGTERM", 6, 2, stage="step1"))
+    e = ranks_outcome(tmp_path, "tag", _failed(1, STOP_EXIT), {}, None, False)
+    assert (e.reason, e.rank, e.iteration, e.epoch, e.stage) == ("SIGTERM", 1, 6, 2, "step1")
+
+
 def test_a_submitit_job_without_a_result_is_one_line(tmp_path):
     from submitit.core.utils import UncompletedJobError
 

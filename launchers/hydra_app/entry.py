@@ -25,13 +25,13 @@ from mdk import faults
 from mdk.config import validate
 from mdk.data.class_names import fill_class_names
 from mdk.engine.result import StageResult
-from mdk.engine.runner import stage_on_rank
+from mdk.engine.runner import run_stages
 from mdk.folder_lock import one_run
 from mdk.paths import register_resolvers
 from mdk.preflight import preflight, train_images
 from mdk.stage import config_for_stage
 from mdk.checkpoint.layout import checkpoint_root
-from mdk.stage_config import StageConf, running_stages
+from mdk.stage_config import running_stages
 from mdk.stop import StopRequested, stop_requested
 
 log = logging.getLogger(__name__)
@@ -84,31 +84,39 @@ def _run(cfg: DictConfig) -> list[StageResult]:
     holds_lock = (env.rank if env.external else int(cfg.dist.rank)) == 0
     with one_run(checkpoint_root(configs[0]), str(run_dir)) if holds_lock else nullcontext():
         faults.at("start")
-        results: list[StageResult] = []
-        offset = 0  # metric sinks: one global step continuing across the stages of a pipeline
         group = Path(str(HydraConfig.get().sweep.dir)).name if is_multirun() else None
-        for s, scfg in zip(stages, configs):
-            if StageConf.from_node(scfg.step).trains:
-                length = (f"trainer.time={scfg.trainer.time}" if scfg.trainer.get("time")
-                          else f"{scfg.trainer.epochs} epochs")
-                log.info("=== %s ===  %s, lr %g", s, length, scfg.optim.lr)
-            else:
-                log.info("=== %s ===  one pass, no training", s)
-            try:
-                res = StageResult.from_dict(run_ranks(
-                    scfg, run_dir, partial(stage_on_rank, step_offset=offset, group=group)))
-            except StopRequested as e:
-                e.stage = e.stage or s
-                raise
-            offset += res.iterations
-            results.append(res)
-            if stop_requested() is not None and s != stages[-1]:  # asked in its last epoch
-                raise StopRequested(str(stop_requested()), stage=s)
-            if res.extra.get("stop_reason"):  # e.g. a search's pruner
-                log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run",
-                            s, res.extra.get("stopped_epoch"), scfg.trainer.epochs,
-                            res.extra["stop_reason"])
+        results: list[StageResult] = []
+        for part in same_world(configs):  # one start of the ranks for all the stages of a world
+            if results and results[-1].extra.get("stop_reason"):  # e.g. a search's pruner
                 break
+            if results and stop_requested() is not None:  # asked in the last stage's last epoch
+                raise StopRequested(str(stop_requested()), stage=results[-1].stage)
+            run = partial(run_stages, stages=[OmegaConf.to_container(configs[i]) for i in part],
+                          step_offset=sum(r.iterations for r in results), group=group)
+            try:
+                out = run_ranks(configs[part[0]], run_dir, run)
+            except StopRequested as e:
+                e.stage = e.stage or stages[part[0]]
+                raise
+            # (a machine other than 0 has no results: one placeholder per stage)
+            results += [StageResult.from_dict(d) for d in out.get("stages") or
+                        [{**out, "stage": stages[i]} for i in part]]
         if env.rank == 0:  # under torchrun/SLURM every rank gets here with rank 0's results
             print_summary(results, cfg, run_dir)
         return results
+
+
+def same_world(configs: list[DictConfig]) -> list[list[int]]:
+    """The stages (indices) in runs of consecutive stages that run in one world: the same
+    ``dist`` settings and device. Each run starts the ranks once; a stage whose world differs from
+    the one before (its own ``dist.gpus``, say) needs ranks of its own, started after."""
+    parts: list[list[int]] = []
+    keys: list[str] = []
+    for i, c in enumerate(configs):
+        key = OmegaConf.to_yaml({"dist": c.dist, "device": c.trainer.device})
+        if keys and keys[-1] == key:
+            parts[-1].append(i)
+        else:
+            parts.append([i])
+            keys.append(key)
+    return parts

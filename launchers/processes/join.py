@@ -104,11 +104,12 @@ def join(cfg: DictConfig, run_dir: Path, fn: StageFn, env: ProcessEnv,
     _init_group(world, env, timeout)
     try:
         # Ranks one launcher spawned got its config already; any other rank takes rank 0's
-        # (another machine's launcher, torchrun and SLURM tasks composed their own).
+        # (another machine's launcher, torchrun and SLURM tasks composed their own), and rank 0's
+        # function with what it holds (a pipeline's stage configs).
         if not (spawned and env.world_size == env.local_world_size):
-            box = [(OmegaConf.to_container(cfg, resolve=True), str(run_dir))]
+            box = [(OmegaConf.to_container(cfg, resolve=True), str(run_dir), fn)]
             tdist.broadcast_object_list(box, src=0)
-            cfg, run_dir = OmegaConf.create(box[0][0]), Path(box[0][1])
+            cfg, run_dir, fn = OmegaConf.create(box[0][0]), Path(box[0][1]), box[0][2]
         if not spawned:
             setup_worker_logging(run_dir, env.rank, keep_existing=env.rank == 0)
         if env.rank == 0 and not spawned:

@@ -1,22 +1,18 @@
 """One local rank, as torch's elastic agent runs it: ``run_rank`` is the callable spawn.py hands
-``elastic_launch``; torch pickles it with its arguments (the stage function, the plain config,
-the run dir) and calls it in a process forked from a forkserver that imported torch and mdk once
-for the whole launch.
+``elastic_launch``; torch pickles it with its arguments (the function to run: a pipeline's stages,
+the plain config, the run dir) and calls it in a fresh interpreter it spawns for the rank once per
+command (a child of the launcher, with the launcher's environment as it is at the launch).
 
-How it ends: rank 0 returns the stage's result (torch passes it back to the launcher); a rank
-that raises leaves its traceback in torch's error file (torch's ``record`` around this
-function); a stop leaves where last.pth stands in the run dir (rank_ends.py) and exits with
-``STOP_EXIT``. A forkserver child ends with ``os._exit``: no interpreter teardown, so gloo's C++
-statics cannot abort a rank that did all its work (SIGABRT, ~1 in 12 two-rank runs when they
-were torn down).
+How it ends: rank 0 returns the result (torch passes it back to the launcher); a rank that raises
+leaves its traceback in torch's error file (torch's ``record`` around this function); a stop
+leaves where last.pth stands in the run dir (rank_ends.py) and exits with ``STOP_EXIT``.
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing
 import os
-import select
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn, Optional
@@ -29,15 +25,12 @@ from launchers.processes.join import StageFn, join
 from launchers.processes.log_handlers import setup_worker_logging
 from launchers.processes.rank_ends import STOP_EXIT, lost_peer, record_stop
 from launchers.processes.stop_signals import end_on_stop_signals, hold_stop_signals, stop_signals
+from mdk.engine.build import die_with_parent
 from mdk.stop import StopRequested
 
 log = logging.getLogger(__name__)
 
 LOST_PEER_WAIT_S = 1.0
-# The environment the forkserver was started with (this module is among its preloads, imported
-# before torch's worker wrapper sets RANK, MASTER_PORT ...). It lives as long as the launcher and
-# may have started several stages or sweep jobs ago, under another ``hydra.job.env_set``.
-_SERVER_ENV = dict(os.environ)
 
 
 def set_cpu_threads(cfg: DictConfig) -> None:
@@ -48,28 +41,26 @@ def set_cpu_threads(cfg: DictConfig) -> None:
 
 
 def _leave(code: int) -> NoReturn:
-    """End this rank now with ``code`` (logs flushed, no teardown)."""
+    """End this rank now with ``code`` (logs flushed, no interpreter teardown)."""
     logging.shutdown()
     os._exit(code)
 
 
-def run_rank(fn: StageFn, plain: dict[str, Any], run_dir: str, tag: str, launcher: int,
-             launcher_env: dict[str, str]) -> Optional[dict]:
+def run_rank(fn: StageFn, plain: dict[str, Any], run_dir: str, tag: str) -> Optional[dict]:
     """Run ``fn`` as this local rank; rank 0 returns its result (the others None)."""
-    take_environment(launcher_env)
     try:
-        return _run(fn, OmegaConf.create(plain), Path(run_dir), tag, launcher)
+        return _run(fn, OmegaConf.create(plain), Path(run_dir), tag)
     except KeyboardInterrupt:  # a SIGINT before the stop handlers were in place: a stop
-        # (torch's worker wrapper would end a KeyboardInterrupt with status 0 and no result,
-        # which its agent waits on forever)
+        # torch's worker wrapper ends a KeyboardInterrupt with status 0 and no result, which its
+        # agent waits on forever
         _leave(STOP_EXIT)
 
 
-def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Optional[dict]:
+def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str) -> Optional[dict]:
     # Its own session, as torch's command-line workers have: a Ctrl-C in the terminal reaches
     # the launcher only, which passes the stop on once (to this rank, not its loader workers).
     os.setsid()
-    die_with(launcher)
+    die_with_launcher()
     env = detect()
     setup_worker_logging(run, env.rank)
     set_cpu_threads(cfg)
@@ -78,9 +69,12 @@ def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Op
         try:
             try:
                 out = join(cfg, run, fn, env, spawned=True)
-                # Done: from here a stop signal (the launcher's, between stages) ends this rank
-                # at once; it only waits for torch to collect its result.
+                # Done (every stage): from here a stop signal ends this rank at once; it only
+                # waits for torch to collect its result.
                 end_on_stop_signals()
+                # torch lacks a gloo that cannot abort in its C++ statics at interpreter exit
+                # (SIGABRT in ~1 of 12 two-rank runs): once torch has the result, exit without it
+                atexit.register(_leave, 0)
                 return out if env.rank == 0 else None
             except BaseException as e:
                 hold_stop_signals()  # its error file first; the agent waits for it
@@ -93,8 +87,8 @@ def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Op
                 # Only a consequence of a peer's failure: the rank that failed first logs the cause.
                 if isinstance(e, RuntimeError) and lost_peer(str(e)):
                     log.warning("rank %d stopped: %s", env.rank, str(e).splitlines()[0][:300])
-                    # The agent reports the first rank to end: let it be the one that failed
-                    # (a rank killed without a word has no error file to find it by).
+                    # torch's agent reports only the first rank it sees end: let it be the one
+                    # that failed (a rank killed without a word has no error file to find it by)
                     time.sleep(LOST_PEER_WAIT_S)
                 else:
                     log.exception("rank %d failed", env.rank)
@@ -107,28 +101,11 @@ def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str, launcher: int) -> Op
             _leave(STOP_EXIT)
 
 
-def take_environment(launcher_env: dict[str, str]) -> None:
-    """This rank's environment: the launcher's as it is now, plus what torch set for the rank."""
-    torch_set = {k for k, v in os.environ.items() if _SERVER_ENV.get(k) != v}
-    for k in [k for k in os.environ if k not in launcher_env and k not in torch_set]:
-        del os.environ[k]
-    os.environ.update({k: v for k, v in launcher_env.items() if k not in torch_set})
-
-
-def die_with(launcher: int) -> None:
-    """SIGKILL this rank when the launcher ends, however it ends (no orphans). Not the kernel's
-    parent-death signal: the parent is the forkserver, and the forkserver lives as long as any
-    process it started (each holds its "alive" pipe), so that would never fire. Linux >= 5.3
-    (pidfd); a no-op elsewhere, as mdk.engine.build.die_with_parent is."""
-    try:
-        fd = os.pidfd_open(launcher)
-    except ProcessLookupError:
-        _leave(1)  # it ended while this rank was being started
-    except (AttributeError, OSError):
-        return
-
-    def watch() -> None:
-        select.select([fd], [], [])  # readable once the launcher has ended
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
+def die_with_launcher() -> None:
+    """SIGKILL this rank when the launcher ends, however it ends (no orphans), which torch's agent
+    lacks (a SIGKILLed agent leaves its workers running): the kernel's parent-death signal (Linux;
+    a no-op elsewhere), and an end before it was set seen through multiprocessing's sentinel."""
+    die_with_parent()
+    launcher = multiprocessing.parent_process()
+    if launcher is not None and not launcher.is_alive():
+        _leave(1)

@@ -35,7 +35,7 @@ def record_stop(run_dir: Path, tag: str, rank: int, e: StopRequested) -> None:
     errors.mkdir(parents=True, exist_ok=True)
     (errors / f"{tag}_stop_rank{rank}.json").write_text(json.dumps(
         {"rank": rank, "reason": e.reason, "iteration": e.iteration, "epoch": e.epoch,
-         "saved": e.saved}))
+         "saved": e.saved, "stage": e.stage}))
 
 
 def lost_peer(text: str) -> bool:
@@ -61,19 +61,27 @@ def how_it_ended(code: int) -> str:
     return f"was terminated by {name}"
 
 
-def _stopped(stops: list[dict[str, Any]], signum: Optional[int]) -> StopRequested:
-    """The stop the ranks made: the signal (the launcher's, or the one a rank got itself) and
-    where last.pth stands (rank 0 wrote it; every rank agreed on the step)."""
+def _stopped(stops: list[dict[str, Any]], signum: Optional[int],
+             left_first: set[int]) -> StopRequested:
+    """The stop the ranks made: the signal (the launcher's, or the one a rank got itself), the
+    stage they were in and where last.pth stands (rank 0 wrote it; every rank agreed on the
+    step). ``left_first``: the rank the agent saw leave on request first, the one that was sent
+    the signal (its peers may get the agent's SIGTERM too while they save: their records name it
+    as well)."""
     signals = {s.name for s in signal.Signals}
-    direct = sorted((s for s in stops if s["reason"] in signals), key=lambda s: s["rank"])
+    direct = sorted((s for s in stops if s["reason"] in signals),
+                    key=lambda s: (s["rank"] not in left_first, s["rank"]))
     name = signal.Signals(signum).name if signum is not None else \
         (direct[0]["reason"] if direct else "a stop request")
     sent_to = direct[0]["rank"] if signum is None and direct else None
+    stage = next((s["stage"] for s in sorted(stops, key=lambda s: s["rank"]) if s.get("stage")),
+                 None)
     saved = [s for s in stops if s["saved"] and s["iteration"] is not None]
-    if not saved:
-        return StopRequested(name, saved=False, rank=sent_to)
+    if not saved:  # (a stop between stages saved its stage whole: a record says so)
+        done = any(s["saved"] for s in stops)
+        return StopRequested(name, saved=done, stage=stage, rank=sent_to)
     at = min(saved, key=lambda s: s["rank"])
-    return StopRequested(name, at["iteration"], at["epoch"], rank=sent_to)
+    return StopRequested(name, at["iteration"], at["epoch"], stage=stage, rank=sent_to)
 
 
 class ErrorFileLogs(DefaultLogsSpecs):
@@ -128,7 +136,7 @@ def ranks_outcome(run_dir: Path, tag: str, failures: Optional[dict[int, Any]],
         return RankFailedError(f"rank {r} (pid {f.pid}) {how_it_ended(f.exitcode)}; "
                                f"its log: {log(r)}")
     if signum is not None or stops or stopped:
-        return _stopped(stops, signum)
+        return _stopped(stops, signum, stopped)
     if tracebacks:
         r = next(iter(tracebacks))
         where = ("a rank on another machine probably ended first; see that machine's rank*.log"

@@ -5,7 +5,6 @@ Every rank then joins like a torchrun rank (join.py); rank.py is what a spawned 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -62,10 +61,10 @@ def check_shm(num_workers: int, path: str = "/dev/shm") -> bool:
 
 
 def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (it removes the agent's named semaphores when
-    this process is killed) with its leak warning off: after a ``kill -9`` of the command it
-    would add "There appear to be 9 leaked semaphore objects" to the user's terminal, about a
-    clean-up it does as it should."""
+    """Start multiprocessing's resource tracker (it removes the named semaphores of the agent's
+    result queues when this process is killed) with its leak warning off, which multiprocessing
+    has no switch for: after a ``kill -9`` of the command it would add "There appear to be 9
+    leaked semaphore objects" to the user's terminal, about a clean-up it does as it should."""
     before = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, TRACKER_QUIET]))
     try:
@@ -88,7 +87,9 @@ def _launch_config(cfg: DictConfig, logs: ErrorFileLogs) -> LaunchConfig:
         min_nodes=nodes, max_nodes=nodes, nproc_per_node=int(cfg.dist.gpus),
         run_id=f"mdk-{cfg.step.name}", max_restarts=0,
         rdzv_configs={"rank": int(cfg.dist.rank), "timeout": timeout}, **rdzv,
-        monitor_interval=0.1, logs_specs=logs, start_method="forkserver",
+        # torch's default: each rank a fresh interpreter, a child of this process (a fork of a
+        # launcher that ran OpenMP threads hangs in libgomp; CUDA cannot start after a fork)
+        monitor_interval=0.1, logs_specs=logs, start_method="spawn",
         **{k: v for k, v in KNOBS.items() if k in LaunchConfig.__dataclass_fields__})
 
 
@@ -124,18 +125,14 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
                  cfg.dist.gpus, cfg.dist.gpus * cfg.dist.nodes)
     tag = f"{cfg.step.name}_{os.getpid()}_{time.time_ns()}"  # this launcher's files
     run_dir.mkdir(parents=True, exist_ok=True)
-    # The ranks fork from a server that imported these once for every stage this process
-    # launches (multiprocessing keeps one per process); the rank then unpickles fn by name.
-    multiprocessing.set_forkserver_preload(["__main__", "launchers.processes.rank", fn.__module__])
-    _start_resource_tracker()
+    _start_resource_tracker()  # quiet: multiprocessing's tracker has no switch for its warning
     handlers = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGHUP)}
     logs = ErrorFileLogs(str(run_dir / ".ranks"))
     failures, tracebacks, results = None, {}, {}
     try:
         with forwarding():
             results = elastic_launch(_launch_config(cfg, logs), run_rank)(
-                fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag, os.getpid(),
-                dict(os.environ))
+                fn, OmegaConf.to_container(cfg, resolve=True), str(run_dir), tag)
     except ChildFailedError as e:
         failures = e.failures
     except SignalException:
@@ -144,7 +141,7 @@ def run_ranks(cfg: DictConfig, run_dir: Path, fn: StageFn) -> dict:
         if received() is None:
             raise _rendezvous_error(cfg, e) from e
     finally:
-        for s, h in handlers.items():  # the agent leaves its own handlers behind
+        for s, h in handlers.items():  # torch's agent never puts back the handlers it replaced
             signal.signal(s, h)
         tracebacks = error_files(logs.error_files, int(cfg.dist.rank) * int(cfg.dist.gpus))
         shutil.rmtree(run_dir / ".ranks", ignore_errors=True)

@@ -1,16 +1,17 @@
-"""Run one stage of the pipeline in this process (docs/architecture.md, "The path of a run"): its
-work is a function of a ``StageContext`` (``WORK``, or the ``pkg.module.fn`` its record's ``kind``
-names), so a new kind of stage needs no change here.
+"""Run the stages of a pipeline in this process, one after another (docs/architecture.md, "The path
+of a run"): a stage's work is a function of a ``StageContext`` (``WORK``, or the ``pkg.module.fn``
+its record's ``kind`` names), so a new kind of stage needs no change here.
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from mdk import faults
+from mdk import dist, faults
 from mdk.engine import build, precision
 from mdk.models.build import build_model
 from mdk.engine.calibration import calibrate_stage
@@ -23,7 +24,10 @@ from mdk.eval.distributed import evaluate
 from mdk.stage import apply_stage
 from mdk.stage_config import StageConf
 from mdk.checkpoint.layout import StageCheckpointer
+from mdk.stop import StopRequested, is_armed, stop_requested
 from mdk.world import World, alone
+
+log = logging.getLogger(__name__)
 
 WORK: dict[str, Callable[[StageContext], Mapping[str, Any]]] = {
     "train": train_stage, "calibrate": calibrate_stage}
@@ -76,3 +80,48 @@ def run_stage(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
 def stage_on_rank(cfg: DictConfig, run_dir: Path, world: World, **kw: Any) -> dict[str, Any]:
     """``run_stage`` for a launcher's ranks: the result as plain data (it may cross processes)."""
     return run_stage(cfg, run_dir, world, **kw).to_dict()
+
+
+def run_stages(cfg: DictConfig, run_dir: Path, world: Optional[World] = None, *,
+               stages: Sequence[Mapping[str, Any]], step_offset: int = 0,
+               group: Optional[str] = None) -> dict[str, Any]:
+    """``run_stage`` for each of ``stages`` (their configs, composed and checked by the launcher,
+    as plain data; ``cfg``: the first one's, which started this rank), one after another on this
+    rank. Returns ``{"stages": [result, ...]}``, as plain data. A stop asked for after a stage's
+    last check (in its last epoch) ends the pipeline before the next one; a stage whose work
+    stopped early (a search's pruner) ends it too."""
+    results: list[dict[str, Any]] = []
+    offset = step_offset  # metric sinks: one global step continuing across the stages
+    for plain in stages:
+        scfg = OmegaConf.create(plain)
+        name = str(scfg.step.name)
+        if results and _stop_agreed(world):  # asked in the previous stage's last epoch
+            raise StopRequested(stop_requested() or "another rank was asked to stop",
+                                stage=results[-1]["stage"])
+        if StageConf.from_node(scfg.step).trains:
+            length = (f"trainer.time={scfg.trainer.time}" if scfg.trainer.get("time")
+                      else f"{scfg.trainer.epochs} epochs")
+            log.info("=== %s ===  %s, lr %g", name, length, scfg.optim.lr)
+        else:
+            log.info("=== %s ===  one pass, no training", name)
+        try:
+            res = run_stage(scfg, run_dir, world, step_offset=offset, group=group)
+        except StopRequested as e:
+            e.stage = e.stage or name
+            raise
+        offset += res.iterations
+        results.append(res.to_dict())
+        if res.extra.get("stop_reason"):
+            log.warning("%s ended after epoch %s of %d (%s); the stages after it do not run",
+                        name, res.extra.get("stopped_epoch"), scfg.trainer.epochs,
+                        res.extra["stop_reason"])
+            break
+    return {"stages": results}
+
+
+def _stop_agreed(world: Optional[World]) -> bool:
+    """Whether a stop was asked of this process, or (ranks with stop handlers) of any rank: every
+    rank then ends the pipeline at the same stage."""
+    if world is None or world.size == 1 or not is_armed():
+        return stop_requested() is not None
+    return dist.max_flag_started(float(stop_requested() is not None))() > 0

@@ -20,8 +20,8 @@ them. ``-u`` is the one interpreter flag served warm (the child's stdio writes t
 ``MDK_TEST_COLD=1`` in the environment (the suite's, or one command's): start cold. A warm child's
 own ``python script.py`` commands (a benchmark's ``run.py`` runs) are forked by the same server,
 and submitit's local controller and tasks (WARM_MODULES); its other ``-c``/``-m`` children start
-cold (they may rely on dying with their parent). Its multiprocessing forkserver (a ``dist.gpus=2``
-run's ranks fork from it) comes from the server too: warm_forkserver.py.
+cold (they may rely on dying with their parent), and so do the ranks a ``dist.gpus=2`` command
+spawns: fresh interpreters, its own children, that die with it.
 
 This module is the client (conftest puts its ``Popen`` in place); the server is warm_server.py.
 """

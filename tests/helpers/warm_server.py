@@ -2,9 +2,8 @@
 process that imported PRELOAD once and forks one child per request. Started by warm.py as
 ``python tests/helpers/warm_server.py serve <socket>``.
 
-Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr),
-then those its ``pass_fds`` names the numbers of (warm_forkserver.py's two), over a Unix socket;
-the server forks a waiter, the waiter forks the child, replies ``P<pid>`` and, when the child ends,
+Protocol: the client sends one JSON request with three file descriptors (stdin, stdout, stderr)
+over a Unix socket; the server forks a waiter, the waiter forks the child, replies ``P<pid>`` and, when the child ends,
 ``S<status>`` (negative: the signal), as ``Popen.returncode`` reads.
 """
 from __future__ import annotations
@@ -41,9 +40,6 @@ from launchers.bootstrap import add_plugin_path  # noqa: E402
 from mdk.compose import compose  # noqa: E402
 from mdk.stage import stage_names, stage_record  # noqa: E402
 from tests.helpers import warm  # noqa: E402  # the client: a warm child's own commands use it
-from tests.helpers import warm_forkserver  # noqa: E402
-
-MAX_PASS_FDS = 4  # besides stdio: a forkserver's two (warm_forkserver.py)
 # What the server imports before it forks: what `run.py` and `python -m mdk.tools.*` load.
 PRELOAD = ["torch", "torchvision", "hydra", "omegaconf", "launchers.hydra_app.cli",
            "launchers.hydra_app.entry", "launchers.processes.rank", "mdk.engine.runner"]
@@ -76,7 +72,7 @@ def serve(sock_path: str) -> None:
             os._exit(0)
         if listener in ready:
             conn, _ = listener.accept()
-            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3 + MAX_PASS_FDS)
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             if os.fork() == 0:
                 listener.close()
                 _waiter(conn, json.loads(msg), fds)  # never returns
@@ -115,7 +111,7 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
     try:
         if req["new_session"]:
             os.setsid()
-        _place(fds, [0, 1, 2, *req.get("pass_fds", [])])
+        _place(fds, [0, 1, 2])
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -134,7 +130,6 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         warm._servers.clear()
         warm._servers[warm._server_key(req["env"])] = warm._own_socket
         subprocess.Popen = warm.Popen  # type: ignore[misc]
-        warm_forkserver.install(warm._own_socket, warm._server)
         os.execv = _exec_in_place  # type: ignore[assignment]
         code = _run(argv)
     except BaseException:  # noqa: BLE001 - the child's own report, as the interpreter's
@@ -161,7 +156,7 @@ def _apply(env: dict[str, str]) -> None:
 
 
 def _place(fds: list[int], targets: list[int]) -> None:
-    """Put each received descriptor at its number (stdio, then a forkserver's two)."""
+    """Put each received descriptor at its number (stdio)."""
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds]  # out of the targets' way
     for fd in fds:
         os.close(fd)
