@@ -134,18 +134,19 @@ def test_the_command_logs_the_epochs_it_chose_and_they_repeat_the_run(tmp_path):
 
 @pytest.mark.slow
 def test_a_budget_shorter_than_one_epoch_ends_in_it_with_an_evaluated_best(tmp_path):
-    # 640 images in batches of 8: 80 steps an epoch; 3 s leave no time past start-up
-    r = _run(tmp_path, "short", "trainer.time=3s", "dataset.generate.num_train=640")
+    # 1,280 images in batches of 8: 160 steps an epoch (over 1 s even on a fast idle CPU at
+    # 64 px); 1 s leaves no time past start-up
+    r = _run(tmp_path, "short", "trainer.time=1s", "dataset.generate.num_train=1280")
     assert r.returncode == 0, r.stderr[-2000:]
     text = _log(tmp_path, "short")
     assert "step1 trains 1 epochs" in text
     assert re.search(r"the budget ends the stage in epoch 1/1 after iteration \d+", text)
     last = torch.load(tmp_path / "short" / "step1" / "last.pth", weights_only=False)
-    assert 1 <= last["trainer"]["iter"] < 80 and last["hooks"]["TimeBudgetHook"]["done"]
+    assert 1 <= last["trainer"]["iter"] < 160 and last["hooks"]["TimeBudgetHook"]["done"]
     assert (tmp_path / "short" / "step1" / "best.pth").is_file()
     assert re.search(r"epoch 1/1\s+val mAP@0.5", text)
     # the same command again: the budget is spent, nothing is trained
-    again = _run(tmp_path, "short", "trainer.time=3s", "dataset.generate.num_train=640")
+    again = _run(tmp_path, "short", "trainer.time=1s", "dataset.generate.num_train=1280")
     assert again.returncode == 0, again.stderr[-2000:]
     after = torch.load(tmp_path / "short" / "step1" / "last.pth", weights_only=False)
     assert after["trainer"]["iter"] == last["trainer"]["iter"]
