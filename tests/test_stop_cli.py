@@ -198,3 +198,22 @@ def test_a_signal_before_any_stage_ends_the_command_at_once_with_its_line(tmp_pa
                                signal.SIGTERM, "parent", "dist.gpus=2")
     assert code == 143 and lines == [
         "stopped by SIGTERM before any stage started; rerun the same command to resume"]
+
+
+@pytest.mark.slow
+def test_sigterm_in_a_stages_last_step_ends_the_pipeline_after_that_stage(refs):
+    """Two ranks run the stages of a pipeline one after another: a stop asked for in step1's last
+    step (no later step to agree in) is agreed between the stages; step1 is whole, step2 has not
+    started, and the same command goes on with step2."""
+    tmp, data = refs
+    chain = (*TWO, "pipeline=[step1,step2]")
+    code, lines, _ = signalled(tmp, "between", data, "hold:iter:8", signal.SIGTERM, "parent",
+                               *chain)
+    assert code == 143 and lines == [
+        "stopped by SIGTERM after step1 finished; rerun the same command to resume"]
+    assert ckpt(tmp, "between")["trainer"]["iter"] == 8
+    assert ckpt(tmp, "between", "best.pth") and not (tmp / "between" / "step2").exists()
+    p = run(tmp, "between", data, "", *chain)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming step1 from" in p.stdout and (tmp / "between" / "step2" / "best.pth").is_file()
+    assert_same_training_state(ckpt(tmp, "between"), ckpt(tmp, "ref2"))
