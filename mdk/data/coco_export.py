@@ -55,7 +55,9 @@ def voc_class_names(voc_root: str | Path, splits: Sequence[str]) -> list[str]:
     return sorted(names)
 
 
-def _place(src: Path, dst: Path, copy: bool) -> None:
+def place_image(src: Path, dst: Path, copy: bool) -> None:
+    """An exported folder's image: a symlink to ``src`` (kept if it already points there) or a
+    copy."""
     if dst.is_symlink() or dst.exists():
         if not copy and dst.is_symlink() and os.readlink(dst) == str(src):
             return
@@ -87,7 +89,7 @@ def export_voc_to_coco(voc_root: str | Path, out_root: str | Path,
         folder = out_root / split
         folder.mkdir(parents=True, exist_ok=True)
         for rec in got.records:
-            _place(voc_root / rec.image, folder / PurePosixPath(rec.image).name, copy)
+            place_image(voc_root / rec.image, folder / PurePosixPath(rec.image).name, copy)
         path = out_root / "annotations" / f"instances_{split}.json"
         write_json(path, records_to_coco(got.records, names))  # never half a file
         log.info("wrote %s (%d images)", path, len(got.records))

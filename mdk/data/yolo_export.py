@@ -10,15 +10,13 @@ flag: a difficult object is written as an ordinary one (counted in the log).
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
 import yaml
 
 from mdk.atomic_file import write_text
-from mdk.data.coco_export import voc_class_names
+from mdk.data.coco_export import place_image, voc_class_names
 from mdk.data.records import Record
 from mdk.data.voc import VOCReader
 from mdk.errors import DataError
@@ -37,17 +35,6 @@ def label_lines(rec: Record) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def _place(src: Path, dst: Path, copy: bool) -> None:
-    if dst.is_symlink() or dst.exists():
-        if not copy and dst.is_symlink() and os.readlink(dst) == str(src):
-            return
-        dst.unlink()
-    if copy:
-        shutil.copy2(src, dst)
-    else:
-        dst.symlink_to(src)
-
-
 def write_yolo_split(records: Sequence[Record], images_root: Path, out_root: Path, key: str,
                      copy: bool = False) -> int:
     """Images (symlinked or copied from ``images_root / rec.image``) and label files of one split
@@ -62,7 +49,7 @@ def write_yolo_split(records: Sequence[Record], images_root: Path, out_root: Pat
             raise DataError(f"{images_root / rec.image}: a second image named {name!r} in split "
                             f"{key!r}; the YOLO layout keeps one folder per split, so rename one")
         seen.add(name)
-        _place((images_root / rec.image).resolve(), images / name, copy)
+        place_image((images_root / rec.image).resolve(), images / name, copy)
         write_text(labels / f"{PurePosixPath(name).stem}.txt", label_lines(rec))
     return int(sum(int(r.difficult.sum()) for r in records))
 
