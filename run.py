@@ -14,7 +14,6 @@ from omegaconf import DictConfig  # noqa: E402
 
 from launchers.hydra_app.cli import restore_full_error, run_cli  # noqa: E402
 from launchers.processes.env import leave_torchrun_rank  # noqa: E402
-from launchers.processes.log_handlers import harden_log_handlers  # noqa: E402
 from mdk.schema import register_schemas  # noqa: E402
 
 register_schemas()  # typed config groups (mdk/schema.py), before Hydra composes
@@ -23,7 +22,6 @@ register_schemas()  # typed config groups (mdk/schema.py), before Hydra composes
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
     restore_full_error()
-    harden_log_handlers()  # `| head`, a full run dir: no "--- Logging error ---" per line
     from launchers.hydra_app.entry import run  # here: torch and the engine load only for a run
 
     return run(cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import logging.config
 import os
 import shutil
 import signal
@@ -14,10 +15,12 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import TINY, compose, run_cmd_env
+from mdk.compose import compose as compose_app
 from launchers.hydra_app.user_error_line import user_error_line
-from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler, harden_log_handlers
+from launchers.processes.log_handlers import ConsoleHandler, RunLogFileHandler
 from launchers.processes.rank_ends import RankFailedError
 from mdk import preflight
 from mdk.data import shapes
@@ -132,19 +135,24 @@ def test_a_full_disk_while_generating_is_one_line_and_leaves_nothing(tmp_path, m
     assert list(tmp_path.iterdir()) == []  # no half dataset, no temp folder
 
 
-def test_hydra_job_logging_handlers_get_the_hardened_behaviour():
-    """Whatever hydra/job_logging made them, the plain console and file handlers of the root
-    logger become the robust classes (run.py does this first in the task)."""
-    root = logging.getLogger("mdk-test-harden")
-    stream, file = logging.StreamHandler(sys.stdout), logging.FileHandler(os.devnull)
-    other = logging.NullHandler()
-    for h in (stream, file, other):
-        root.addHandler(h)
+def test_hydra_job_logging_handlers_are_the_hardened_ones(tmp_path):
+    """The job logging Hydra applies to a run (conf/hydra/job_logging/mdk.yaml) gives the root
+    logger the robust console and run.log handlers."""
+    job_logging = compose_app(["debug=tiny", "hydra.job.name=run"], hydra_config=True).hydra.job_logging
+    conf = OmegaConf.to_container(job_logging, resolve=False)
+    conf["handlers"]["file"]["filename"] = str(tmp_path / "run.log")  # a run dir's, resolved
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
     try:
-        harden_log_handlers(root)
-        assert (type(stream), type(file), type(other)) == (ConsoleHandler, RunLogFileHandler,
-                                                           logging.NullHandler)
+        logging.config.dictConfig(conf)  # what Hydra does with it in the job
+        made = [h for h in root.handlers if h not in before]
+        assert len(made) == 2 and {type(h) for h in made} == {ConsoleHandler, RunLogFileHandler}
     finally:
-        for h in (stream, file, other):
-            root.removeHandler(h)
-        file.close()
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+                h.close()
+        for h in before:
+            if h not in root.handlers:
+                root.addHandler(h)
+        root.setLevel(level)

@@ -1,8 +1,8 @@
 """Log handlers that survive their destination: a stdout closed early (``| head``), a log file's
 disk full (docs/errors.md, #77 and #78). Python's own print ``--- Logging error ---`` and a
 traceback for every record they fail to write. The ranks log through these classes (every rank
-to ``<run_dir>/rank<r>.log``, rank 0 also to stdout); Hydra's job logging gets their behaviour
-from :func:`harden_log_handlers` (run.py).
+to ``<run_dir>/rank<r>.log``, rank 0 also to stdout); Hydra's job logging names them
+(conf/hydra/job_logging/mdk.yaml).
 """
 from __future__ import annotations
 
@@ -54,17 +54,6 @@ class RunLogFileHandler(logging.FileHandler):
             sys.stderr.write(f"warning: could not write the log file {self.baseFilename}: "
                              f"{reason}; the run goes on, its log lines only on the console\n")
             sys.stderr.flush()
-
-
-def harden_log_handlers(logger: logging.Logger | None = None) -> None:
-    """Give the plain stream and file handlers of ``logger`` (default: the root, where Hydra's
-    job logging puts its console and run.log handlers) the behaviour of the classes above: the
-    same objects, their class swapped (neither subclass adds state)."""
-    for h in (logger or logging.getLogger()).handlers:
-        if type(h) is logging.StreamHandler:
-            h.__class__ = ConsoleHandler
-        elif type(h) is logging.FileHandler:
-            h.__class__ = RunLogFileHandler
 
 
 def setup_worker_logging(run_dir: Path, rank: int, keep_existing: bool = False) -> None:
