@@ -11,15 +11,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from conftest import compose
+from helpers.tiny_net import tiny_net
 from mdk.engine.ema import ModelEMA, ema_from_config
 from mdk.errors import ConfigError
 from mdk.trainer_config import check_trainer
-
-
-def tiny_net(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

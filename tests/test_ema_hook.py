@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from conftest import TINY, compose
+from helpers.tiny_net import tiny_net
 from mdk.engine.ema import EMAHook, ModelEMA, unwrap
 from mdk.engine.loop import HookBase, Trainer
-from test_ema import tiny_net
 
 
 class SkipEvery3(HookBase):

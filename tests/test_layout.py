@@ -169,8 +169,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf, DictConfig
 from torch import nn
 
-rdzv.get_method_name = lambda depth=2: "x"
-hydra_defaults._create_defaults_list = wrap(hydra_defaults._create_defaults_list)
+{RDZV_NAME} = lambda depth=2: "x"
+{DEFAULTS_LIST} = wrap(hydra_defaults._create_defaults_list)
 ConfigStore.store, other = wrap(ConfigStore.store), 1
 setattr(OmegaConf, "merge", wrap(OmegaConf.merge))
 store_class = ConfigStore
@@ -180,15 +180,19 @@ del sub.Job.results
 monkeypatch.setattr("torch.load", fake)
 mock.patch.object(nn.Module, "train", fake)
 torch.nn.functional.relu += 1
-DictConfig.__deepcopy__ = None
+{DEEPCOPY} = None
 torch.backends.cudnn.benchmark = True
-cfg = OmegaConf.create({"a": 1})
+cfg = OmegaConf.create({{"a": 1}})
 cfg.a = 2
 model = nn.Linear(1, 1)
 model.weight = nn.Parameter(torch.zeros(1, 1))
 setattr(model, "bias", None)
 os.environ["RANK"] = "0"
 """
+    # The patches are filled in, so that no line of this file is itself a patch's form.
+    planted = planted.format(RDZV_NAME="rdzv." + "get_method_name",
+                             DEFAULTS_LIST="hydra_defaults." + "_create_defaults_list",
+                             DEEPCOPY="DictConfig." + "__deepcopy__")
     found = library_patches(tmp_path / "planted.py", planted)
     assert found == [
         (4, "imports hydra._internal.defaults_list"),
