@@ -26,7 +26,7 @@ GROUPS = {
     "dataset": ["shapes", "shapes_hard", "voc", "coco", "yolo"],
     "step": ["step1", "step2", "cal", "step3", "step4", "quant_report"],
     "step/calibration": ["percentile", "max", "mse", "kl"],  # a group of the cal stage's record
-    "scheduler": ["step", "multistep", "cosine", "cosine_restarts"],
+    "scheduler": ["step", "multistep", "cosine", "cosine_restarts", "onecycle"],
     "optim": ["adamw", "sgd"],
     "loss": ["default", "gti", "anchors"],
     "head": ["yolov1", "anchors"],
@@ -79,7 +79,9 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
         sched = instantiate(cfg.scheduler)(optimizer=opt, iters_per_epoch=10,  # as the engine does
                                            **stage_length(cfg.scheduler, cfg.trainer.epochs))
-        assert sched.get_last_lr()[0] == pytest.approx(cfg.scheduler.warmup.start_factor)
+        first = (1 / cfg.scheduler.div_factor if option == "onecycle"  # its rise is its warmup
+                 else cfg.scheduler.warmup.start_factor)
+        assert sched.get_last_lr()[0] == pytest.approx(first)
 
 
 @pytest.mark.parametrize("group", sorted(SCHEMAS))

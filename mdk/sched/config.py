@@ -51,5 +51,14 @@ class CosineRestartsConf(SchedulerConf):
     eta_min: float = 0.0
 
 
+@dataclass
+class OneCycleConf(SchedulerConf):
+    interval: str = "iter"
+    total_steps: Optional[int] = None   # null: the stage's length
+    pct_start: float = 0.3
+    div_factor: float = 25.0
+    final_div_factor: float = 1e4
+
+
 SCHEMAS: dict[str, type] = {"step": StepLRConf, "multistep": MultiStepLRConf, "cosine": CosineConf,
-                            "cosine_restarts": CosineRestartsConf}
+                            "cosine_restarts": CosineRestartsConf, "onecycle": OneCycleConf}

@@ -1,4 +1,4 @@
-"""The four main schedules (torch's names), each with warmup (the rule: :mod:`mdk.sched.base`).
+"""The five main schedules (torch's names), each with warmup (the rule: :mod:`mdk.sched.base`).
 ``t`` is the main clock; in the default mode it runs from iteration 0 (warmup counts toward it)."""
 from __future__ import annotations
 
@@ -133,3 +133,52 @@ class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
     def _main_lr(self, base_lr: float, t: int) -> float:
         t_cur, t_i = self.cycle(t)
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+
+class WarmupOneCycleLR(WarmupScheduler):
+    """OneCycleLR (torch's two-phase form, cosine annealing, no momentum cycling): up from
+    ``base_lr / div_factor`` to the base lr (torch's ``max_lr``) over ``pct_start`` of
+    ``total_steps``, then down to ``base_lr / (div_factor * final_div_factor)``. ``total_steps``
+    None: the whole stage, in the interval's unit, however long the stage turns out to be."""
+
+    main_keys = ("total_steps", "pct_start", "div_factor", "final_div_factor")
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        iters_per_epoch: int,
+        warmup: Mapping[str, Any] | None = None,
+        interval: str = "iter",
+        total_steps: int | None = None,
+        pct_start: float = 0.3,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        stage_epochs: int | None = None,
+    ) -> None:
+        self.pct_start = number("scheduler.pct_start", pct_start, 0.0, 1.0, low_open=True)
+        self.div_factor = number("scheduler.div_factor", div_factor, 0.0, low_open=True)
+        self.final_div_factor = number("scheduler.final_div_factor", final_div_factor, 0.0,
+                                       low_open=True)
+        self.follows_stage = total_steps is None
+        if total_steps is None:
+            if stage_epochs is None:
+                raise BadValue.of("scheduler.total_steps", total_steps, "(the whole stage) needs the "
+                                  "stage's length; give total_steps (epochs with interval: epoch)")
+            total_steps = int(stage_epochs) * (int(iters_per_epoch) if interval == "iter" else 1)
+        self.total_steps = integer("scheduler.total_steps", total_steps, 2)
+        super().__init__(optimizer, iters_per_epoch, warmup, interval)
+
+    def restage(self, epochs: int) -> None:
+        if self.follows_stage:
+            self.total_steps = max(2, int(epochs) * (self.iters_per_epoch if self.interval == "iter" else 1))
+            self._apply()
+
+    def _main_lr(self, base_lr: float, t: int) -> float:
+        low = base_lr / self.div_factor
+        peak_end = self.pct_start * self.total_steps - 1  # torch's phase boundary (a float)
+        if t <= peak_end:
+            start, end, frac = low, base_lr, t / peak_end if peak_end > 0 else 1.0
+        else:  # after total_steps - 1 it stays at the floor
+            start, end = base_lr, low / self.final_div_factor
+            frac = min(1.0, (t - peak_end) / (self.total_steps - 1 - peak_end))
+        return end + (start - end) * (1 + math.cos(math.pi * frac)) / 2

@@ -1,0 +1,67 @@
+"""scheduler=onecycle: every step equals torch's OneCycleLR (cycle_momentum off), the stage's length
+followed (trainer.time re-plans it), an exact resume, bad values in one line, a run that uses it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from torch.optim.lr_scheduler import OneCycleLR
+
+from conftest import compose
+from mdk.sched.base import stage_length
+from mdk.sched.schedules import WarmupOneCycleLR
+
+BASES = (0.1, 0.02)
+
+
+def _opt() -> torch.optim.Optimizer:
+    return torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": b} for b in BASES])
+
+
+@pytest.mark.parametrize("total,pct,div,final", [(1500, 0.3, 25.0, 1e4), (7, 0.25, 10.0, 100.0),
+                                                 (3, 0.5, 25.0, 1e4), (240, 0.1, 4.0, 1.0)])
+def test_every_step_equals_torchs_one_cycle(total, pct, div, final):
+    ref_opt = _opt()
+    ref = OneCycleLR(ref_opt, max_lr=list(BASES), total_steps=total, pct_start=pct,
+                     div_factor=div, final_div_factor=final, cycle_momentum=False)
+    ours = WarmupOneCycleLR(_opt(), 100, None, "iter", total_steps=total, pct_start=pct,
+                            div_factor=div, final_div_factor=final)
+    for it in range(total):
+        assert ours.lr_at(it) == [g["lr"] for g in ref_opt.param_groups], it
+        ref_opt.step()
+        ref.step()
+    floor = [b / (div * final) for b in BASES]
+    assert ours.lr_at(total + 50) == pytest.approx(floor, rel=1e-12)  # torch raises there; it stays
+
+
+def test_the_config_follows_the_stage_and_a_resume_is_exact():
+    cfg = compose(["trainer.device=cpu", "scheduler=onecycle", "trainer.epochs=6"])
+    assert cfg.scheduler.total_steps is None and cfg.scheduler.warmup.iters == 0
+    s = instantiate(cfg.scheduler)(optimizer=_opt(), iters_per_epoch=10,
+                                   **stage_length(cfg.scheduler, cfg.trainer.epochs))
+    assert s.total_steps == 60 and s.interval == "iter"
+    assert s.lr_at(0) == pytest.approx([b / 25 for b in BASES])
+    assert s.lr_at(17) == pytest.approx(list(BASES))  # the peak: 0.3 * 60 - 1
+    s.restage(9)  # trainer.time chose 9 epochs
+    assert s.total_steps == 90 and s.lr_at(26) == pytest.approx(list(BASES))
+    for _ in range(40):
+        s.optimizer.step()
+        s.step()
+    again = instantiate(cfg.scheduler)(optimizer=_opt(), iters_per_epoch=10, stage_epochs=9)
+    again.load_state_dict(s.state_dict())
+    for _ in range(50):
+        assert [g["lr"] for g in again.optimizer.param_groups] == [g["lr"] for g in s.optimizer.param_groups]
+        for x in (s, again):
+            x.optimizer.step()
+            x.step()
+
+
+@pytest.mark.parametrize("key,value,line", [
+    ("pct_start", 0.0, r"scheduler\.pct_start=0\.0 must be a number in \(0, 1\]"),
+    ("div_factor", -1.0, r"scheduler\.div_factor=-1\.0 must be a number"),
+    ("total_steps", 1, r"scheduler\.total_steps=1 must be an integer >= 2")])
+def test_bad_values_name_the_key(key, value, line):
+    with pytest.raises(ValueError, match=line):
+        WarmupOneCycleLR(_opt(), 10, None, "iter", **{"total_steps": 100, key: value})
+    with pytest.raises(ValueError, match=r"scheduler\.total_steps=None"):
+        WarmupOneCycleLR(_opt(), 10, None, "iter")
