@@ -36,6 +36,7 @@ KINDS = {c.__name__: c.label for c in user_errors()
 PLACES = {
     "parent": ("start", 0, ["dataset.num_workers=0"]),
     "rank": ("iter", 1, ["dataset.num_workers=0", "dist.gpus=2"]),
+    "rank_0": ("iter", 0, ["dataset.num_workers=0", "dist.gpus=2"]),  # the rank with a console
     "worker": ("item", 0, ["dataset.num_workers=2"]),
     "worker_of_rank": ("item", 1, ["dataset.num_workers=2", "dist.gpus=2"]),
 }
@@ -61,14 +62,15 @@ def _group(pgid: int) -> str:
                      if ln.split()[0] == str(pgid) and not ln.split()[2].startswith("Z"))
 
 
-def _run(argv: list[str], env: dict) -> tuple[int, str, float, float]:
-    """(status, stderr, seconds from the ERROR log line to exit, total seconds)."""
+def _run(argv: list[str], env: dict) -> tuple[int, str, str, float, float]:
+    """(status, stderr, stdout, seconds from the ERROR log line to exit, total seconds)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        error_at = None
+        error_at, out = None, []
         for line in proc.stdout:
+            out.append(line)
             if error_at is None and "][ERROR] - " in line and "launchers.hydra_app.entry" in line:
                 error_at = time.monotonic()
         status = proc.wait(timeout=TOTAL_S)
@@ -82,7 +84,7 @@ def _run(argv: list[str], env: dict) -> tuple[int, str, float, float]:
         time.sleep(0.2)
         left = _group(proc.pid)
     assert not left, f"still running {GONE_S:g}s after the command exited:\n{left}"
-    return status, proc.stderr.read(), end - (error_at or t0), end - t0
+    return status, proc.stderr.read(), "".join(out), end - (error_at or t0), end - t0
 
 
 def _case(tmp_path: Path, data: Path, place: str, cls: str) -> None:
@@ -95,11 +97,12 @@ def _case(tmp_path: Path, data: Path, place: str, cls: str) -> None:
     argv = [sys.executable, str(REPO / "run.py"), *SMALL, *extra, f"paths.data={data}",
             f"paths.checkpoints={ck}", f"hydra.run.dir={tmp_path / 'run'}"]
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT=f"raise:{point}:{n}:{rank}:{cls}")
-    status, err, after, total = _run(argv, env)
+    status, err, out, after, total = _run(argv, env)
     assert status == 1, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
+    assert "Traceback" not in out, out[-2000:]  # the console too: the rank's is in rank<r>.log
     lines = err.strip().splitlines()
-    where = f" (rank {rank})" if place in ("rank", "worker_of_rank") else ""
+    where = f" (rank {rank})" if place in ("rank", "rank_0", "worker_of_rank") else ""
     assert lines == [f"{KINDS[cls]}{where}: MDK_FAULT: injected {cls} at {point} {n} on rank {rank}"]
     assert after < AFTER_ERROR_S, f"{after:.1f}s from the error to exit"
     assert total < TOTAL_S
@@ -122,6 +125,12 @@ def test_error_in_a_spawned_rank(tmp_path, data, cls):
     _case(tmp_path, data, "rank", cls)
 
 
+def test_error_in_rank_0_leaves_its_traceback_to_its_log(tmp_path, data):
+    _case(tmp_path, data, "rank_0", "DataError")
+    log = (tmp_path / "run" / "rank0.log").read_text()
+    assert "Traceback" in log and "mdk.errors.DataError: MDK_FAULT: injected DataError" in log
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", ["DataError", "NonFiniteLossError"])
 def test_error_in_a_loader_worker_of_rank_1(tmp_path, data, cls):
@@ -138,7 +147,7 @@ def test_a_rank_that_dies_without_a_word_is_one_line_naming_it(tmp_path, data, f
     argv = [sys.executable, str(REPO / "run.py"), *SMALL, "dataset.num_workers=0", "dist.gpus=2",
             f"paths.data={data}", f"paths.checkpoints={tmp_path / 'ck'}", f"hydra.run.dir={run}"]
     env = dict(run_cmd_env(), OMP_NUM_THREADS="1", MDK_FAULT=fault)
-    status, err, after, total = _run(argv, env)
+    status, err, _, after, total = _run(argv, env)
     assert status == 1, err[-2000:]
     lines = err.strip().splitlines()
     m = re.fullmatch(rf"rank 1 \(pid (\d+)\) {how}; its log: {re.escape(str(run))}/rank1\.log",

@@ -17,10 +17,17 @@ from mdk.errors import disk_reason
 
 # Hydra's default job-logging format, so worker lines look like the parent's.
 FMT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+# ``extra=FILE_ONLY``: a record for the log files, not the console (a rank's traceback of a user
+# error, whose one line the launcher prints).
+FILE_ONLY = {"file_only": True}
 
 
 class ConsoleHandler(logging.StreamHandler):
-    """A StreamHandler (stdout by default) for which a reader that went away ends nothing."""
+    """A StreamHandler (stdout by default) for which a reader that went away ends nothing, and
+    which leaves the records logged with ``extra=FILE_ONLY`` to the files."""
+
+    def filter(self, record: logging.LogRecord) -> bool | logging.LogRecord:
+        return not getattr(record, "file_only", False) and super().filter(record)
 
     def handleError(self, record: logging.LogRecord) -> None:
         exc = sys.exc_info()[1]

@@ -22,10 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.processes.env import detect
 from launchers.processes.join import StageFn, join
-from launchers.processes.log_handlers import setup_worker_logging
+from launchers.processes.log_handlers import FILE_ONLY, setup_worker_logging
 from launchers.processes.rank_ends import STOP_EXIT, lost_peer, record_stop
 from launchers.processes.stop_signals import end_on_stop_signals, hold_stop_signals, stop_signals
 from mdk.engine.build import die_with_parent
+from mdk.errors import UserError
 from mdk.stop import StopRequested
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ def _run(fn: StageFn, cfg: DictConfig, run: Path, tag: str) -> Optional[dict]:
                     # torch's agent reports only the first rank it sees end: let it be the one
                     # that failed (a rank killed without a word has no error file to find it by)
                     time.sleep(LOST_PEER_WAIT_S)
+                elif isinstance(e, UserError):  # its one line comes from the launcher
+                    log.error("rank %d failed", env.rank, exc_info=True, extra=FILE_ONLY)
                 else:
                     log.exception("rank %d failed", env.rank)
                 raise  # torch's error file carries the traceback to the launcher
