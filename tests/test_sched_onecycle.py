@@ -2,12 +2,15 @@
 followed (trainer.time re-plans it), an exact resume, bad values in one line, a run that uses it."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hydra.utils import instantiate
 from torch.optim.lr_scheduler import OneCycleLR
 
-from conftest import compose
+from conftest import REPO, TINY, compose, run_cmd_env
 from mdk.sched.base import stage_length
 from mdk.sched.schedules import WarmupOneCycleLR
 
@@ -65,3 +68,28 @@ def test_bad_values_name_the_key(key, value, line):
         WarmupOneCycleLR(_opt(), 10, None, "iter", **{"total_steps": 100, key: value})
     with pytest.raises(ValueError, match=r"scheduler\.total_steps=None"):
         WarmupOneCycleLR(_opt(), 10, None, "iter")
+
+
+def test_the_default_run_is_a_one_cycle_and_the_recipes_keep_their_cosine():
+    dflt = compose(["trainer.device=cpu"])
+    assert dflt.scheduler._target_.endswith("WarmupOneCycleLR") and dflt.optim.lr == 0.004
+    for preset in (["experiment=bccd", "dataset.root=/data/BCCD"], ["experiment=shapes_hard"],
+                   ["debug=tiny"]):  # measured (or tested) with these: unchanged
+        cfg = compose(["trainer.device=cpu", *preset])
+        assert cfg.scheduler._target_.endswith("WarmupCosineAnnealingLR") and cfg.optim.lr == 0.002
+
+
+def test_a_run_trains_with_it_to_the_end_of_its_cycle(tmp_path):
+    ck = tmp_path / "ck"
+    argv = [sys.executable, str(REPO / "run.py"), *TINY, "scheduler=onecycle", "optim.lr=4e-3",
+            f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={ck}",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    p = subprocess.run(argv, cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    last = torch.load(ck / "step1" / "last.pth", weights_only=False)
+    sched = last["scheduler"]
+    assert sched["schedule"]["class"] == "WarmupOneCycleLR" and last["trainer"]["iter"] == 12
+    assert sched["schedule"]["total_steps"] == 12  # 48 images / batch 8 x 2 epochs: the stage
+    # after its last step the lr sits at the cycle's floor: 4e-3 / 25 / 1e4
+    assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(4e-3 / 25 / 1e4)
