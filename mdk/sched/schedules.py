@@ -62,12 +62,38 @@ class WarmupMultiStepLR(WarmupScheduler):
         return base_lr * self.gamma ** bisect.bisect_right(self.milestones, t)
 
 
-class WarmupCosineAnnealingLR(WarmupScheduler):
+class _StageLong(WarmupScheduler):
+    """A main schedule whose length (``length_key``) may be the whole stage: None takes the
+    stage's epochs (its iterations with ``interval: iter``) and follows a re-plan of them."""
+
+    length_key = ""
+    min_length = 1
+
+    def _set_length(self, value: int | None, stage_epochs: int | None, iters_per_epoch: int,
+                    interval: str) -> None:
+        key = self.length_key
+        self.follows_stage = value is None  # the whole stage, however long it turns out to be
+        if value is None:
+            if stage_epochs is None:
+                raise BadValue.of(f"scheduler.{key}", value, f"(the whole stage) needs the stage's "
+                                  f"length; give {key} in epochs (iterations with interval: iter)")
+            value = int(stage_epochs) * (int(iters_per_epoch) if interval == "iter" else 1)
+        setattr(self, key, integer(f"scheduler.{key}", value, self.min_length))
+
+    def restage(self, epochs: int) -> None:
+        if self.follows_stage:
+            length = int(epochs) * (self.iters_per_epoch if self.interval == "iter" else 1)
+            setattr(self, self.length_key, max(self.min_length, length))
+            self._apply()
+
+
+class WarmupCosineAnnealingLR(_StageLong):
     """CosineAnnealingLR with warmup; unlike torch's (periodic) one, it stays at ``eta_min`` (an
     absolute lr) after ``T_max``. ``T_max`` None: the whole stage, ``stage_epochs`` (the engine
     passes the stage's length; in iterations with ``interval: iter``)."""
 
     main_keys = ("T_max", "eta_min")
+    length_key = "T_max"
 
     def __init__(
         self,
@@ -80,19 +106,8 @@ class WarmupCosineAnnealingLR(WarmupScheduler):
         stage_epochs: int | None = None,
     ) -> None:
         self.eta_min = number("scheduler.eta_min", eta_min, 0.0)
-        self.follows_stage = T_max is None  # the whole stage, however long it turns out to be
-        if T_max is None:
-            if stage_epochs is None:
-                raise BadValue.of("scheduler.T_max", T_max, "(the whole stage) needs the stage's "
-                                  "length; give T_max in epochs (iterations with interval: iter)")
-            T_max = int(stage_epochs) * (int(iters_per_epoch) if interval == "iter" else 1)
-        self.T_max = integer("scheduler.T_max", T_max, 1)
+        self._set_length(T_max, stage_epochs, iters_per_epoch, interval)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
-
-    def restage(self, epochs: int) -> None:
-        if self.follows_stage:
-            self.T_max = int(epochs) * (self.iters_per_epoch if self.interval == "iter" else 1)
-            self._apply()
 
     def _main_lr(self, base_lr: float, t: int) -> float:
         t = min(t, self.T_max)
@@ -135,13 +150,14 @@ class WarmupCosineAnnealingWarmRestarts(WarmupScheduler):
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
 
 
-class WarmupOneCycleLR(WarmupScheduler):
+class WarmupOneCycleLR(_StageLong):
     """OneCycleLR (torch's two-phase form, cosine annealing, no momentum cycling): up from
     ``base_lr / div_factor`` to the base lr (torch's ``max_lr``) over ``pct_start`` of
     ``total_steps``, then down to ``base_lr / (div_factor * final_div_factor)``. ``total_steps``
     None: the whole stage, in the interval's unit, however long the stage turns out to be."""
 
     main_keys = ("total_steps", "pct_start", "div_factor", "final_div_factor")
+    length_key, min_length = "total_steps", 2
 
     def __init__(
         self,
@@ -159,19 +175,8 @@ class WarmupOneCycleLR(WarmupScheduler):
         self.div_factor = number("scheduler.div_factor", div_factor, 0.0, low_open=True)
         self.final_div_factor = number("scheduler.final_div_factor", final_div_factor, 0.0,
                                        low_open=True)
-        self.follows_stage = total_steps is None
-        if total_steps is None:
-            if stage_epochs is None:
-                raise BadValue.of("scheduler.total_steps", total_steps, "(the whole stage) needs the "
-                                  "stage's length; give total_steps (epochs with interval: epoch)")
-            total_steps = int(stage_epochs) * (int(iters_per_epoch) if interval == "iter" else 1)
-        self.total_steps = integer("scheduler.total_steps", total_steps, 2)
+        self._set_length(total_steps, stage_epochs, iters_per_epoch, interval)
         super().__init__(optimizer, iters_per_epoch, warmup, interval)
-
-    def restage(self, epochs: int) -> None:
-        if self.follows_stage:
-            self.total_steps = max(2, int(epochs) * (self.iters_per_epoch if self.interval == "iter" else 1))
-            self._apply()
 
     def _main_lr(self, base_lr: float, t: int) -> float:
         low = base_lr / self.div_factor
