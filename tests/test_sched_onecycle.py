@@ -2,6 +2,7 @@
 followed (trainer.time re-plans it), an exact resume, bad values in one line, a run that uses it."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -93,3 +94,18 @@ def test_a_run_trains_with_it_to_the_end_of_its_cycle(tmp_path):
     assert sched["schedule"]["total_steps"] == 12  # 48 images / batch 8 x 2 epochs: the stage
     # after its last step the lr sits at the cycle's floor: 4e-3 / 25 / 1e4
     assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(4e-3 / 25 / 1e4)
+
+
+def test_a_time_budget_sizes_the_cycle_to_the_epochs_it_chose(tmp_path):
+    ck = tmp_path / "ck"
+    argv = [sys.executable, str(REPO / "run.py"), *TINY, "scheduler=onecycle", "trainer.time=4s",
+            "trainer.epochs=500", f"paths.data={tmp_path / 'data'}", f"paths.checkpoints={ck}",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    p = subprocess.run(argv, cwd=REPO, env=dict(run_cmd_env(), OMP_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    chose = re.findall(r"the same schedule again: trainer\.epochs=(\d+)", p.stdout)
+    assert chose, p.stdout[-3000:]
+    last = torch.load(ck / "step1" / "last.pth", weights_only=False)
+    # the cycle spans the epochs the budget chose (6 steps an epoch), not trainer.epochs=500
+    assert last["scheduler"]["schedule"]["total_steps"] == 6 * int(chose[-1]) < 6 * 500
