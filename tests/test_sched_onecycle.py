@@ -71,11 +71,10 @@ def test_bad_values_name_the_key(key, value, line):
         WarmupOneCycleLR(_opt(), 10, None, "iter")
 
 
-def test_the_default_run_is_a_one_cycle_and_the_recipes_keep_their_cosine():
-    dflt = compose(["trainer.device=cpu"])
-    assert dflt.scheduler._target_.endswith("WarmupOneCycleLR") and dflt.optim.lr == 0.004
-    for preset in (["experiment=bccd", "dataset.root=/data/BCCD"], ["experiment=shapes_hard"],
-                   ["debug=tiny"]):  # measured (or tested) with these: unchanged
+def test_the_default_run_and_the_recipes_anneal_a_cosine():
+    # The one-cycle is an option: from its step1 the default chain ended lower (docs/experiments.md)
+    for preset in ([], ["experiment=bccd", "dataset.root=/data/BCCD"], ["experiment=shapes_hard"],
+                   ["debug=tiny"]):
         cfg = compose(["trainer.device=cpu", *preset])
         assert cfg.scheduler._target_.endswith("WarmupCosineAnnealingLR") and cfg.optim.lr == 0.002
 
