@@ -38,6 +38,12 @@ def test_every_step_equals_torchs_one_cycle(total, pct, div, final):
     assert ours.lr_at(total + 50) == pytest.approx(floor, rel=1e-12)  # torch raises there; it stays
 
 
+def test_a_rise_over_the_whole_cycle_ends_at_the_floor():
+    s = WarmupOneCycleLR(_opt(), 10, None, "iter", total_steps=20, pct_start=1.0)
+    assert s.lr_at(19) == pytest.approx(list(BASES))  # the peak is the last step
+    assert s.lr_at(20) == pytest.approx([b / 25 / 1e4 for b in BASES])  # after it: the floor
+
+
 def test_the_config_follows_the_stage_and_a_resume_is_exact():
     cfg = compose(["trainer.device=cpu", "scheduler=onecycle", "trainer.epochs=6"])
     assert cfg.scheduler.total_steps is None and cfg.scheduler.warmup.iters == 0

@@ -185,5 +185,6 @@ class WarmupOneCycleLR(_StageLong):
             start, end, frac = low, base_lr, t / peak_end if peak_end > 0 else 1.0
         else:  # after total_steps - 1 it stays at the floor
             start, end = base_lr, low / self.final_div_factor
-            frac = min(1.0, (t - peak_end) / (self.total_steps - 1 - peak_end))
+            fall = self.total_steps - 1 - peak_end  # 0 with pct_start 1: no fall, the floor at once
+            frac = min(1.0, (t - peak_end) / fall) if fall > 0 else 1.0
         return end + (start - end) * (1 + math.cos(math.pi * frac)) / 2
